@@ -1,0 +1,311 @@
+//! The claim token: proof of ownership of one outbox row, consumed by its outcome.
+
+use std::time::{Duration, SystemTime};
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
+use sqlx::{Acquire, PgExecutor, Postgres, Row};
+
+use crate::error::OutboxError;
+use crate::id::{EventId, Generation};
+use crate::spec::Outbox;
+
+/// Number of bookkeeping columns every claim statement returns before the payload.
+const HEADER_COLUMNS: usize = 5;
+
+/// Ownership of one outbox row for the duration of a lease.
+///
+/// A claim is obtained from `T::claim` / `T::claim_batch` and consumed by exactly
+/// one outcome: [`complete`](Self::complete), [`retry`](Self::retry) or
+/// [`fail`](Self::fail). Each outcome is guarded by the row id, the claim's
+/// [`Generation`] and a live lease, so a publisher that was paused past its lease
+/// cannot overwrite the outcome of whoever claimed the row after it. A claim that is
+/// dropped without an outcome is recovered when its lease expires.
+///
+/// Claims cannot be built by hand: every field is private.
+#[must_use = "a claim must be completed, retried or failed; a dropped claim waits for its lease to expire"]
+#[derive(Debug)]
+pub struct Claim<T: Outbox> {
+    id: i64,
+    event_id: EventId,
+    generation: Generation,
+    attempt: i32,
+    lease_until: DateTime<Utc>,
+    event: T,
+}
+
+/// Where a [`Claim::retry`] left the event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Retried {
+    /// Back to `READY`, due again after the delay.
+    Scheduled,
+    /// The attempt budget is spent: the row is `DEAD` with the reason in `last_error`.
+    Dead,
+}
+
+impl<T: Outbox> Claim<T> {
+    /// The row id (the table's identity primary key).
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// The stable id of the logical event: the same across retries and reclaims.
+    /// Publish it with the event so consumers can deduplicate.
+    pub fn event_id(&self) -> &EventId {
+        &self.event_id
+    }
+
+    /// The fencing token this claim holds.
+    pub fn generation(&self) -> Generation {
+        self.generation
+    }
+
+    /// Which claim of the current attempt budget this is (1 for the first).
+    /// Abandoned claims count: a publisher that died holding the row used one.
+    pub fn attempt(&self) -> u32 {
+        self.attempt.unsigned_abs()
+    }
+
+    /// When the lease ends, as last granted by the database.
+    pub fn lease_until(&self) -> SystemTime {
+        self.lease_until.into()
+    }
+
+    /// The event.
+    pub fn event(&self) -> &T {
+        &self.event
+    }
+
+    /// Records that the event was published: `INPROGRESS -> SENT`.
+    ///
+    /// Returns [`OutboxError::Stale`] and records nothing if the lease expired or a
+    /// newer generation owns the row.
+    pub async fn complete<'e>(self, executor: impl PgExecutor<'e>) -> Result<(), OutboxError> {
+        let spec = T::SPEC;
+        let row = sqlx::query(spec.sql.complete)
+            .bind(self.id)
+            .bind(self.generation.get())
+            .fetch_optional(executor)
+            .await
+            .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+        row.map(drop).ok_or_else(|| self.stale())
+    }
+
+    /// Hands the event back for another attempt after `delay` (or the type's
+    /// `retry_delay` when `None`). When the attempt budget is spent the row moves to
+    /// `DEAD` instead; the returned [`Retried`] says which.
+    pub async fn retry<'e>(
+        self,
+        executor: impl PgExecutor<'e>,
+        delay: impl Into<Option<Duration>>,
+    ) -> Result<Retried, OutboxError> {
+        self.retry_inner(executor, delay.into(), None).await
+    }
+
+    /// Like [`retry`](Self::retry), and keeps `reason` in the row's `last_error`.
+    pub async fn retry_because<'e>(
+        self,
+        executor: impl PgExecutor<'e>,
+        delay: impl Into<Option<Duration>>,
+        reason: &str,
+    ) -> Result<Retried, OutboxError> {
+        self.retry_inner(executor, delay.into(), Some(reason)).await
+    }
+
+    async fn retry_inner<'e>(
+        self,
+        executor: impl PgExecutor<'e>,
+        delay: Option<Duration>,
+        reason: Option<&str>,
+    ) -> Result<Retried, OutboxError> {
+        let spec = T::SPEC;
+        let status: Option<String> = sqlx::query_scalar(spec.sql.retry)
+            .bind(self.id)
+            .bind(self.generation.get())
+            .bind(delay.unwrap_or(spec.retry_delay))
+            .bind(reason)
+            .fetch_optional(executor)
+            .await
+            .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+        match status.as_deref() {
+            Some("DEAD") => Ok(Retried::Dead),
+            Some(_) => Ok(Retried::Scheduled),
+            None => Err(self.stale()),
+        }
+    }
+
+    /// Gives up on the event now: `INPROGRESS -> DEAD` with `reason` in `last_error`.
+    /// Dead rows stay visible in the table until someone requeues them.
+    pub async fn fail<'e>(
+        self,
+        executor: impl PgExecutor<'e>,
+        reason: &str,
+    ) -> Result<(), OutboxError> {
+        let spec = T::SPEC;
+        let row = sqlx::query(spec.sql.fail)
+            .bind(self.id)
+            .bind(self.generation.get())
+            .bind(reason)
+            .fetch_optional(executor)
+            .await
+            .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+        row.map(drop).ok_or_else(|| self.stale())
+    }
+
+    /// Extends the lease by the type's `lease` from now, for sends that take long.
+    ///
+    /// Guarded like the outcomes: when it returns [`OutboxError::Stale`] the row is no
+    /// longer this claim's, and the caller should stop publishing it if it can.
+    pub async fn renew<'e>(&mut self, executor: impl PgExecutor<'e>) -> Result<(), OutboxError> {
+        let spec = T::SPEC;
+        let lease_until: Option<DateTime<Utc>> = sqlx::query_scalar(spec.sql.renew)
+            .bind(self.id)
+            .bind(self.generation.get())
+            .fetch_optional(executor)
+            .await
+            .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+        self.lease_until = lease_until.ok_or_else(|| self.stale())?;
+        Ok(())
+    }
+
+    fn stale(&self) -> OutboxError {
+        OutboxError::Stale {
+            table: T::SPEC.table,
+            id: self.id,
+            generation: self.generation,
+        }
+    }
+}
+
+/// A claimed row whose payload did not decode.
+struct Undecodable {
+    id: i64,
+    generation: i64,
+    event_id: String,
+    source: sqlx::Error,
+}
+
+/// Claims up to `limit` rows and decodes them. Rows whose payload cannot be decoded
+/// are moved to `DEAD` (guarded by their generation) with the error in `last_error`.
+async fn claim_rows<'a, T: Outbox>(
+    conn: impl Acquire<'a, Database = Postgres>,
+    limit: u32,
+) -> Result<(Vec<Claim<T>>, Vec<OutboxError>), OutboxError> {
+    let spec = T::SPEC;
+    let db = |e| OutboxError::from_sqlx(spec.table, e);
+    let mut conn = conn.acquire().await.map_err(db)?;
+    let rows = sqlx::query(spec.sql.claim)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db)?;
+
+    let mut claims = Vec::with_capacity(rows.len());
+    let mut undecodable = Vec::new();
+    for row in &rows {
+        match decode_claim(row) {
+            Ok(Ok(claim)) => claims.push(claim),
+            Ok(Err(bad)) => undecodable.push(bad),
+            Err(e) => return Err(db(e)),
+        }
+    }
+    let mut errors = Vec::with_capacity(undecodable.len());
+    for bad in undecodable {
+        tracing::error!(
+            table = spec.table, id = bad.id, event_id = %bad.event_id, error = %bad.source,
+            "claimed an event that cannot be decoded; moving it to DEAD"
+        );
+        sqlx::query(spec.sql.fail)
+            .bind(bad.id)
+            .bind(bad.generation)
+            .bind(format!("cannot decode payload: {}", bad.source))
+            .execute(&mut *conn)
+            .await
+            .map_err(db)?;
+        errors.push(OutboxError::Decode {
+            table: spec.table,
+            id: bad.id,
+            event_id: bad.event_id,
+            source: bad.source,
+        });
+    }
+    // UPDATE .. RETURNING does not promise an order; publish in id order.
+    claims.sort_unstable_by_key(|c| c.id);
+    Ok((claims, errors))
+}
+
+/// Decodes a claimed row. The outer error is a broken header (drift); the inner one a
+/// payload that does not decode.
+fn decode_claim<T: Outbox>(row: &PgRow) -> Result<Result<Claim<T>, Undecodable>, sqlx::Error> {
+    let id: i64 = row.try_get(0)?;
+    let event_id: String = row.try_get(1)?;
+    let generation: i64 = row.try_get(2)?;
+    let attempt: i32 = row.try_get(3)?;
+    let lease_until: DateTime<Utc> = row.try_get(4)?;
+    Ok(match T::decode(row, HEADER_COLUMNS, &event_id) {
+        Ok(event) => Ok(Claim {
+            id,
+            event_id: EventId::from_column(event_id),
+            generation: Generation::new(generation),
+            attempt,
+            lease_until,
+            event,
+        }),
+        Err(source) => Err(Undecodable {
+            id,
+            generation,
+            event_id,
+            source,
+        }),
+    })
+}
+
+/// Claims the next due event, if any. See [`claim_batch`].
+///
+/// Returns [`OutboxError::Decode`] when the claimed row's payload does not decode
+/// (the row has been moved to `DEAD`).
+pub async fn claim<'a, T: Outbox>(
+    conn: impl Acquire<'a, Database = Postgres>,
+) -> Result<Option<Claim<T>>, OutboxError> {
+    let (mut claims, mut errors) = claim_rows::<T>(conn, 1).await?;
+    match errors.pop() {
+        Some(error) => Err(error),
+        None => Ok(claims.pop()),
+    }
+}
+
+/// Claims up to `limit` due events in one statement: `READY` rows whose
+/// `next_attempt_at` has come and `INPROGRESS` rows whose lease expired, in id order.
+/// Each claimed row's generation is bumped and a fresh lease granted.
+///
+/// Rows whose payload does not decode are moved to `DEAD` (and logged) instead of
+/// being returned, so one bad row never blocks a batch.
+pub async fn claim_batch<'a, T: Outbox>(
+    conn: impl Acquire<'a, Database = Postgres>,
+    limit: u32,
+) -> Result<Vec<Claim<T>>, OutboxError> {
+    Ok(claim_rows::<T>(conn, limit).await?.0)
+}
+
+/// Writes `event` into its outbox table through `executor`: pass the business
+/// transaction (`&mut *tx`) so the event commits or rolls back with the business rows.
+pub async fn enqueue<'e, T: Outbox>(
+    event: &T,
+    executor: impl PgExecutor<'e>,
+) -> Result<EventId, OutboxError> {
+    const UNIQUE_VIOLATION: &str = "23505";
+    let spec = T::SPEC;
+    let event_id = event.event_id().unwrap_or_else(EventId::new_v7);
+    let query = sqlx::query(spec.sql.enqueue).bind(event_id.as_str());
+    match event.bind(query).execute(executor).await {
+        Ok(_) => Ok(event_id),
+        Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some(UNIQUE_VIOLATION) => {
+            Err(OutboxError::DuplicateEvent {
+                table: spec.table,
+                event_id: event_id.to_string(),
+            })
+        }
+        Err(e) => Err(OutboxError::from_sqlx(spec.table, e)),
+    }
+}

@@ -1,0 +1,129 @@
+//! Every failure a caller can cause, as one enum with context.
+
+use crate::id::Generation;
+
+/// The error type of every fallible operation in this crate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutboxError {
+    /// The ownership guard matched nothing: the claim's lease expired, or another
+    /// publisher claimed the row since (a newer generation), or the row is no longer
+    /// `INPROGRESS`. The outcome was **not** recorded; never follow this with an
+    /// unguarded update.
+    #[error(
+        "stale claim on `{table}` row {id} (generation {generation}): the lease expired or a newer generation owns the row; outcome not recorded"
+    )]
+    Stale {
+        /// The outbox table.
+        table: &'static str,
+        /// The row id.
+        id: i64,
+        /// The generation the caller held.
+        generation: Generation,
+    },
+
+    /// A claimed row's payload could not be decoded into the event type. The row was
+    /// moved to `DEAD` with the decoding error in `last_error`, so it is neither lost
+    /// nor retried forever.
+    #[error("cannot decode `{table}` row {id} (event {event_id}); it was moved to DEAD: {source}")]
+    Decode {
+        /// The outbox table.
+        table: &'static str,
+        /// The row id.
+        id: i64,
+        /// The stable event id of the row.
+        event_id: String,
+        /// What sqlx reported.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// The outbox table does not exist: run [`migrate`](crate::migrate) at startup.
+    #[error("outbox table `{table}` does not exist; run outbox::migrate at startup")]
+    MissingTable {
+        /// The outbox table.
+        table: &'static str,
+        /// What PostgreSQL reported.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// The table exists but does not have the shape the event type expects.
+    #[error("outbox table `{table}` has drifted from the event type: {details}")]
+    Drift {
+        /// The outbox table.
+        table: &'static str,
+        /// Which columns differ, and how.
+        details: String,
+    },
+
+    /// A migration failed, or an applied migration was edited since it ran.
+    #[error("migrating `{target}` failed: {source}")]
+    Migration {
+        /// The outbox table (or `application` for the application's own migrations).
+        target: String,
+        /// What refinery reported (a checksum divergence names both versions).
+        #[source]
+        source: refinery_core::Error,
+    },
+
+    /// An event with this id is already in the table: the `event_id` column is unique,
+    /// so enqueueing the same logical event twice is refused rather than duplicated.
+    #[error("event {event_id} is already in `{table}`")]
+    DuplicateEvent {
+        /// The outbox table.
+        table: &'static str,
+        /// The id that was enqueued twice.
+        event_id: String,
+    },
+
+    /// An event could not be encoded for the database (e.g. a `#[outbox(json)]` field
+    /// whose `Serialize` implementation failed).
+    #[error("cannot encode an event for `{table}`: {source}")]
+    Encode {
+        /// The outbox table.
+        table: &'static str,
+        /// What the encoder reported.
+        #[source]
+        source: sqlx::error::BoxDynError,
+    },
+
+    /// Any other database error: connection lost, pool timed out, bad URL, ...
+    #[error("database error on `{table}`: {source}")]
+    Database {
+        /// The outbox table the statement ran against.
+        table: &'static str,
+        /// What sqlx reported.
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+impl OutboxError {
+    /// Classifies a sqlx error raised by a statement on `table`.
+    pub(crate) fn from_sqlx(table: &'static str, source: sqlx::Error) -> Self {
+        const UNDEFINED_TABLE: &str = "42P01";
+        const UNDEFINED_COLUMN: &str = "42703";
+        const DATATYPE_MISMATCH: &str = "42804";
+        let code = source
+            .as_database_error()
+            .and_then(|e| e.code())
+            .map(|c| c.into_owned());
+        match code.as_deref() {
+            Some(UNDEFINED_TABLE) => Self::MissingTable { table, source },
+            Some(UNDEFINED_COLUMN | DATATYPE_MISMATCH) => Self::Drift {
+                table,
+                details: source.to_string(),
+            },
+            _ => match source {
+                sqlx::Error::Encode(source) => Self::Encode { table, source },
+                source => Self::Database { table, source },
+            },
+        }
+    }
+
+    /// Whether this is a [`Stale`](Self::Stale) rejection.
+    pub fn is_stale(&self) -> bool {
+        matches!(self, Self::Stale { .. })
+    }
+}

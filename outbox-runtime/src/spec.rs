@@ -1,0 +1,91 @@
+//! What `#[derive(Outbox)]` knows about a table, fixed at expansion time.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgArguments, PgRow};
+
+/// A query whose arguments are being bound.
+pub type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, PgArguments>;
+
+/// The statements of one outbox table. Every one is a `&'static str` produced by the
+/// derive: nothing is formatted at run time, and nothing from a caller reaches the
+/// SQL text except through bound parameters.
+#[derive(Debug)]
+pub struct Statements {
+    /// `INSERT` of one event: `$1` is the event id, then one parameter per field.
+    pub enqueue: &'static str,
+    /// Claim of up to `$1` rows: due `READY` rows and expired `INPROGRESS` rows, each
+    /// branch read from its own partial index and locked with `SKIP LOCKED`; expired
+    /// rows over their attempt budget move to `DEAD` in the same statement.
+    pub claim: &'static str,
+    /// Guarded `INPROGRESS -> SENT` of (`$1` id, `$2` generation).
+    pub complete: &'static str,
+    /// Guarded `INPROGRESS -> READY` after `$3` (or `DEAD` when the budget is spent),
+    /// `$4` optional error text.
+    pub retry: &'static str,
+    /// Guarded lease extension of (`$1` id, `$2` generation).
+    pub renew: &'static str,
+    /// Guarded `INPROGRESS -> DEAD` of (`$1` id, `$2` generation) with `$3` as `last_error`.
+    pub fail: &'static str,
+}
+
+/// One column the event type expects, used to detect a drifted table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Column {
+    /// Column name.
+    pub name: &'static str,
+    /// The type as `format_type()` prints it (`bigint`, `timestamp with time zone`, ...).
+    pub sql_type: &'static str,
+    /// Whether the column accepts NULL.
+    pub nullable: bool,
+}
+
+/// One versioned migration of an outbox table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigrationStep {
+    /// The version within this table's own sequence (1, 2, ...).
+    pub version: u32,
+    /// The refinery name, `V{version}__{description}`.
+    pub name: &'static str,
+    /// The SQL.
+    pub sql: &'static str,
+}
+
+/// Everything the derive knows about one outbox table.
+#[derive(Debug)]
+pub struct TableSpec {
+    /// The table name (a plain lowercase identifier).
+    pub table: &'static str,
+    /// Name of the refinery history table that keeps this table's own version sequence.
+    pub history_table: &'static str,
+    /// The lease a claim holds.
+    pub lease: Duration,
+    /// The default delay before a retried event is due again.
+    pub retry_delay: Duration,
+    /// How many claims an event may use before it moves to `DEAD`.
+    pub max_attempts: i32,
+    /// The statements.
+    pub sql: Statements,
+    /// Every column the table must have, bookkeeping columns included.
+    pub columns: &'static [Column],
+    /// The migrations, in version order.
+    pub migrations: &'static [MigrationStep],
+}
+
+/// An event type stored in its own outbox table. Implemented by `#[derive(Outbox)]`;
+/// the derive also adds the inherent methods `enqueue`, `claim`, `claim_batch` and
+/// `migrations` that delegate to this crate's generic functions.
+pub trait Outbox: Sized + Send + Sync + Unpin + 'static {
+    /// The table, its statements and its migrations.
+    const SPEC: &'static TableSpec;
+
+    /// The stable id of this event, or `None` when the type has no
+    /// `#[outbox(event_id)]` field (a UUIDv7 is generated at enqueue).
+    fn event_id(&self) -> Option<crate::EventId>;
+
+    /// Binds one parameter per payload column, in column order, after the event id.
+    fn bind<'q>(&'q self, query: PgQuery<'q>) -> PgQuery<'q>;
+
+    /// Decodes the payload columns of a claimed row, starting at column `first`.
+    fn decode(row: &PgRow, first: usize, event_id: &str) -> Result<Self, sqlx::Error>;
+}

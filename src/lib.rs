@@ -1,0 +1,2 @@
+//! facade (being written)
+pub use outbox_runtime::*;
