@@ -1,2 +1,77 @@
-//! facade (being written)
-pub use outbox_runtime::*;
+//! A PostgreSQL transactional outbox that is safe by construction.
+//!
+//! An application writes its business rows and an event row in one transaction; a
+//! publisher later **claims** the event, sends it to a broker, and records the
+//! outcome. Two protections make that safe when publishers die or stall:
+//!
+//! - a **lease**: a claim expires, and an expired claim is claimable again, so an
+//!   event is never stuck behind a publisher that died after committing its claim;
+//! - a **generation**: a fencing token bumped by every claim. Complete, retry and
+//!   renew succeed only for the current generation while its lease is live, so a
+//!   paused publisher that wakes up after someone else took over cannot overwrite the
+//!   new owner's outcome.
+//!
+//! Neither prevents duplicate *publication*: a publisher can send and then die before
+//! recording `SENT`. Every event therefore carries a stable [`EventId`] that
+//! consumers deduplicate on.
+//!
+//! # Declaring an event
+//!
+//! ```
+//! # use serde::{Deserialize, Serialize};
+//! #[derive(Serialize, Deserialize, Debug, Clone)]
+//! pub struct Line { pub sku: String, pub quantity: i32 }
+//!
+//! #[derive(outbox::Outbox, Debug, Clone)]
+//! #[outbox(table = "order_events", lease = "30s", retry_delay = "1m", max_attempts = 10)]
+//! pub struct OrderPlaced {
+//!     #[outbox(event_id)]      // the stable id; without one, a UUIDv7 is generated at enqueue
+//!     pub order_id: uuid::Uuid,
+//!     pub customer: String,     // text NOT NULL
+//!     pub total_cents: i64,     // bigint NOT NULL
+//!     pub note: Option<String>, // text, nullable
+//!     #[outbox(json)]           // any serde type, as jsonb
+//!     pub lines: Vec<Line>,
+//! }
+//! # assert_eq!(<OrderPlaced as outbox::Outbox>::SPEC.table, "order_events");
+//! ```
+//!
+//! Struct attributes: `table` (a plain lowercase identifier; default: the struct name
+//! in snake case), `lease` (default `"30s"`), `retry_delay` (default `"1m"`),
+//! `max_attempts` (claims an event may use before it moves to `DEAD`; default 10).
+//! Field attributes: `event_id`, `json`, `column = "name"`, and `since = N` for an
+//! `Option` field added by migration version `N` of the table.
+//!
+//! # Using it
+//!
+//! ```no_run
+//! # #[derive(outbox::Outbox)] struct OrderPlaced { customer: String }
+//! # async fn run(pool: sqlx::PgPool, event: OrderPlaced) -> Result<(), Box<dyn std::error::Error>> {
+//! outbox::migrate(&pool, &[OrderPlaced::migrations()]).await?;   // at startup; idempotent
+//!
+//! let mut tx = pool.begin().await?;                              // business write + event
+//! sqlx::query("UPDATE accounts SET orders = orders + 1").execute(&mut *tx).await?;
+//! let id = event.enqueue(&mut *tx).await?;
+//! tx.commit().await?;
+//!
+//! if let Some(claim) = OrderPlaced::claim(&pool).await? {
+//!     // publish claim.event() under claim.event_id(), then:
+//!     claim.complete(&pool).await?;                              // Err(Stale) if ownership is gone
+//! }
+//! # let _ = id; Ok(()) }
+//! ```
+
+pub use outbox_derive::Outbox;
+pub use outbox_runtime::{
+    Claim, Column, EventId, EventIdField, Generation, MigrationStep, OutboxError, Retried, Statements,
+    TableMigrations, TableSpec, claim, claim_batch, enqueue, migrate, migrate_with_app, refinery,
+};
+/// The trait `#[derive(Outbox)]` implements (macros and traits live in separate
+/// namespaces, as with serde's `Serialize`).
+pub use outbox_runtime::Outbox;
+
+#[cfg(feature = "testing")]
+pub use outbox_runtime::testing;
+
+#[doc(hidden)]
+pub use outbox_runtime::__private;

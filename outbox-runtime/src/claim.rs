@@ -10,9 +10,6 @@ use crate::error::OutboxError;
 use crate::id::{EventId, Generation};
 use crate::spec::Outbox;
 
-/// Number of bookkeeping columns every claim statement returns before the payload.
-const HEADER_COLUMNS: usize = 5;
-
 /// Ownership of one outbox row for the duration of a lease.
 ///
 /// A claim is obtained from `T::claim` / `T::claim_batch` and consumed by exactly
@@ -243,7 +240,7 @@ fn decode_claim<T: Outbox>(row: &PgRow) -> Result<Result<Claim<T>, Undecodable>,
     let generation: i64 = row.try_get(2)?;
     let attempt: i32 = row.try_get(3)?;
     let lease_until: DateTime<Utc> = row.try_get(4)?;
-    Ok(match T::decode(row, HEADER_COLUMNS, &event_id) {
+    Ok(match T::decode(row, &event_id) {
         Ok(event) => Ok(Claim {
             id,
             event_id: EventId::from_column(event_id),

@@ -67,6 +67,26 @@ pub enum OutboxError {
         source: refinery_core::Error,
     },
 
+    /// A migration that already ran was edited since: its name or SQL no longer matches
+    /// the checksum recorded in the history table. Nothing was applied; restore the
+    /// migration as it ran and put the change in a new version.
+    #[error(
+        "migration {version} of `{target}` was edited after it was applied: the database ran `{applied}`, the code now has `{current}` with a different name or SQL; restore it and add a new migration instead"
+    )]
+    MigrationDiverged {
+        /// The outbox table (or `application` for the application's own migrations).
+        target: String,
+        /// The version that diverged.
+        version: i64,
+        /// The migration as recorded in the history table (`V{version}__{name}`).
+        applied: String,
+        /// The migration as the code declares it now.
+        current: String,
+        /// What refinery reported.
+        #[source]
+        source: refinery_core::Error,
+    },
+
     /// An event with this id is already in the table: the `event_id` column is unique,
     /// so enqueueing the same logical event twice is refused rather than duplicated.
     #[error("event {event_id} is already in `{table}`")]

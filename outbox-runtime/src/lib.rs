@@ -14,9 +14,24 @@ pub mod testing;
 pub use claim::{Claim, Retried, claim, claim_batch, enqueue};
 pub use error::OutboxError;
 pub use id::{EventId, EventIdField, Generation};
-pub use migrate::{TableMigrations, migrate, migrate_with_app};
+pub use migrate::{
+    AppliedMigration, MigrationReport, TableMigrations, migrate, migrate_with_app, verify,
+};
 pub use spec::{Column, MigrationStep, Outbox, PgQuery, Statements, TableSpec};
 
 /// Re-exported so applications can build their own refinery migrations
 /// (`refinery::Migration::unapplied`, `refinery::Runner`) for [`migrate_with_app`].
 pub use refinery_core as refinery;
+
+/// What `#[derive(Outbox)]` expands to refers to, through `::outbox::__private`.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::{
+        Claim, Column, EventId, EventIdField, MigrationStep, Outbox, OutboxError, PgQuery, Statements,
+        TableMigrations, TableSpec, claim, claim_batch, enqueue,
+    };
+    pub use core::time::Duration;
+    pub use sqlx::postgres::PgRow;
+    pub use sqlx::types::Json;
+    pub use sqlx::{self, Acquire, PgExecutor, Postgres, Row};
+}

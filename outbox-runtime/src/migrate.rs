@@ -1,9 +1,37 @@
-//! Startup migrations through refinery over a sqlx connection. (Being written.)
+//! Startup migrations: refinery's runner over a sqlx connection, serialized by a
+//! PostgreSQL advisory lock, followed by a check that every table still has the
+//! columns its event type expects.
 
-use sqlx::PgPool;
+use std::collections::HashMap;
+
+use refinery_core::error::{Kind, WrapMigrationError};
+use refinery_core::traits::r#async::{AsyncMigrate, AsyncQuery, AsyncTransaction};
+use refinery_core::{Migration, Report, Runner, SchemaVersion};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgRow;
+use sqlx::{AssertSqlSafe, Connection, PgConnection, PgExecutor, PgPool, Postgres, Row};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 
 use crate::error::OutboxError;
 use crate::spec::{Outbox, TableSpec};
+
+/// The target name of the application's own migrations in errors, logs and reports.
+const APPLICATION: &str = "application";
+
+/// The advisory lock key: one per schema, so tenants in separate schemas of one
+/// database migrate independently, and in a namespace of its own so it cannot collide
+/// with sqlx's migrator or the application's locks.
+const LOCK_KEY: &str =
+    "SELECT hashtextextended('outbox.migrate:' || coalesce(current_schema(), ''), 0)";
+
+/// The live columns of a table, resolved through the search_path. `::regclass` (rather
+/// than `to_regclass`) makes a missing table an `undefined_table` error, which
+/// [`OutboxError::from_sqlx`] reports as [`OutboxError::MissingTable`].
+const LIVE_COLUMNS: &str = "\
+    SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull \
+    FROM pg_attribute a \
+    WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped";
 
 /// The migrations of one outbox table, as returned by the derived `T::migrations()`.
 #[derive(Debug, Clone, Copy)]
@@ -28,18 +56,823 @@ impl TableMigrations {
     }
 }
 
-/// Runs the migrations of every table in `tables`. Idempotent.
-pub async fn migrate(pool: &PgPool, tables: &[TableMigrations]) -> Result<(), OutboxError> {
-    let _ = (pool, tables);
-    todo!()
+/// What one [`migrate`] or [`migrate_with_app`] call applied.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MigrationReport {
+    applied: Vec<AppliedMigration>,
 }
 
-/// Runs the application's own refinery migrations, then the outbox tables'.
+impl MigrationReport {
+    /// Every migration this call applied, in the order it ran. Empty when the
+    /// database was already up to date.
+    pub fn applied(&self) -> &[AppliedMigration] {
+        &self.applied
+    }
+
+    /// Whether nothing was applied.
+    pub fn is_empty(&self) -> bool {
+        self.applied.is_empty()
+    }
+
+    fn record(&mut self, target: &str, report: &Report) {
+        let applied = report.applied_migrations();
+        log_applied(target, applied);
+        self.applied
+            .extend(applied.iter().map(|m| AppliedMigration::new(target, m)));
+    }
+}
+
+/// One migration applied by a [`migrate`] call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedMigration {
+    target: String,
+    version: i64,
+    name: String,
+}
+
+impl AppliedMigration {
+    fn new(target: &str, migration: &Migration) -> Self {
+        Self {
+            target: target.to_owned(),
+            version: i64::from(migration.version()),
+            name: migration.to_string(),
+        }
+    }
+
+    /// The outbox table, or `application` for the application's own migrations.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// The version within the target's own sequence.
+    pub fn version(&self) -> i64 {
+        self.version
+    }
+
+    /// The refinery name, `V{version}__{description}`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// Runs the migrations of every table in `tables`, then checks that each table has the
+/// columns its event type expects. Idempotent: a second call applies nothing.
+///
+/// Each table keeps its own version sequence in its own refinery history table
+/// ([`TableSpec::history_table`]), so adding an event type never renumbers another's.
+/// Every migration runs in its own transaction together with its history row. Calls
+/// are serialized per schema by a session-level advisory lock, so every replica of a
+/// service may call this at startup.
+///
+/// Fails with [`OutboxError::MigrationDiverged`] when an applied migration was edited,
+/// [`OutboxError::Migration`] when one fails or is missing from the code, and
+/// [`OutboxError::Drift`] when a table lacks a column or has a different type or
+/// nullability.
+pub async fn migrate(
+    pool: &PgPool,
+    tables: &[TableMigrations],
+) -> Result<MigrationReport, OutboxError> {
+    run(pool, None, tables).await
+}
+
+/// Runs the application's own refinery migrations (in the history table `app` is
+/// configured with, `refinery_schema_history` by default), then the outbox tables', all
+/// under the one advisory lock of [`migrate`].
+///
+/// The application's migrations are reported under the target `application`.
 pub async fn migrate_with_app(
     pool: &PgPool,
-    app: &refinery_core::Runner,
+    app: &Runner,
     tables: &[TableMigrations],
+) -> Result<MigrationReport, OutboxError> {
+    run(pool, Some(app), tables).await
+}
+
+/// Checks, without migrating, that every table in `tables` exists and has the columns
+/// its event type expects: [`OutboxError::MissingTable`] or [`OutboxError::Drift`]
+/// otherwise. Columns the event type does not know are allowed.
+pub async fn verify(pool: &PgPool, tables: &[TableMigrations]) -> Result<(), OutboxError> {
+    for table in tables {
+        check_columns(pool, table.spec).await?;
+    }
+    Ok(())
+}
+
+async fn run(
+    pool: &PgPool,
+    app: Option<&Runner>,
+    tables: &[TableMigrations],
+) -> Result<MigrationReport, OutboxError> {
+    if app.is_none() && tables.is_empty() {
+        return Ok(MigrationReport::default());
+    }
+    // A malformed spec fails before anything is locked.
+    let runners = tables
+        .iter()
+        .map(|t| table_runner(t.spec))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut lock = MigrationLock::acquire(pool)
+        .await
+        .migration_err("cannot take the migration lock", None)
+        .map_err(|e| migration_error(&call_target(app, tables), e))?;
+    let result = run_locked(&mut lock.conn, app, tables, &runners).await;
+    lock.release().await;
+    result
+}
+
+async fn run_locked(
+    conn: &mut PgConnection,
+    app: Option<&Runner>,
+    tables: &[TableMigrations],
+    runners: &[Runner],
+) -> Result<MigrationReport, OutboxError> {
+    let mut report = MigrationReport::default();
+    let mut driver = SqlxDriver(conn);
+    if let Some(app) = app {
+        let applied = run_runner(app, &mut driver, APPLICATION).await?;
+        report.record(APPLICATION, &applied);
+    }
+    for (table, runner) in tables.iter().zip(runners) {
+        let applied = run_runner(runner, &mut driver, table.table()).await?;
+        report.record(table.table(), &applied);
+        check_columns(&mut *driver.0, table.spec).await?;
+    }
+    Ok(report)
+}
+
+async fn run_runner(
+    runner: &Runner,
+    driver: &mut SqlxDriver<'_>,
+    target: &str,
+) -> Result<Report, OutboxError> {
+    runner.run_async(driver).await.map_err(|e| {
+        // Migrations before the failing one were committed: say so.
+        if let Some(partial) = e.report() {
+            log_applied(target, partial.applied_migrations());
+        }
+        migration_error(target, e)
+    })
+}
+
+fn log_applied(target: &str, migrations: &[Migration]) {
+    for m in migrations {
+        tracing::info!(
+            table = target, version = i64::from(m.version()), migration = %m,
+            "applied migration"
+        );
+    }
+}
+
+/// The refinery runner of one table, configured for the table's own history table.
+fn table_runner(spec: &'static TableSpec) -> Result<Runner, OutboxError> {
+    let invalid = |e: SpecError| {
+        Err::<(), _>(e)
+            .migration_err("invalid table spec", None)
+            .map_err(|e| migration_error(spec.table, e))
+    };
+    // refinery splices the name into its SQL, and panics on an empty one.
+    if !is_identifier(spec.history_table) {
+        invalid(SpecError::HistoryTable(spec.history_table))?;
+    }
+    let mut migrations = Vec::with_capacity(spec.migrations.len());
+    for step in spec.migrations {
+        let migration = Migration::unapplied(step.name, step.sql)
+            .map_err(|e| migration_error(spec.table, e))?;
+        if i64::from(migration.version()) != i64::from(step.version) {
+            invalid(SpecError::Version {
+                name: step.name,
+                version: step.version,
+            })?;
+        }
+        migrations.push(migration);
+    }
+    let mut runner = Runner::new(&migrations)
+        .set_abort_divergent(true)
+        .set_abort_missing(true);
+    runner.set_migration_table_name(spec.history_table);
+    Ok(runner)
+}
+
+/// A spec the derive should never produce, reported as a migration failure.
+#[derive(Debug, thiserror::Error)]
+enum SpecError {
+    #[error("history table name `{0}` is not a plain lowercase identifier")]
+    HistoryTable(&'static str),
+    #[error("migration `{name}` is declared as version {version}")]
+    Version { name: &'static str, version: u32 },
+}
+
+fn is_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && name.len() <= 63
+}
+
+/// Wraps a refinery error, singling out an edited applied migration.
+fn migration_error(target: &str, source: refinery_core::Error) -> OutboxError {
+    if let Kind::DivergentVersion(applied, current) = source.kind() {
+        let (version, applied, current) = (
+            i64::from(applied.version()),
+            applied.to_string(),
+            current.to_string(),
+        );
+        return OutboxError::MigrationDiverged {
+            target: target.to_owned(),
+            version,
+            applied,
+            current,
+            source,
+        };
+    }
+    OutboxError::Migration {
+        target: target.to_owned(),
+        source,
+    }
+}
+
+/// The targets of one call, to name in an error that concerns them all.
+fn call_target(app: Option<&Runner>, tables: &[TableMigrations]) -> String {
+    app.map(|_| APPLICATION)
+        .into_iter()
+        .chain(tables.iter().map(TableMigrations::table))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A pooled connection holding the session-level migration lock.
+///
+/// refinery takes no lock of its own, so concurrent starts would race on `CREATE
+/// TABLE` and on the history rows. Like sqlx's migrator, this holds an advisory lock
+/// on one connection for the whole run and runs every migration on that connection.
+struct MigrationLock {
+    conn: PoolConnection<Postgres>,
+    key: i64,
+}
+
+impl MigrationLock {
+    /// Waits until no other migration runs in the current schema.
+    async fn acquire(pool: &PgPool) -> Result<Self, sqlx::Error> {
+        // From the pool rather than fresh, so its `after_connect` (e.g. a `SET
+        // search_path`) applies: the lock key and every table name depend on it.
+        let mut conn = pool.acquire().await?;
+        // A session lock must never go back to the pool, even if this future is
+        // dropped mid-run: closing the connection releases it.
+        conn.close_on_drop();
+        // Computed once: a migration that changes the search_path must not change
+        // the key the unlock uses.
+        let key: i64 = sqlx::query_scalar(LOCK_KEY).fetch_one(&mut *conn).await?;
+        tracing::debug!(key, "waiting for the migration lock");
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(key)
+            .execute(&mut *conn)
+            .await?;
+        Ok(Self { conn, key })
+    }
+
+    /// Unlocks, then closes the connection (which would release the lock anyway).
+    async fn release(mut self) {
+        let unlocked: Result<bool, _> = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+            .bind(self.key)
+            .fetch_one(&mut *self.conn)
+            .await;
+        match unlocked {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(key = self.key, "the migration lock was not held"),
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "cannot release the migration lock; closing its connection"
+                );
+            }
+        }
+        if let Err(e) = self.conn.close().await {
+            tracing::debug!(error = %e, "cannot close the migration connection");
+        }
+    }
+}
+
+/// refinery's async driver over a sqlx connection, so migrations need no second driver.
+struct SqlxDriver<'c>(&'c mut PgConnection);
+
+impl AsyncTransaction for SqlxDriver<'_> {
+    type Error = sqlx::Error;
+
+    /// Runs `queries` in one transaction: refinery passes a migration together with
+    /// the insert of its history row, which must commit or roll back as one.
+    async fn execute<'a, T: Iterator<Item = &'a str> + Send + 'a>(
+        &'a mut self,
+        queries: T,
+    ) -> Result<usize, Self::Error> {
+        let mut tx = self.0.begin().await?;
+        let mut count = 0;
+        for query in queries {
+            // Migration SQL is the application's own, and history rows are
+            // refinery's; `raw_sql` also allows several statements per migration.
+            sqlx::raw_sql(AssertSqlSafe(query))
+                .execute(&mut *tx)
+                .await?;
+            count += 1;
+        }
+        tx.commit().await?;
+        Ok(count)
+    }
+}
+
+impl AsyncQuery<Vec<Migration>> for SqlxDriver<'_> {
+    /// Reads applied migrations from a history table.
+    async fn query<'a>(&'a mut self, query: &'a str) -> Result<Vec<Migration>, Self::Error> {
+        let rows = sqlx::raw_sql(AssertSqlSafe(query))
+            .fetch_all(&mut *self.0)
+            .await?;
+        rows.iter().map(applied_migration).collect()
+    }
+}
+
+impl AsyncMigrate for SqlxDriver<'_> {}
+
+/// Decodes one history row (`version`, `name`, `applied_on` RFC 3339, `checksum` u64 as
+/// text); a row refinery did not write is an error, not a panic.
+fn applied_migration(row: &PgRow) -> Result<Migration, sqlx::Error> {
+    let version: SchemaVersion = row.try_get("version")?;
+    let name: String = row.try_get("name")?;
+    let applied_on: String = row.try_get("applied_on")?;
+    let checksum: String = row.try_get("checksum")?;
+    let applied_on =
+        OffsetDateTime::parse(&applied_on, &Rfc3339).map_err(|e| sqlx::Error::ColumnDecode {
+            index: "applied_on".into(),
+            source: Box::new(e),
+        })?;
+    let checksum = checksum
+        .parse::<u64>()
+        .map_err(|e| sqlx::Error::ColumnDecode {
+            index: "checksum".into(),
+            source: Box::new(e),
+        })?;
+    Ok(Migration::applied(version, name, applied_on, checksum))
+}
+
+/// Compares the live table with `spec.columns`.
+async fn check_columns<'e>(
+    executor: impl PgExecutor<'e>,
+    spec: &'static TableSpec,
 ) -> Result<(), OutboxError> {
-    let _ = (pool, app, tables);
-    todo!()
+    let live: Vec<(String, String, bool)> = sqlx::query_as(LIVE_COLUMNS)
+        .bind(spec.table)
+        .fetch_all(executor)
+        .await
+        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+    let differences = column_differences(spec, &live);
+    if differences.is_empty() {
+        Ok(())
+    } else {
+        Err(OutboxError::Drift {
+            table: spec.table,
+            details: differences.join("; "),
+        })
+    }
+}
+
+/// Missing columns and type or nullability mismatches, in the spec's column order.
+/// Extra live columns are fine: a migration may add one before the event type uses it.
+fn column_differences(spec: &TableSpec, live: &[(String, String, bool)]) -> Vec<String> {
+    let live: HashMap<&str, (&str, bool)> = live
+        .iter()
+        .map(|(name, ty, nullable)| (name.as_str(), (ty.as_str(), *nullable)))
+        .collect();
+    let null = |nullable: bool| if nullable { "nullable" } else { "NOT NULL" };
+    let mut differences = Vec::new();
+    for column in spec.columns {
+        match live.get(column.name) {
+            None => differences.push(format!(
+                "missing column `{}` ({} {})",
+                column.name,
+                column.sql_type,
+                null(column.nullable)
+            )),
+            Some(&(ty, nullable)) => {
+                if ty != column.sql_type {
+                    differences.push(format!(
+                        "column `{}` is `{ty}`, expected `{}`",
+                        column.name, column.sql_type
+                    ));
+                }
+                if nullable != column.nullable {
+                    differences.push(format!(
+                        "column `{}` is {}, expected {}",
+                        column.name,
+                        null(nullable),
+                        null(column.nullable)
+                    ));
+                }
+            }
+        }
+    }
+    differences
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::time::Duration;
+
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+    use super::*;
+    use crate::spec::{Column, MigrationStep, Statements};
+
+    const DEFAULT_URL: &str = "postgres://root@127.0.0.1:5432/test";
+
+    const V1: MigrationStep = MigrationStep {
+        version: 1,
+        name: "V1__create_widget_events",
+        sql: "CREATE TABLE widget_events (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
+              event_id text NOT NULL UNIQUE, note text)",
+    };
+    const V1_EDITED: MigrationStep = MigrationStep {
+        sql: "CREATE TABLE widget_events (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
+              event_id text NOT NULL UNIQUE, note varchar(200))",
+        ..V1
+    };
+    const V2: MigrationStep = MigrationStep {
+        version: 2,
+        name: "V2__add_extra",
+        sql: "ALTER TABLE widget_events ADD COLUMN extra bigint",
+    };
+    const GADGET_V1: MigrationStep = MigrationStep {
+        version: 1,
+        name: "V1__create_gadget_events",
+        sql: "CREATE TABLE gadget_events (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
+              event_id text NOT NULL UNIQUE)",
+    };
+
+    const fn column(name: &'static str, sql_type: &'static str, nullable: bool) -> Column {
+        Column {
+            name,
+            sql_type,
+            nullable,
+        }
+    }
+    const ID: Column = column("id", "bigint", false);
+    const EVENT_ID: Column = column("event_id", "text", false);
+    const NOTE: Column = column("note", "text", true);
+    const EXTRA: Column = column("extra", "bigint", true);
+
+    const fn spec(
+        table: &'static str,
+        history_table: &'static str,
+        columns: &'static [Column],
+        migrations: &'static [MigrationStep],
+    ) -> TableSpec {
+        TableSpec {
+            table,
+            history_table,
+            lease: Duration::from_secs(30),
+            retry_delay: Duration::from_secs(1),
+            max_attempts: 5,
+            sql: Statements {
+                enqueue: "",
+                claim: "",
+                complete: "",
+                retry: "",
+                renew: "",
+                fail: "",
+            },
+            columns,
+            migrations,
+        }
+    }
+
+    const WIDGET_HISTORY: &str = "widget_events_history";
+    static WIDGETS_V1: TableSpec = spec(
+        "widget_events",
+        WIDGET_HISTORY,
+        &[ID, EVENT_ID, NOTE],
+        &[V1],
+    );
+    static WIDGETS_V2: TableSpec = spec(
+        "widget_events",
+        WIDGET_HISTORY,
+        &[ID, EVENT_ID, NOTE, EXTRA],
+        &[V1, V2],
+    );
+    static WIDGETS_EDITED: TableSpec = spec(
+        "widget_events",
+        WIDGET_HISTORY,
+        &[ID, EVENT_ID, NOTE],
+        &[V1_EDITED],
+    );
+    /// V1's SQL, but columns the SQL does not create.
+    static WIDGETS_WRONG_COLUMNS: TableSpec = spec(
+        "widget_events",
+        WIDGET_HISTORY,
+        &[ID, column("event_id", "uuid", false), NOTE],
+        &[V1],
+    );
+    static GADGETS_V1: TableSpec = spec(
+        "gadget_events",
+        "gadget_events_history",
+        &[ID, EVENT_ID],
+        &[GADGET_V1],
+    );
+    static NO_HISTORY_TABLE: TableSpec = spec("widget_events", "", &[], &[V1]);
+
+    fn of(spec: &'static TableSpec) -> TableMigrations {
+        TableMigrations { spec }
+    }
+
+    /// Runs `test` with a pool whose search_path is a schema of its own, then drops the
+    /// schema whether or not the test panicked.
+    async fn in_fresh_schema<F, Fut>(test: F)
+    where
+        F: FnOnce(PgPool) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+        let options: PgConnectOptions = url.parse().expect("DATABASE_URL");
+        let schema = format!("migrate_test_{}", uuid::Uuid::now_v7().simple());
+        let mut admin = PgConnection::connect_with(&options)
+            .await
+            .expect("connect to DATABASE_URL");
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&mut admin)
+            .await
+            .expect("create schema");
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options.options([("search_path", &schema)]))
+            .await
+            .expect("pool");
+        let outcome = tokio::spawn(test(pool.clone())).await;
+        pool.close().await;
+        sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+            .execute(&mut admin)
+            .await
+            .expect("drop schema");
+        if let Err(e) = outcome {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
+
+    fn applied(report: &MigrationReport) -> Vec<(&str, &str)> {
+        report
+            .applied()
+            .iter()
+            .map(|m| (m.target(), m.name()))
+            .collect()
+    }
+
+    async fn history(pool: &PgPool, table: &str) -> Vec<(i32, String)> {
+        sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT version, name FROM {table} ORDER BY version"
+        )))
+        .fetch_all(pool)
+        .await
+        .expect("read history")
+    }
+
+    async fn tables_named(pool: &PgPool, name: &str) -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_class \
+             WHERE relname = $1 AND relnamespace = current_schema()::regnamespace",
+        )
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .expect("count tables")
+    }
+
+    fn history_of(rows: &[(i32, &str)]) -> Vec<(i32, String)> {
+        rows.iter().map(|&(v, n)| (v, n.to_owned())).collect()
+    }
+
+    #[tokio::test]
+    async fn migrate_is_idempotent() {
+        in_fresh_schema(|pool| async move {
+            let first = migrate(&pool, &[of(&WIDGETS_V2)]).await.expect("first run");
+            assert_eq!(
+                applied(&first),
+                [
+                    ("widget_events", "V1__create_widget_events"),
+                    ("widget_events", "V2__add_extra")
+                ]
+            );
+            let second = migrate(&pool, &[of(&WIDGETS_V2)])
+                .await
+                .expect("second run");
+            assert!(second.is_empty(), "second run applied {second:?}");
+            assert_eq!(
+                history(&pool, WIDGET_HISTORY).await,
+                history_of(&[(1, "create_widget_events"), (2, "add_extra")])
+            );
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_new_version_applies_alone() {
+        in_fresh_schema(|pool| async move {
+            let first = migrate(&pool, &[of(&WIDGETS_V1)]).await.expect("V1");
+            assert_eq!(
+                applied(&first),
+                [("widget_events", "V1__create_widget_events")]
+            );
+            let second = migrate(&pool, &[of(&WIDGETS_V2)]).await.expect("V1+V2");
+            assert_eq!(applied(&second), [("widget_events", "V2__add_extra")]);
+            assert_eq!(second.applied()[0].version(), 2);
+            verify(&pool, &[of(&WIDGETS_V2)]).await.expect("verify");
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn tables_keep_separate_histories() {
+        in_fresh_schema(|pool| async move {
+            migrate(&pool, &[of(&WIDGETS_V2)]).await.expect("widgets");
+            // Adding an event type starts its own sequence at 1.
+            let report = migrate(&pool, &[of(&WIDGETS_V2), of(&GADGETS_V1)])
+                .await
+                .expect("widgets and gadgets");
+            assert_eq!(
+                applied(&report),
+                [("gadget_events", "V1__create_gadget_events")]
+            );
+            assert_eq!(
+                history(&pool, WIDGET_HISTORY).await,
+                history_of(&[(1, "create_widget_events"), (2, "add_extra")])
+            );
+            assert_eq!(
+                history(&pool, "gadget_events_history").await,
+                history_of(&[(1, "create_gadget_events")])
+            );
+            assert_eq!(tables_named(&pool, "refinery_schema_history").await, 0);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn an_edited_migration_is_refused() {
+        in_fresh_schema(|pool| async move {
+            migrate(&pool, &[of(&WIDGETS_V1)]).await.expect("V1");
+            let err = migrate(&pool, &[of(&WIDGETS_EDITED)])
+                .await
+                .expect_err("edited V1 must be refused");
+            let message = err.to_string();
+            let OutboxError::MigrationDiverged {
+                target, version, ..
+            } = err
+            else {
+                panic!("expected MigrationDiverged, got {err:?}");
+            };
+            assert_eq!((target.as_str(), version), ("widget_events", 1));
+            assert!(
+                message.contains("migration 1 of `widget_events` was edited after it was applied"),
+                "{message}"
+            );
+            assert_eq!(history(&pool, WIDGET_HISTORY).await.len(), 1);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_history_row_is_an_error() {
+        in_fresh_schema(|pool| async move {
+            migrate(&pool, &[of(&WIDGETS_V1)]).await.expect("V1");
+            sqlx::query("UPDATE widget_events_history SET checksum = 'not a number'")
+                .execute(&pool)
+                .await
+                .expect("corrupt");
+            let err = migrate(&pool, &[of(&WIDGETS_V1)])
+                .await
+                .expect_err("corrupt history");
+            assert!(
+                matches!(&err, OutboxError::Migration { target, .. } if target == "widget_events"),
+                "{err:?}"
+            );
+            assert!(format!("{err:?}").contains("checksum"), "{err:?}");
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_calls_apply_each_migration_once() {
+        in_fresh_schema(|pool| async move {
+            let calls: Vec<_> = (0..6)
+                .map(|_| {
+                    let pool = pool.clone();
+                    tokio::spawn(async move { migrate(&pool, &[of(&WIDGETS_V2)]).await })
+                })
+                .collect();
+            let mut total = 0;
+            for call in calls {
+                let report = call.await.expect("task").expect("concurrent migrate");
+                total += report.applied().len();
+            }
+            assert_eq!(total, 2, "each migration applied exactly once");
+            assert_eq!(tables_named(&pool, "widget_events").await, 1);
+            assert_eq!(history(&pool, WIDGET_HISTORY).await.len(), 2);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn verify_reports_drift() {
+        in_fresh_schema(|pool| async move {
+            let err = verify(&pool, &[of(&WIDGETS_V1)])
+                .await
+                .expect_err("no table yet");
+            assert!(
+                matches!(
+                    err,
+                    OutboxError::MissingTable {
+                        table: "widget_events",
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+            sqlx::query(
+                "CREATE TABLE widget_events (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
+                 event_id integer NOT NULL, note text NOT NULL, unrelated text)",
+            )
+            .execute(&pool)
+            .await
+            .expect("hand-made table");
+            let err = verify(&pool, &[of(&WIDGETS_V2)])
+                .await
+                .expect_err("drifted");
+            let OutboxError::Drift { table, details } = &err else {
+                panic!("expected Drift, got {err:?}");
+            };
+            assert_eq!(*table, "widget_events");
+            assert_eq!(
+                details,
+                "column `event_id` is `integer`, expected `text`; \
+                 column `note` is NOT NULL, expected nullable; \
+                 missing column `extra` (bigint nullable)"
+            );
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn migrate_checks_drift() {
+        in_fresh_schema(|pool| async move {
+            let err = migrate(&pool, &[of(&WIDGETS_WRONG_COLUMNS)])
+                .await
+                .expect_err("columns differ from the migration");
+            assert!(
+                matches!(&err, OutboxError::Drift { table: "widget_events", details }
+                    if details == "column `event_id` is `text`, expected `uuid`"),
+                "{err:?}"
+            );
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn app_migrations_run_first_in_their_own_history() {
+        in_fresh_schema(|pool| async move {
+            let accounts = Migration::unapplied(
+                "V1__create_accounts",
+                "CREATE TABLE accounts (id bigint PRIMARY KEY)",
+            )
+            .expect("app migration");
+            let app = Runner::new(&[accounts]);
+            let report = migrate_with_app(&pool, &app, &[of(&WIDGETS_V2)])
+                .await
+                .expect("app and tables");
+            assert_eq!(
+                applied(&report),
+                [
+                    ("application", "V1__create_accounts"),
+                    ("widget_events", "V1__create_widget_events"),
+                    ("widget_events", "V2__add_extra")
+                ]
+            );
+            assert_eq!(
+                history(&pool, "refinery_schema_history").await,
+                history_of(&[(1, "create_accounts")])
+            );
+            assert_eq!(tables_named(&pool, "accounts").await, 1);
+            let again = migrate_with_app(&pool, &app, &[of(&WIDGETS_V2)])
+                .await
+                .expect("second run");
+            assert!(again.is_empty(), "{again:?}");
+        })
+        .await;
+    }
+
+    #[test]
+    fn a_malformed_spec_is_an_error_not_a_panic() {
+        let Err(err) = table_runner(&NO_HISTORY_TABLE) else {
+            panic!("an empty history table name must be refused");
+        };
+        assert!(
+            matches!(&err, OutboxError::Migration { target, .. } if target == "widget_events"),
+            "{err:?}"
+        );
+    }
 }

@@ -86,6 +86,7 @@ pub trait Outbox: Sized + Send + Sync + Unpin + 'static {
     /// Binds one parameter per payload column, in column order, after the event id.
     fn bind<'q>(&'q self, query: PgQuery<'q>) -> PgQuery<'q>;
 
-    /// Decodes the payload columns of a claimed row, starting at column `first`.
-    fn decode(row: &PgRow, first: usize, event_id: &str) -> Result<Self, sqlx::Error>;
+    /// Decodes the payload columns of a claimed row (by column name); `event_id` is the
+    /// row's stored id, from which an `#[outbox(event_id)]` field is rebuilt.
+    fn decode(row: &PgRow, event_id: &str) -> Result<Self, sqlx::Error>;
 }

@@ -1,1 +1,649 @@
-//! Test support. (Being written.)
+//! Test support: a PostgreSQL database for tests, and a fresh schema per test.
+//!
+//! [`database_url`] uses `DATABASE_URL` when it is set. Otherwise it starts one throwaway
+//! PostgreSQL cluster per process (in a temporary directory, from the server binaries found via
+//! `pg_config`, `/usr/lib/postgresql/*/bin` or `initdb` on `PATH`), shared by every test in the
+//! binary. On Linux the server is shut down when the test process exits; leftover directories of
+//! dead test processes are removed the next time a cluster starts.
+//!
+//! [`TestSchema`] creates a uniquely named schema in that database, with a pool whose
+//! connections all use it as their `search_path`, so tests can run concurrently without seeing
+//! each other's tables.
+
+use std::ffi::OsStr;
+use std::fs::{self, File};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::chown;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+use std::{env, io, process, thread};
+
+use nix::sys::signal::{self, Signal};
+use nix::unistd::{Pid, User};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
+use tokio::sync::{OnceCell, oneshot};
+use uuid::Uuid;
+
+/// How long pools wait for a connection, and how long a new cluster may take to accept one.
+const TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections per [`TestSchema::pool`].
+const POOL_SIZE: u32 = 5;
+/// Another process may grab the free port we picked before the server binds it.
+const PORT_ATTEMPTS: u32 = 3;
+/// Prefix of the throwaway clusters' directories, followed by `<pid>-<random>`.
+const CLUSTER_DIR_PREFIX: &str = "outbox-pg-";
+
+/// Why test support could not provide a database.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TestSupportError {
+    /// `DATABASE_URL` is not set and no PostgreSQL server binaries were found.
+    #[error(
+        "DATABASE_URL is not set and no PostgreSQL server binaries were found \
+         (tried `pg_config --bindir`, /usr/lib/postgresql/*/bin and `initdb` on PATH): \
+         install the PostgreSQL server binaries or set DATABASE_URL"
+    )]
+    NoPostgres,
+    /// The throwaway cluster could not be created or did not start.
+    #[error("throwaway PostgreSQL cluster: {message}")]
+    Cluster {
+        /// What went wrong, including the output of `initdb` or the server log where relevant.
+        message: String,
+    },
+    /// A file system or process operation failed while setting up the throwaway cluster.
+    #[error("throwaway PostgreSQL cluster: {context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// Connecting to the database or running a statement failed.
+    #[error("test database: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl TestSupportError {
+    fn cluster(message: impl Into<String>) -> Self {
+        Self::Cluster {
+            message: message.into(),
+        }
+    }
+
+    fn io(context: impl Into<String>) -> impl FnOnce(io::Error) -> Self {
+        let context = context.into();
+        |source| Self::Io { context, source }
+    }
+}
+
+/// The throwaway cluster's URL. A tokio `OnceCell` is not tied to a runtime, so each
+/// `#[tokio::test]` may ask from its own: the first caller starts the cluster, the others wait.
+static CLUSTER: OnceCell<String> = OnceCell::const_new();
+
+/// The base URL in use (`DATABASE_URL` or the throwaway cluster), starting the cluster if needed.
+pub async fn database_url() -> Result<String, TestSupportError> {
+    if let Ok(url) = env::var("DATABASE_URL")
+        && !url.is_empty()
+    {
+        return Ok(url);
+    }
+    CLUSTER.get_or_try_init(start_cluster).await.cloned()
+}
+
+/// A freshly created schema, dropped afterwards.
+///
+/// Call [`drop_schema`](Self::drop_schema) at the end of a test. If the test panics first,
+/// dropping the value removes the schema instead, blocking until done: it terminates the
+/// connections still using the schema, so an open transaction cannot block it.
+#[derive(Debug)]
+pub struct TestSchema {
+    name: String,
+    base_url: String,
+    pool: PgPool,
+    dropped: bool,
+}
+
+impl TestSchema {
+    /// Creates `outbox_test_<uuid>` in the test database (see [`database_url`]) and a pool of
+    /// up to 5 connections whose `search_path` is that schema alone.
+    pub async fn new() -> Result<TestSchema, TestSupportError> {
+        let base_url = database_url().await?;
+        let name = format!("outbox_test_{}", Uuid::now_v7().simple());
+        // A `search_path` naming a schema that does not exist yet is fine, so the pool can
+        // create it.
+        let pool = open_pool(&base_url, &name, POOL_SIZE).await?;
+        let create = format!("CREATE SCHEMA {}", quote_ident(&name));
+        sqlx::query(AssertSqlSafe(create)).execute(&pool).await?;
+        Ok(TestSchema {
+            name,
+            base_url,
+            pool,
+            dropped: false,
+        })
+    }
+
+    /// The pool; every connection has `search_path` set to this schema, also after reconnects.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The schema's name, a plain identifier that needs no quoting.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A connection URL that selects this schema, for child processes: the base URL plus
+    /// `options=-csearch_path%3D<name>` (understood by sqlx and libpq) and an
+    /// `application_name` that lets a panicking test's cleanup terminate those connections.
+    pub fn url(&self) -> String {
+        schema_url(&self.base_url, &self.name)
+    }
+
+    /// Opens an extra, separate pool on the same schema (e.g. to act as a second publisher).
+    pub async fn connect(&self, max_connections: u32) -> Result<PgPool, TestSupportError> {
+        open_pool(&self.base_url, &self.name, max_connections).await
+    }
+
+    /// Drops the schema (`CASCADE`) and closes the pool.
+    pub async fn drop_schema(mut self) -> Result<(), TestSupportError> {
+        sqlx::query(drop_schema_sql(&self.name))
+            .execute(&self.pool)
+            .await?;
+        self.dropped = true;
+        self.pool.close().await;
+        Ok(())
+    }
+}
+
+impl Drop for TestSchema {
+    fn drop(&mut self) {
+        if self.dropped {
+            return;
+        }
+        let (base_url, name) = (self.base_url.clone(), self.name.clone());
+        // Drop may run on a runtime thread (or outside any runtime): a thread with its own
+        // runtime can block here without waiting on tasks of the runtime it blocks.
+        let cleanup = thread::Builder::new()
+            .name("outbox-test-schema-drop".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                let result = match runtime {
+                    Ok(runtime) => runtime.block_on(async {
+                        tokio::time::timeout(TIMEOUT, drop_leftover_schema(&base_url, &name))
+                            .await
+                            .unwrap_or_else(|_| Err(timed_out()))
+                    }),
+                    Err(error) => Err(sqlx::Error::Io(error)),
+                };
+                if let Err(error) = result {
+                    tracing::warn!(schema = %name, %error, "could not drop test schema");
+                }
+            });
+        if let Ok(cleanup) = cleanup {
+            let _ = cleanup.join();
+        }
+    }
+}
+
+async fn open_pool(
+    base_url: &str,
+    schema: &str,
+    max_connections: u32,
+) -> Result<PgPool, TestSupportError> {
+    let options = base_url
+        .parse::<PgConnectOptions>()?
+        // A startup option rather than `SET`, so connections the pool opens later get it too.
+        .options([("search_path", schema)])
+        .application_name(schema);
+    Ok(PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(TIMEOUT)
+        .connect_with(options)
+        .await?)
+}
+
+fn schema_url(base_url: &str, schema: &str) -> String {
+    let separator = if base_url.contains('?') { '&' } else { '?' };
+    format!("{base_url}{separator}options=-csearch_path%3D{schema}&application_name={schema}")
+}
+
+async fn drop_leftover_schema(base_url: &str, schema: &str) -> Result<(), sqlx::Error> {
+    let mut connection = PgConnection::connect(base_url).await?;
+    // A transaction the test left open would otherwise hold locks that block `DROP SCHEMA`.
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(schema)
+    .execute(&mut connection)
+    .await?;
+    sqlx::query(drop_schema_sql(schema))
+        .execute(&mut connection)
+        .await?;
+    connection.close().await
+}
+
+fn timed_out() -> sqlx::Error {
+    sqlx::Error::Io(io::ErrorKind::TimedOut.into())
+}
+
+fn drop_schema_sql(schema: &str) -> AssertSqlSafe<String> {
+    AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS {} CASCADE",
+        quote_ident(schema)
+    ))
+}
+
+fn quote_ident(identifier: &str) -> String {
+    format!("\"{}\"", identifier.replace('"', "\"\""))
+}
+
+async fn start_cluster() -> Result<String, TestSupportError> {
+    remove_stale_clusters().await;
+    let bindir = find_bindir().ok_or(TestSupportError::NoPostgres)?;
+    let owner = server_owner()?;
+    let random = Uuid::now_v7().simple().to_string();
+    // Keep the path short: the server's Unix socket lives in it, and those paths are limited to
+    // about 100 bytes. The tail of a v7 UUID is random.
+    let dir = env::temp_dir().join(format!(
+        "{CLUSTER_DIR_PREFIX}{}-{}",
+        process::id(),
+        &random[20..]
+    ));
+    fs::create_dir(&dir).map_err(TestSupportError::io(format!("creating {}", dir.display())))?;
+    let started = init_and_start(&bindir, &dir, owner.as_ref()).await;
+    if started.is_err() {
+        let _ = fs::remove_dir_all(&dir);
+    }
+    started
+}
+
+/// initdb refuses to run as root, so as root the cluster belongs to `nobody`.
+fn server_owner() -> Result<Option<User>, TestSupportError> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    match User::from_name("nobody") {
+        Ok(Some(user)) => Ok(Some(user)),
+        Ok(None) => Err(TestSupportError::cluster(
+            "running as root, which initdb refuses, and there is no `nobody` user to run \
+             PostgreSQL as; run the tests as another user or set DATABASE_URL",
+        )),
+        Err(errno) => Err(TestSupportError::io("looking up the `nobody` user")(
+            errno.into(),
+        )),
+    }
+}
+
+fn find_bindir() -> Option<PathBuf> {
+    let has_server = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
+    let from_pg_config = Command::new("pg_config")
+        .arg("--bindir")
+        .output()
+        .ok()
+        .filter(|output| output.status.success())
+        .map(|output| PathBuf::from(OsStr::from_bytes(output.stdout.trim_ascii())));
+    // Debian's client-only packages ship pg_config too, so check that the server is there.
+    if let Some(dir) = from_pg_config.filter(|dir| has_server(dir)) {
+        return Some(dir);
+    }
+    let newest_debian = fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let version = entry
+                .file_name()
+                .to_str()?
+                .split('.')
+                .map(str::parse)
+                .collect::<Result<Vec<u32>, _>>()
+                .ok()?;
+            Some((version, entry.path().join("bin")))
+        })
+        .filter(|(_, dir)| has_server(dir))
+        .max();
+    if let Some((_, dir)) = newest_debian {
+        return Some(dir);
+    }
+    // Resolve symlinks: `postgres` need only sit next to the real `initdb`.
+    env::split_paths(&env::var_os("PATH")?)
+        .map(|dir| dir.join("initdb"))
+        .find(|initdb| initdb.is_file())
+        .and_then(|initdb| Some(fs::canonicalize(initdb).ok()?.parent()?.to_path_buf()))
+        .filter(|dir| has_server(dir))
+}
+
+async fn init_and_start(
+    bindir: &Path,
+    dir: &Path,
+    owner: Option<&User>,
+) -> Result<String, TestSupportError> {
+    if let Some(owner) = owner {
+        chown(dir, Some(owner.uid.as_raw()), Some(owner.gid.as_raw())).map_err(
+            TestSupportError::io(format!("handing {} to user {}", dir.display(), owner.name)),
+        )?;
+    }
+    let data = dir.join("data");
+    let mut initdb = server_command(&bindir.join("initdb"), dir, owner);
+    initdb.arg("-D").arg(&data).args([
+        "-U",
+        "postgres",
+        "--auth=trust",
+        "-E",
+        "UTF8",
+        // Valid with UTF8 whatever the environment's locale is, and deterministic.
+        "--locale=C",
+        "--no-sync",
+    ]);
+    let output = tokio::process::Command::from(initdb)
+        .output()
+        .await
+        .map_err(TestSupportError::io(format!(
+            "running {}",
+            bindir.join("initdb").display()
+        )))?;
+    if !output.status.success() {
+        return Err(TestSupportError::cluster(format!(
+            "initdb {} ({}):\n{}{}",
+            data.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    }
+
+    let log_path = dir.join("postgres.log");
+    let read_log = || fs::read_to_string(&log_path).unwrap_or_default();
+    let mut attempt = 1;
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(TestSupportError::io("finding a free port"))?
+            .port();
+        let log = File::create(&log_path).map_err(TestSupportError::io(format!(
+            "creating {}",
+            log_path.display()
+        )))?;
+        let log_err = log
+            .try_clone()
+            .map_err(TestSupportError::io("cloning log"))?;
+        let mut postgres = server_command(&bindir.join("postgres"), dir, owner);
+        postgres
+            .arg("-D")
+            .arg(&data)
+            .args(["-p", &port.to_string(), "-k"])
+            .arg(dir)
+            .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err);
+        die_with_parent(&mut postgres);
+        let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+        let (pid, mut exited) = spawn_postmaster(postgres)?;
+        match wait_until_ready(&url, &mut exited).await {
+            Startup::Ready => {
+                tracing::debug!(%url, dir = %dir.display(), "started throwaway PostgreSQL");
+                return Ok(url);
+            }
+            Startup::Exited(status) => {
+                let log = read_log();
+                if attempt == PORT_ATTEMPTS || !log.contains("could not bind") {
+                    return Err(TestSupportError::cluster(format!(
+                        "postgres {status}; server log:\n{log}"
+                    )));
+                }
+                attempt += 1;
+            }
+            Startup::TimedOut(error) => {
+                let _ = signal::kill(pid, Signal::SIGQUIT);
+                let _ = tokio::time::timeout(Duration::from_secs(5), exited).await;
+                return Err(TestSupportError::cluster(format!(
+                    "postgres did not accept connections within {TIMEOUT:?} (last error: \
+                     {error}); server log:\n{}",
+                    read_log()
+                )));
+            }
+        }
+    }
+}
+
+fn server_command(program: &Path, dir: &Path, owner: Option<&User>) -> Command {
+    let mut command = Command::new(program);
+    // The owner may not be able to enter our working directory.
+    command.current_dir(dir);
+    if let Some(owner) = owner {
+        command.uid(owner.uid.as_raw()).gid(owner.gid.as_raw());
+    }
+    command
+}
+
+/// Has the kernel send the postmaster SIGINT (fast shutdown) when its parent dies, so no
+/// server outlives the test process, however that ends.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+#[allow(unsafe_code)]
+fn die_with_parent(command: &mut Command) {
+    let parent = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child before exec. It only makes the prctl(2) and
+    // getppid(2) system calls, which are async-signal-safe, and builds its error from an errno
+    // without allocating or taking locks.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGINT)?;
+            // The parent may have died before the signal was armed.
+            if nix::unistd::getppid() == parent {
+                Ok(())
+            } else {
+                Err(nix::errno::Errno::ESRCH.into())
+            }
+        });
+    }
+}
+
+/// Elsewhere the server outlives a killed test process until the next cluster start removes it.
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn die_with_parent(_: &mut Command) {}
+
+/// Spawns the postmaster from a thread that lives as long as the server: the parent-death
+/// signal fires when the *thread* that forked the child ends, and a test's thread ends with the
+/// test. The thread also reaps the server and reports its exit.
+fn spawn_postmaster(
+    mut command: Command,
+) -> Result<(Pid, oneshot::Receiver<ExitStatus>), TestSupportError> {
+    let (spawned_tx, spawned_rx) = std::sync::mpsc::channel();
+    let (exited_tx, exited_rx) = oneshot::channel();
+    thread::Builder::new()
+        .name("outbox-test-postgres".into())
+        .spawn(move || match command.spawn() {
+            Ok(mut child) => {
+                let _ = spawned_tx.send(Ok(Pid::from_raw(child.id().cast_signed())));
+                if let Ok(status) = child.wait() {
+                    let _ = exited_tx.send(status);
+                }
+            }
+            Err(error) => {
+                let _ = spawned_tx.send(Err(error));
+            }
+        })
+        .map_err(TestSupportError::io("spawning a thread"))?;
+    let pid = spawned_rx
+        .recv()
+        .map_err(|_| io::Error::other("the spawning thread died"))
+        .and_then(|spawned| spawned)
+        .map_err(TestSupportError::io("starting postgres"))?;
+    Ok((pid, exited_rx))
+}
+
+enum Startup {
+    Ready,
+    Exited(String),
+    TimedOut(sqlx::Error),
+}
+
+async fn wait_until_ready(url: &str, exited: &mut oneshot::Receiver<ExitStatus>) -> Startup {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        match exited.try_recv() {
+            Ok(status) => return Startup::Exited(format!("exited ({status})")),
+            Err(oneshot::error::TryRecvError::Closed) => {
+                return Startup::Exited("exited".into());
+            }
+            Err(oneshot::error::TryRecvError::Empty) => {}
+        }
+        let attempt = tokio::time::timeout(Duration::from_secs(5), PgConnection::connect(url))
+            .await
+            .unwrap_or_else(|_| Err(timed_out()));
+        let error = match attempt {
+            Ok(connection) => {
+                let _ = connection.close().await;
+                return Startup::Ready;
+            }
+            Err(error) => error,
+        };
+        if Instant::now() >= deadline {
+            return Startup::TimedOut(error);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Removes the cluster directories of test processes that are gone, shutting down any server
+/// still running in them (a process killed where there is no parent-death signal).
+async fn remove_stale_clusters() {
+    let Ok(entries) = fs::read_dir(env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(owner) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.strip_prefix(CLUSTER_DIR_PREFIX)?.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if owner == process::id() || is_alive(Pid::from_raw(owner.cast_signed())) {
+            continue;
+        }
+        let dir = entry.path();
+        if let Some(postmaster) = running_postmaster(&dir.join("data")) {
+            let _ = signal::kill(postmaster, Signal::SIGQUIT);
+            for _ in 0..100 {
+                if !is_alive(postmaster) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        if let Err(error) = fs::remove_dir_all(&dir) {
+            tracing::debug!(dir = %dir.display(), %error, "could not remove stale test cluster");
+        }
+    }
+}
+
+fn is_alive(pid: Pid) -> bool {
+    // EPERM: it exists, as another user.
+    !matches!(signal::kill(pid, None), Err(nix::errno::Errno::ESRCH))
+}
+
+fn running_postmaster(data: &Path) -> Option<Pid> {
+    let pid: i32 = fs::read_to_string(data.join("postmaster.pid"))
+        .ok()?
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()?;
+    // The pid may have been reused: only signal a process that serves this data directory.
+    let command_line = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let data = data.as_os_str().as_bytes();
+    command_line
+        .windows(data.len())
+        .any(|window| window == data)
+        .then(|| Pid::from_raw(pid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn schema_exists(name: &str) -> bool {
+        let mut connection = PgConnection::connect(&database_url().await.unwrap())
+            .await
+            .unwrap();
+        sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)")
+            .bind(name)
+            .fetch_one(&mut connection)
+            .await
+            .unwrap()
+    }
+
+    async fn current_schema(pool: &PgPool) -> String {
+        sqlx::query_scalar("SELECT current_schema()")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn concurrent_schemas_are_separate() {
+        let (a, b) = tokio::try_join!(TestSchema::new(), TestSchema::new()).unwrap();
+        assert_ne!(a.name(), b.name());
+        for schema in [&a, &b] {
+            assert_eq!(current_schema(schema.pool()).await, schema.name());
+            let extra = schema.connect(2).await.unwrap();
+            assert_eq!(current_schema(&extra).await, schema.name());
+            extra.close().await;
+        }
+        tokio::try_join!(a.drop_schema(), b.drop_schema()).unwrap();
+    }
+
+    #[tokio::test]
+    async fn url_selects_the_schema() {
+        let schema = TestSchema::new().await.unwrap();
+        let pool = PgPool::connect(&schema.url()).await.unwrap();
+        assert_eq!(current_schema(&pool).await, schema.name());
+        pool.close().await;
+        schema.drop_schema().await.unwrap();
+    }
+
+    #[test]
+    fn url_appends_to_an_existing_query() {
+        assert_eq!(
+            schema_url("postgres://h/db?sslmode=disable", "s"),
+            "postgres://h/db?sslmode=disable&options=-csearch_path%3Ds&application_name=s"
+        );
+    }
+
+    #[tokio::test]
+    async fn drop_schema_drops_it() {
+        let schema = TestSchema::new().await.unwrap();
+        let name = schema.name().to_owned();
+        sqlx::query("CREATE TABLE t (id int)")
+            .execute(schema.pool())
+            .await
+            .unwrap();
+        schema.drop_schema().await.unwrap();
+        assert!(!schema_exists(&name).await);
+    }
+
+    #[tokio::test]
+    async fn dropping_drops_it_despite_an_open_transaction() {
+        let schema = TestSchema::new().await.unwrap();
+        let name = schema.name().to_owned();
+        let mut transaction = schema.pool().begin().await.unwrap();
+        sqlx::query("CREATE TABLE t (id int)")
+            .execute(&mut *transaction)
+            .await
+            .unwrap();
+        drop(schema);
+        assert!(!schema_exists(&name).await);
+        drop(transaction);
+    }
+}

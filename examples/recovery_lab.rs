@@ -1,0 +1,17 @@
+//! Prints the seed's recovery matrix: six scenarios, the leased protocol against the
+//! unsafe baseline, each on real PostgreSQL (`DATABASE_URL`, or a throwaway cluster).
+//!
+//! ```text
+//! cargo run --example recovery_lab
+//! ```
+
+#[path = "../tests/lab/mod.rs"]
+mod lab;
+
+fn main() {
+    // Scenario 1 re-executes this binary as the publisher it kills.
+    lab::child_main_if_requested();
+    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    let rows = runtime.block_on(lab::matrix(&lab::ChildCommand { args: Vec::new() }));
+    print!("{}", lab::render(&rows));
+}

@@ -1,0 +1,1 @@
+ALTER TABLE "customer_events" ADD COLUMN "referrer" text;

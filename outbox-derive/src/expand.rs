@@ -1,0 +1,152 @@
+//! Stage 4: code generation. Generated code names our dependencies only through
+//! `::outbox::__private`, so users need not depend on sqlx themselves.
+
+use proc_macro2::TokenStream;
+use quote::quote;
+
+use crate::model::{Field, Model};
+use crate::sql::Sql;
+
+/// Bookkeeping columns as `format_type()` prints them: (name, type, nullable).
+const BOOKKEEPING: &[(&str, &str, bool)] = &[
+    ("id", "bigint", false),
+    ("event_id", "text", false),
+    ("status", "text", false),
+    ("generation", "bigint", false),
+    ("attempts", "integer", false),
+    ("lease_until", "timestamp with time zone", true),
+    ("next_attempt_at", "timestamp with time zone", false),
+    ("last_error", "text", true),
+    ("created_at", "timestamp with time zone", false),
+];
+
+pub(crate) fn expand(model: &Model) -> TokenStream {
+    let p = quote!(::outbox::__private);
+    let ident = &model.ident;
+    let sql = Sql::render(model);
+    let Sql { enqueue, claim, complete, retry, renew, fail, migrations } = &sql;
+    let (table, history_table, max_attempts) = (&model.table, &model.history_table, model.max_attempts);
+    let lease = micros(model.lease);
+    let retry_delay = micros(model.retry_delay);
+
+    let columns = BOOKKEEPING
+        .iter()
+        .map(|&(name, ty, nullable)| quote!(#p::Column { name: #name, sql_type: #ty, nullable: #nullable }))
+        .chain(model.fields.iter().map(|f| {
+            let (name, ty, nullable) = (&f.column, f.sql_type.catalog, f.nullable());
+            quote!(#p::Column { name: #name, sql_type: #ty, nullable: #nullable })
+        }));
+    let steps = migrations
+        .iter()
+        .map(|(version, name, sql)| quote!(#p::MigrationStep { version: #version, name: #name, sql: #sql }));
+
+    let event_id = match &model.event_id {
+        Some(f) => {
+            let (field, ty) = (&f.ident, &f.ty);
+            quote!(::core::option::Option::Some(<#ty as #p::EventIdField>::to_event_id(&self.#field)))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let binds = model.fields.iter().map(|f| bind(&p, f));
+    let decode_event_id = model.event_id.as_ref().map(|f| {
+        let (field, ty) = (&f.ident, &f.ty);
+        quote! {
+            #field: <#ty as #p::EventIdField>::from_event_id(event_id).map_err(|source| #p::sqlx::Error::ColumnDecode {
+                index: ::std::string::String::from("event_id"),
+                source,
+            })?,
+        }
+    });
+    let decodes = model.fields.iter().map(|f| decode(&p, f));
+
+    quote! {
+        impl #p::Outbox for #ident {
+            const SPEC: &'static #p::TableSpec = &#p::TableSpec {
+                table: #table,
+                history_table: #history_table,
+                lease: #p::Duration::from_micros(#lease),
+                retry_delay: #p::Duration::from_micros(#retry_delay),
+                max_attempts: #max_attempts,
+                sql: #p::Statements {
+                    enqueue: #enqueue,
+                    claim: #claim,
+                    complete: #complete,
+                    retry: #retry,
+                    renew: #renew,
+                    fail: #fail,
+                },
+                columns: &[#(#columns),*],
+                migrations: &[#(#steps),*],
+            };
+
+            fn event_id(&self) -> ::core::option::Option<#p::EventId> {
+                #event_id
+            }
+
+            fn bind<'q>(&'q self, query: #p::PgQuery<'q>) -> #p::PgQuery<'q> {
+                query #(#binds)*
+            }
+
+            fn decode(row: &#p::PgRow, event_id: &str) -> ::core::result::Result<Self, #p::sqlx::Error> {
+                ::core::result::Result::Ok(Self {
+                    #decode_event_id
+                    #(#decodes)*
+                })
+            }
+        }
+
+        impl #ident {
+            #[doc = concat!("Writes this event into `", #table, "` through `executor`: pass the business transaction (`&mut *tx`) so both commit together.")]
+            pub async fn enqueue<'e>(
+                &self,
+                executor: impl #p::PgExecutor<'e>,
+            ) -> ::core::result::Result<#p::EventId, #p::OutboxError> {
+                #p::enqueue(self, executor).await
+            }
+
+            #[doc = concat!("Claims the next due event of `", #table, "`, if any, under a fresh lease and generation.")]
+            pub async fn claim<'c>(
+                conn: impl #p::Acquire<'c, Database = #p::Postgres>,
+            ) -> ::core::result::Result<::core::option::Option<#p::Claim<Self>>, #p::OutboxError> {
+                #p::claim(conn).await
+            }
+
+            #[doc = concat!("Claims up to `limit` due events of `", #table, "` in one statement.")]
+            pub async fn claim_batch<'c>(
+                conn: impl #p::Acquire<'c, Database = #p::Postgres>,
+                limit: u32,
+            ) -> ::core::result::Result<::std::vec::Vec<#p::Claim<Self>>, #p::OutboxError> {
+                #p::claim_batch(conn, limit).await
+            }
+
+            #[doc = concat!("The migrations of `", #table, "`, for `outbox::migrate`.")]
+            pub fn migrations() -> #p::TableMigrations {
+                #p::TableMigrations::of::<Self>()
+            }
+        }
+    }
+}
+
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn bind(p: &TokenStream, f: &Field) -> TokenStream {
+    let field = &f.ident;
+    match (f.json, f.nullable()) {
+        (false, _) => quote!(.bind(&self.#field)),
+        (true, false) => quote!(.bind(#p::Json(&self.#field))),
+        (true, true) => quote!(.bind(self.#field.as_ref().map(#p::Json))),
+    }
+}
+
+fn decode(p: &TokenStream, f: &Field) -> TokenStream {
+    let (field, column, ty) = (&f.ident, &f.column, &f.ty);
+    match (f.json, &f.option_of) {
+        (false, _) => quote!(#field: #p::Row::try_get::<#ty, _>(row, #column)?,),
+        (true, None) => quote!(#field: #p::Row::try_get::<#p::Json<#ty>, _>(row, #column)?.0,),
+        (true, Some(inner)) => quote! {
+            #field: #p::Row::try_get::<::core::option::Option<#p::Json<#inner>>, _>(row, #column)?.map(|json| json.0),
+        },
+    }
+}

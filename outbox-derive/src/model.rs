@@ -1,0 +1,382 @@
+//! Stage 2: the validated model of an outbox table. Every rule that keeps the SQL
+//! sound is enforced here, with an error spanned at the token that breaks it.
+
+use std::time::Duration;
+
+use syn::ext::IdentExt;
+use syn::spanned::Spanned;
+use syn::{Data, DeriveInput, Fields, GenericArgument, Ident, LitInt, LitStr, PathArguments, Type};
+
+use crate::attr::{self, Errors};
+
+/// PostgreSQL truncates longer identifiers, so we refuse them instead.
+const MAX_IDENTIFIER: usize = 63;
+const HISTORY_PREFIX: &str = "_outbox_history_";
+
+/// Columns every outbox table has; a field may not take one of these names.
+pub(crate) const RESERVED_COLUMNS: &[&str] = &[
+    "id",
+    "event_id",
+    "status",
+    "generation",
+    "attempts",
+    "lease_until",
+    "next_attempt_at",
+    "last_error",
+    "created_at",
+];
+
+pub(crate) struct Model {
+    pub(crate) ident: Ident,
+    pub(crate) table: String,
+    pub(crate) history_table: String,
+    pub(crate) lease: Duration,
+    pub(crate) retry_delay: Duration,
+    pub(crate) max_attempts: i32,
+    pub(crate) event_id: Option<EventIdField>,
+    pub(crate) fields: Vec<Field>,
+}
+
+/// The field whose value is the event's stable id, stored in the `event_id` column.
+pub(crate) struct EventIdField {
+    pub(crate) ident: Ident,
+    pub(crate) ty: Type,
+}
+
+/// A payload field and its column.
+pub(crate) struct Field {
+    pub(crate) ident: Ident,
+    pub(crate) ty: Type,
+    pub(crate) column: String,
+    pub(crate) sql_type: SqlType,
+    /// `Some(inner)` for `Option<inner>`: the column is nullable.
+    pub(crate) option_of: Option<Type>,
+    /// Stored as jsonb through `sqlx::types::Json`.
+    pub(crate) json: bool,
+    /// The migration version that adds the column (1: the `CREATE TABLE`).
+    pub(crate) since: u32,
+}
+
+/// A column type: how it is declared, and how `format_type()` prints it back.
+#[derive(Clone, Copy)]
+pub(crate) struct SqlType {
+    pub(crate) ddl: &'static str,
+    pub(crate) catalog: &'static str,
+}
+
+const fn sql_type(ddl: &'static str, catalog: &'static str) -> SqlType {
+    SqlType { ddl, catalog }
+}
+
+const JSONB: SqlType = sql_type("jsonb", "jsonb");
+
+/// The column type of a Rust type, by the last segment of its path.
+fn native_sql_type(ty: &Type) -> Option<SqlType> {
+    let segment = last_segment(ty)?;
+    let name = segment.ident.to_string();
+    Some(match name.as_str() {
+        "i16" => sql_type("smallint", "smallint"),
+        "i32" => sql_type("integer", "integer"),
+        "i64" => sql_type("bigint", "bigint"),
+        "f32" => sql_type("real", "real"),
+        "f64" => sql_type("double precision", "double precision"),
+        "bool" => sql_type("boolean", "boolean"),
+        "String" => sql_type("text", "text"),
+        "Uuid" => sql_type("uuid", "uuid"),
+        "NaiveDate" | "Date" => sql_type("date", "date"),
+        "NaiveTime" | "Time" => sql_type("time", "time without time zone"),
+        "NaiveDateTime" | "PrimitiveDateTime" => sql_type("timestamp", "timestamp without time zone"),
+        "DateTime" | "OffsetDateTime" => sql_type("timestamptz", "timestamp with time zone"),
+        "Value" | "JsonValue" => JSONB,
+        "Vec" if generic_arg(segment).is_some_and(|t| is_ident(t, "u8")) => sql_type("bytea", "bytea"),
+        _ => return None,
+    })
+}
+
+fn last_segment(ty: &Type) -> Option<&syn::PathSegment> {
+    match ty {
+        Type::Path(p) if p.qself.is_none() => p.path.segments.last(),
+        Type::Group(g) => last_segment(&g.elem),
+        _ => None,
+    }
+}
+
+fn generic_arg(segment: &syn::PathSegment) -> Option<&Type> {
+    match &segment.arguments {
+        PathArguments::AngleBracketed(args) if args.args.len() == 1 => match &args.args[0] {
+            GenericArgument::Type(ty) => Some(ty),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn is_ident(ty: &Type, name: &str) -> bool {
+    last_segment(ty).is_some_and(|s| s.ident == name && s.arguments.is_none())
+}
+
+/// `Some(T)` for `Option<T>`.
+fn option_inner(ty: &Type) -> Option<&Type> {
+    last_segment(ty).filter(|s| s.ident == "Option").and_then(generic_arg)
+}
+
+/// A plain lowercase SQL identifier: nothing to quote, nothing to inject.
+fn is_plain_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+fn check_identifier(lit: &LitStr, what: &str, errors: &mut Errors) -> Option<String> {
+    let name = lit.value();
+    if !is_plain_identifier(&name) {
+        errors.push(syn::Error::new(
+            lit.span(),
+            format!("{what} `{name}` is not a plain identifier: use lowercase ASCII letters, digits and `_`, not starting with a digit"),
+        ));
+        None
+    } else if name.len() > MAX_IDENTIFIER {
+        errors.push(syn::Error::new(
+            lit.span(),
+            format!("{what} `{name}` is {} bytes long; PostgreSQL identifiers are at most {MAX_IDENTIFIER} bytes", name.len()),
+        ));
+        None
+    } else {
+        Some(name)
+    }
+}
+
+fn parse_duration(lit: Option<&LitStr>, key: &str, default: Duration, errors: &mut Errors) -> Duration {
+    let Some(lit) = lit else { return default };
+    match humantime::parse_duration(&lit.value()) {
+        Ok(d) if d.is_zero() => {
+            errors.push(syn::Error::new(lit.span(), format!("`{key}` must be greater than zero")));
+            default
+        }
+        Ok(d) if d.subsec_micros() * 1000 != d.subsec_nanos() => {
+            errors.push(syn::Error::new(lit.span(), format!("`{key}` must be a whole number of microseconds, PostgreSQL's interval precision")));
+            default
+        }
+        Ok(d) => d,
+        Err(e) => {
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!("invalid `{key}` duration {:?}: {e}; write it like \"30s\", \"1m\" or \"1h 30m\"", lit.value()),
+            ));
+            default
+        }
+    }
+}
+
+fn parse_max_attempts(lit: Option<&LitInt>, errors: &mut Errors) -> i32 {
+    const DEFAULT: i32 = 10;
+    let Some(lit) = lit else { return DEFAULT };
+    match lit.base10_parse::<i32>() {
+        Ok(n) if n >= 1 => n,
+        _ => {
+            errors.push(syn::Error::new(
+                lit.span(),
+                "`max_attempts` must be an integer from 1 to 2147483647: the number of claims an event may use before it moves to DEAD",
+            ));
+            DEFAULT
+        }
+    }
+}
+
+/// `_outbox_history_<table>`, shortened with a stable hash when it would exceed the limit.
+fn history_table(table: &str) -> String {
+    let name = format!("{HISTORY_PREFIX}{table}");
+    if name.len() <= MAX_IDENTIFIER {
+        return name;
+    }
+    // FNV-1a: stable across compilers, unlike std's hasher.
+    let hash = table.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let keep = MAX_IDENTIFIER - HISTORY_PREFIX.len() - 9;
+    format!("{HISTORY_PREFIX}{}_{:08x}", &table[..keep], hash as u32)
+}
+
+fn snake_case(ident: &Ident) -> String {
+    let mut out = String::new();
+    for (i, c) in ident.to_string().chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+impl Model {
+    pub(crate) fn from_input(input: &DeriveInput) -> syn::Result<Self> {
+        let mut errors = Errors::default();
+        let attrs = attr::parse_container(&input.attrs, &mut errors);
+
+        if let Some(param) = input.generics.params.first() {
+            errors.push(syn::Error::new_spanned(
+                &input.generics,
+                match param {
+                    syn::GenericParam::Lifetime(_) => "an outbox event cannot borrow: remove the lifetime parameter and own its data",
+                    _ => "an outbox event cannot be generic: each event type has its own table, fixed at compile time",
+                },
+            ));
+        }
+        let named = match &input.data {
+            Data::Struct(s) => match &s.fields {
+                Fields::Named(named) => Some(named),
+                Fields::Unnamed(f) => {
+                    errors.push(syn::Error::new(f.span(), "tuple structs are not supported: an outbox event needs named fields, one per column"));
+                    None
+                }
+                Fields::Unit => {
+                    errors.push(syn::Error::new(input.ident.span(), "unit structs are not supported: an outbox event needs named fields, one per column"));
+                    None
+                }
+            },
+            _ => {
+                errors.push(syn::Error::new(input.ident.span(), "#[derive(Outbox)] supports structs with named fields only"));
+                None
+            }
+        };
+
+        let table = match &attrs.table {
+            Some(lit) => check_identifier(lit, "table name", &mut errors).unwrap_or_default(),
+            None => snake_case(&input.ident),
+        };
+        let lease = parse_duration(attrs.lease.as_ref(), "lease", Duration::from_secs(30), &mut errors);
+        let retry_delay = parse_duration(attrs.retry_delay.as_ref(), "retry_delay", Duration::from_secs(60), &mut errors);
+        let max_attempts = parse_max_attempts(attrs.max_attempts.as_ref(), &mut errors);
+
+        let mut event_id: Option<EventIdField> = None;
+        let mut fields = Vec::new();
+        for field in named.into_iter().flat_map(|n| &n.named) {
+            let Some(ident) = field.ident.clone() else { continue };
+            let fattrs = attr::parse_field(&field.attrs, &mut errors);
+            if let Some(flag) = &fattrs.event_id {
+                validate_event_id(field, &fattrs, &mut errors);
+                if event_id.is_some() {
+                    errors.push(syn::Error::new(flag.span(), "only one field can be the `event_id`"));
+                }
+                event_id = Some(EventIdField { ident, ty: field.ty.clone() });
+                continue;
+            }
+            if let Some(f) = Field::from_syn(ident, field, &fattrs, &mut errors) {
+                fields.push(f);
+            }
+        }
+        check_column_names(&fields, &mut errors);
+
+        errors.finish(Self {
+            ident: input.ident.clone(),
+            history_table: history_table(&table),
+            table,
+            lease,
+            retry_delay,
+            max_attempts,
+            event_id,
+            fields,
+        })
+    }
+
+    /// Migration versions beyond 1, in order.
+    pub(crate) fn later_versions(&self) -> Vec<u32> {
+        let mut versions: Vec<u32> = self.fields.iter().map(|f| f.since).filter(|&v| v > 1).collect();
+        versions.sort_unstable();
+        versions.dedup();
+        versions
+    }
+}
+
+fn validate_event_id(field: &syn::Field, attrs: &attr::FieldAttrs, errors: &mut Errors) {
+    const SUPPORTED: &[&str] = &["String", "Uuid", "i64", "i32"];
+    if !SUPPORTED.iter().any(|name| is_ident(&field.ty, name)) {
+        errors.push(syn::Error::new(
+            field.ty.span(),
+            "an `event_id` field must be `String`, `uuid::Uuid`, `i64` or `i32`: a stable value that never changes across retries",
+        ));
+    }
+    for (present, key) in [
+        (attrs.json.as_ref().map(Spanned::span), "json"),
+        (attrs.column.as_ref().map(Spanned::span), "column"),
+        (attrs.since.as_ref().map(Spanned::span), "since"),
+    ] {
+        if let Some(span) = present {
+            errors.push(syn::Error::new(span, format!("`{key}` cannot be combined with `event_id`: the id is always stored in the `event_id` column")));
+        }
+    }
+}
+
+impl Field {
+    fn from_syn(ident: Ident, field: &syn::Field, attrs: &attr::FieldAttrs, errors: &mut Errors) -> Option<Self> {
+        let column = match &attrs.column {
+            Some(lit) => check_identifier(lit, "column name", errors)?,
+            None => ident.unraw().to_string(),
+        };
+        let column_span = attrs.column.as_ref().map_or_else(|| ident.span(), LitStr::span);
+        if RESERVED_COLUMNS.contains(&column.as_str()) {
+            errors.push(syn::Error::new(
+                column_span,
+                format!(
+                    "column `{column}` is reserved for the outbox's own bookkeeping ({}); rename it with #[outbox(column = \"...\")]",
+                    RESERVED_COLUMNS.join(", ")
+                ),
+            ));
+            return None;
+        }
+        if column.len() > MAX_IDENTIFIER {
+            errors.push(syn::Error::new(column_span, format!("column name `{column}` is longer than {MAX_IDENTIFIER} bytes")));
+            return None;
+        }
+
+        let option_of = option_inner(&field.ty).cloned();
+        let json = attrs.json.is_some();
+        let sql_type = if json {
+            JSONB
+        } else {
+            let Some(t) = native_sql_type(option_of.as_ref().unwrap_or(&field.ty)) else {
+                errors.push(syn::Error::new(
+                    field.ty.span(),
+                    "no column type for this field; supported: i16, i32, i64, f32, f64, bool, String, Vec<u8>, uuid::Uuid, \
+                     chrono and time dates and timestamps, serde_json::Value and Option of these; \
+                     store any serde type as jsonb with #[outbox(json)]",
+                ));
+                return None;
+            };
+            t
+        };
+
+        let since = match &attrs.since {
+            None => 1,
+            Some(lit) => match lit.base10_parse::<u32>() {
+                Ok(v) if v >= 2 && option_of.is_some() => v,
+                Ok(v) if v >= 2 => {
+                    errors.push(syn::Error::new(
+                        field.ty.span(),
+                        "a field added by a later migration must be an `Option<_>`: existing rows have no value for it",
+                    ));
+                    return None;
+                }
+                _ => {
+                    errors.push(syn::Error::new(lit.span(), "`since` is the migration version that adds this column: 2 or more (version 1 creates the table)"));
+                    return None;
+                }
+            },
+        };
+        Some(Self { ident, ty: field.ty.clone(), column, sql_type, option_of, json, since })
+    }
+
+    pub(crate) fn nullable(&self) -> bool {
+        self.option_of.is_some()
+    }
+}
+
+fn check_column_names(fields: &[Field], errors: &mut Errors) {
+    for (i, field) in fields.iter().enumerate() {
+        if fields[..i].iter().any(|f| f.column == field.column) {
+            errors.push(syn::Error::new(field.ident.span(), format!("two fields map to column `{}`", field.column)));
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! Every generated statement, executed against real PostgreSQL for several struct shapes.
+
+#[path = "../examples/common/mod.rs"]
+mod common;
+
+use std::time::Duration;
+
+use common::{EmailChanged, Line, OrderPlaced};
+use outbox::testing::TestSchema;
+use outbox::{Outbox, OutboxError, Retried};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+struct Address {
+    city: String,
+}
+
+/// One field of every supported column type.
+#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+#[outbox(table = "every_type_events")]
+struct EveryType {
+    #[outbox(event_id)]
+    key: i64,
+    small: i16,
+    int: i32,
+    big: i64,
+    single: f32,
+    double: f64,
+    flag: bool,
+    text: String,
+    bytes: Vec<u8>,
+    uuid: uuid::Uuid,
+    chrono_date: chrono::NaiveDate,
+    chrono_time: chrono::NaiveTime,
+    chrono_naive: chrono::NaiveDateTime,
+    chrono_utc: chrono::DateTime<chrono::Utc>,
+    time_date: time::Date,
+    time_time: time::Time,
+    time_primitive: time::PrimitiveDateTime,
+    time_offset: time::OffsetDateTime,
+    value: serde_json::Value,
+    maybe_int: Option<i32>,
+    maybe_uuid: Option<uuid::Uuid>,
+    maybe_utc: Option<chrono::DateTime<chrono::Utc>>,
+    #[outbox(json)]
+    address: Address,
+    #[outbox(json)]
+    maybe_address: Option<Address>,
+    #[outbox(column = "type")]
+    r#type: String,
+}
+
+/// No payload at all: the row is the event.
+#[derive(outbox::Outbox, Debug, PartialEq)]
+#[outbox(table = "tick_events")]
+struct Tick {}
+
+/// A string event id, a short budget.
+#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+#[outbox(table = "budget_events", lease = "30s", retry_delay = "1s", max_attempts = 3)]
+struct Budgeted {
+    #[outbox(event_id)]
+    name: String,
+}
+
+fn every_type(key: i64) -> EveryType {
+    let date = chrono::NaiveDate::from_ymd_opt(2026, 12, 2).unwrap();
+    let ctime = chrono::NaiveTime::from_hms_micro_opt(14, 53, 57, 123_456).unwrap();
+    let tdate = time::Date::from_calendar_date(2026, time::Month::December, 2).unwrap();
+    let ttime = time::Time::from_hms_micro(14, 53, 57, 123_456).unwrap();
+    EveryType {
+        key,
+        small: -7,
+        int: 1 << 20,
+        big: i64::MAX,
+        single: 1.5,
+        double: -2.25,
+        flag: true,
+        text: "naïve ☃".into(),
+        bytes: vec![0, 159, 255],
+        uuid: uuid::Uuid::now_v7(),
+        chrono_date: date,
+        chrono_time: ctime,
+        chrono_naive: date.and_time(ctime),
+        chrono_utc: date.and_time(ctime).and_utc(),
+        time_date: tdate,
+        time_time: ttime,
+        time_primitive: time::PrimitiveDateTime::new(tdate, ttime),
+        time_offset: time::PrimitiveDateTime::new(tdate, ttime).assume_utc(),
+        value: serde_json::json!({"a": [1, 2, {"b": null}]}),
+        maybe_int: None,
+        maybe_uuid: Some(uuid::Uuid::nil()),
+        maybe_utc: None,
+        address: Address { city: "Lyon".into() },
+        maybe_address: None,
+        r#type: "keyword column".into(),
+    }
+}
+
+fn order() -> OrderPlaced {
+    OrderPlaced {
+        order_id: uuid::Uuid::now_v7(),
+        customer: "ada".into(),
+        total_cents: 4_200,
+        note: Some("leave at the door".into()),
+        lines: vec![Line { sku: "tea".into(), quantity: 2 }],
+    }
+}
+
+async fn status_of<T: Outbox>(pool: &PgPool, id: i64) -> (String, i64, Option<String>) {
+    let sql = format!("SELECT status, generation, last_error FROM {} WHERE id = $1", T::SPEC.table);
+    sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(id).fetch_one(pool).await.unwrap()
+}
+
+async fn expire<T: Outbox>(pool: &PgPool, id: i64) {
+    let sql = format!("UPDATE {} SET lease_until = now() - interval '1 second' WHERE id = $1", T::SPEC.table);
+    sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id).execute(pool).await.unwrap();
+}
+
+async fn schema_with(tables: &[outbox::TableMigrations]) -> Result<TestSchema, Box<dyn std::error::Error>> {
+    let db = TestSchema::new().await?;
+    outbox::migrate(db.pool(), tables).await?;
+    Ok(db)
+}
+
+#[tokio::test]
+async fn an_event_enqueued_in_a_business_transaction_is_claimed_and_completed() -> TestResult {
+    let db = schema_with(&[OrderPlaced::migrations()]).await?;
+    let pool = db.pool();
+    let event = order();
+
+    let mut tx = pool.begin().await?;
+    let id = event.enqueue(&mut *tx).await?;
+    tx.commit().await?;
+    assert_eq!(id.as_str(), event.order_id.to_string(), "the event_id field is the stable id");
+
+    let claim = OrderPlaced::claim(pool).await?.expect("the committed event is due");
+    assert_eq!(claim.event(), &event);
+    assert_eq!(claim.event_id(), &id);
+    assert_eq!((claim.generation().get(), claim.attempt()), (1, 1));
+    assert!(claim.lease_until() > std::time::SystemTime::now());
+    let row = claim.id();
+    claim.complete(pool).await?;
+
+    assert_eq!(status_of::<OrderPlaced>(pool, row).await, ("SENT".into(), 1, None));
+    assert!(OrderPlaced::claim(pool).await?.is_none(), "SENT events are never claimed again");
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_rolled_back_business_transaction_leaves_no_event() -> TestResult {
+    let db = schema_with(&[OrderPlaced::migrations()]).await?;
+    let mut tx = db.pool().begin().await?;
+    order().enqueue(&mut *tx).await?;
+    tx.rollback().await?;
+    assert!(OrderPlaced::claim(db.pool()).await?.is_none());
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn every_column_type_round_trips() -> TestResult {
+    let db = schema_with(&[EveryType::migrations()]).await?;
+    let events = [every_type(1), EveryType { maybe_int: Some(3), maybe_address: Some(Address { city: "Oslo".into() }), ..every_type(2) }];
+    for e in &events {
+        e.enqueue(db.pool()).await?;
+    }
+    let claims = EveryType::claim_batch(db.pool(), 10).await?;
+    let got: Vec<&EveryType> = claims.iter().map(outbox::Claim::event).collect();
+    assert_eq!(got, events.iter().collect::<Vec<_>>());
+    assert_eq!(claims[1].event_id(), &"2");
+    for claim in claims {
+        claim.complete(db.pool()).await?;
+    }
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_event_without_an_id_field_gets_a_uuid_v7() -> TestResult {
+    let db = schema_with(&[EmailChanged::migrations(), Tick::migrations()]).await?;
+    let event = EmailChanged { customer: "ada".into(), email: "ada@example.com".into(), referrer: None };
+    let id = event.enqueue(db.pool()).await?;
+    assert_eq!(uuid::Uuid::parse_str(id.as_str())?.get_version_num(), 7);
+    let claim = EmailChanged::claim(db.pool()).await?.expect("due");
+    assert_eq!((claim.event_id(), claim.event()), (&id, &event));
+    claim.complete(db.pool()).await?;
+
+    let tick = Tick {}.enqueue(db.pool()).await?;
+    let claim = Tick::claim(db.pool()).await?.expect("due");
+    assert_eq!(claim.event_id(), &tick);
+    claim.complete(db.pool()).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn enqueueing_the_same_event_id_twice_is_refused() -> TestResult {
+    let db = schema_with(&[OrderPlaced::migrations()]).await?;
+    let event = order();
+    event.enqueue(db.pool()).await?;
+    let err = event.enqueue(db.pool()).await.unwrap_err();
+    assert!(matches!(&err, OutboxError::DuplicateEvent { table: "order_events", event_id } if *event_id == event.order_id.to_string()), "{err}");
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_batch_claims_in_id_order_up_to_its_limit() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    for n in 0..5 {
+        Budgeted { name: format!("e{n}") }.enqueue(db.pool()).await?;
+    }
+    let first = Budgeted::claim_batch(db.pool(), 3).await?;
+    let names: Vec<&str> = first.iter().map(|c| c.event().name.as_str()).collect();
+    assert_eq!(names, ["e0", "e1", "e2"]);
+    let rest = Budgeted::claim_batch(db.pool(), 10).await?;
+    assert_eq!(rest.len(), 2, "claimed rows are not claimed twice");
+    assert!(Budgeted::claim_batch(db.pool(), 10).await?.is_empty());
+    for claim in first.into_iter().chain(rest) {
+        claim.complete(db.pool()).await?;
+    }
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn retry_delays_the_event_and_the_next_claim_bumps_the_generation() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    Budgeted { name: "e".into() }.enqueue(pool).await?;
+
+    let claim = Budgeted::claim(pool).await?.expect("due");
+    let row = claim.id();
+    assert_eq!(claim.retry_because(pool, Duration::from_secs(3600), "broker unavailable").await?, Retried::Scheduled);
+    assert!(Budgeted::claim(pool).await?.is_none(), "not due for an hour");
+    assert_eq!(status_of::<Budgeted>(pool, row).await, ("READY".into(), 1, Some("broker unavailable".into())));
+
+    sqlx::query("UPDATE budget_events SET next_attempt_at = now() WHERE id = $1").bind(row).execute(pool).await?;
+    let claim = Budgeted::claim(pool).await?.expect("due again");
+    assert_eq!((claim.generation().get(), claim.attempt()), (2, 2));
+    // `None` uses the type's retry_delay of one second.
+    assert_eq!(claim.retry(pool, None).await?, Retried::Scheduled);
+    let due: (f64,) = sqlx::query_as("SELECT extract(epoch FROM next_attempt_at - now())::float8 FROM budget_events WHERE id = $1")
+        .bind(row)
+        .fetch_one(pool)
+        .await?;
+    assert!(due.0 > 0.0 && due.0 <= 1.0, "due in about a second: {}", due.0);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_attempt_budget_counts_abandoned_claims_and_ends_in_dead() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    Budgeted { name: "abandoned".into() }.enqueue(pool).await?;
+    Budgeted { name: "failing".into() }.enqueue(pool).await?;
+
+    // "abandoned": three claims whose publishers die (their leases expire).
+    let mut row = 0;
+    for generation in 1..=3 {
+        let claims = Budgeted::claim_batch(pool, 10).await?;
+        let abandoned = claims.iter().find(|c| c.event().name == "abandoned").expect("claimable");
+        assert_eq!(abandoned.generation().get(), generation);
+        row = abandoned.id();
+        for claim in claims {
+            if claim.event().name == "failing" {
+                // "failing": every send fails and is retried at once.
+                let outcome = claim.retry(pool, Duration::ZERO).await?;
+                assert_eq!(outcome, if generation == 3 { Retried::Dead } else { Retried::Scheduled });
+            }
+        }
+        expire::<Budgeted>(pool, row).await;
+    }
+    assert!(Budgeted::claim(pool).await?.is_none(), "a spent budget is never claimed again");
+    let (status, generation, last_error) = status_of::<Budgeted>(pool, row).await;
+    assert_eq!((status.as_str(), generation), ("DEAD", 3));
+    assert!(last_error.unwrap().contains("lease expired on claim 3 of 3"));
+    let dead: Vec<(String, String)> =
+        sqlx::query_as("SELECT event_id, last_error FROM budget_events WHERE status = 'DEAD' ORDER BY id").fetch_all(pool).await?;
+    assert_eq!(dead.len(), 2, "dead rows stay visible: {dead:?}");
+    assert!(dead[1].1.contains("attempt budget exhausted after 3 of 3 claims"), "{dead:?}");
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn renew_extends_a_live_lease_and_is_rejected_once_it_expired() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    Budgeted { name: "slow".into() }.enqueue(pool).await?;
+    let mut claim = Budgeted::claim(pool).await?.expect("due");
+    sqlx::query("UPDATE budget_events SET lease_until = now() + interval '1 second'").execute(pool).await?;
+    claim.renew(pool).await?;
+    let remaining = claim.lease_until().duration_since(std::time::SystemTime::now())?;
+    assert!(remaining > Duration::from_secs(25), "renewed to the full lease: {remaining:?}");
+
+    expire::<Budgeted>(pool, claim.id()).await;
+    let err = claim.renew(pool).await.unwrap_err();
+    assert!(matches!(err, OutboxError::Stale { table: "budget_events", generation, .. } if generation.get() == 1), "{err}");
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn fail_moves_the_event_to_dead_with_the_reason() -> TestResult {
+    let db = schema_with(&[OrderPlaced::migrations()]).await?;
+    order().enqueue(db.pool()).await?;
+    let claim = OrderPlaced::claim(db.pool()).await?.expect("due");
+    let row = claim.id();
+    claim.fail(db.pool(), "rejected by the broker: message too large").await?;
+    assert_eq!(
+        status_of::<OrderPlaced>(db.pool(), row).await,
+        ("DEAD".into(), 1, Some("rejected by the broker: message too large".into()))
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_payload_that_cannot_be_decoded_is_moved_to_dead_not_lost() -> TestResult {
+    let db = schema_with(&[OrderPlaced::migrations()]).await?;
+    let pool = db.pool();
+    sqlx::query("INSERT INTO order_events (event_id, customer, total_cents, lines) VALUES ('not-a-uuid', 'x', 1, '[]'), ($1, 'y', 2, '\"not lines\"')")
+        .bind(uuid::Uuid::now_v7().to_string())
+        .execute(pool)
+        .await?;
+    let good = order();
+    good.enqueue(pool).await?;
+
+    let err = OrderPlaced::claim(pool).await.unwrap_err();
+    assert!(matches!(&err, OutboxError::Decode { event_id, .. } if event_id == "not-a-uuid"), "{err}");
+    // The batch skips the other bad row (moving it to DEAD) and returns the good one.
+    let claims = OrderPlaced::claim_batch(pool, 10).await?;
+    assert_eq!(claims.iter().map(|c| c.event()).collect::<Vec<_>>(), [&good]);
+    let dead: Vec<(String,)> =
+        sqlx::query_as("SELECT last_error FROM order_events WHERE status = 'DEAD' ORDER BY id").fetch_all(pool).await?;
+    assert_eq!(dead.len(), 2);
+    assert!(dead.iter().all(|(e,)| e.starts_with("cannot decode payload")), "{dead:?}");
+    for claim in claims {
+        claim.complete(pool).await?;
+    }
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_missing_table_is_a_typed_error() -> TestResult {
+    let db = TestSchema::new().await?;
+    let err = OrderPlaced::claim(db.pool()).await.unwrap_err();
+    assert!(matches!(err, OutboxError::MissingTable { table: "order_events", .. }), "{err}");
+    let err = order().enqueue(db.pool()).await.unwrap_err();
+    assert!(err.to_string().contains("run outbox::migrate"), "{err}");
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_bad_database_url_is_a_typed_error() {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy("postgres://nobody@127.0.0.1:1/nowhere")
+        .unwrap();
+    let err = OrderPlaced::claim(&pool).await.unwrap_err();
+    assert!(matches!(err, OutboxError::Database { table: "order_events", .. }), "{err}");
+}

@@ -1,0 +1,350 @@
+//! The seed's recovery lab ("Kill the Outbox Worker"), in Rust, on real PostgreSQL.
+//!
+//! Six scenarios run against two publishers: the leased protocol this crate generates
+//! (`Leased`) and the seed's unsafe baseline (`Baseline`: a READY-only claim and
+//! outcome updates that check the row id and status but neither the generation nor the
+//! lease). Each scenario runs in its own schema and reports pass or the reason it failed.
+//! Shared by `tests/recovery_lab.rs` and `examples/recovery_lab.rs`.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use outbox::testing::TestSchema;
+use sqlx::{PgConnection, PgPool};
+
+/// The lab's event: just a stable id, as in the seed's minimal table.
+#[derive(outbox::Outbox, Debug)]
+#[outbox(table = "outbox_lab", lease = "30s", retry_delay = "1m")]
+pub struct LabEvent {
+    #[outbox(event_id)]
+    pub name: String,
+}
+
+/// Which publisher a scenario drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Leased,
+    Baseline,
+}
+
+impl Protocol {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Leased => "leased",
+            Self::Baseline => "baseline",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        [Self::Leased, Self::Baseline].into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+/// The seed's unsafe baseline statements.
+mod baseline {
+    pub const CLAIM: &str = "UPDATE outbox_lab SET status = 'INPROGRESS', generation = generation + 1, \
+         attempts = attempts + 1, lease_until = statement_timestamp() + interval '30 seconds' \
+         WHERE id = (SELECT id FROM outbox_lab WHERE status = 'READY' AND next_attempt_at <= statement_timestamp() \
+                     ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) \
+         RETURNING id, event_id, generation";
+    pub const COMPLETE: &str =
+        "UPDATE outbox_lab SET status = 'SENT', lease_until = NULL WHERE id = $1 AND status = 'INPROGRESS' RETURNING id";
+    pub const RETRY: &str = "UPDATE outbox_lab SET status = 'READY', lease_until = NULL, \
+         next_attempt_at = statement_timestamp() + interval '1 minute' WHERE id = $1 AND status = 'INPROGRESS' RETURNING id";
+}
+
+/// What a publisher holds after a claim.
+pub enum Token {
+    Leased(outbox::Claim<LabEvent>),
+    Baseline { id: i64, event_id: String, generation: i64 },
+}
+
+impl Token {
+    /// (id, event_id, generation), as the seed prints a claim.
+    pub fn describe(&self) -> (i64, String, i64) {
+        match self {
+            Self::Leased(c) => (c.id(), c.event_id().to_string(), c.generation().get()),
+            Self::Baseline { id, event_id, generation } => (*id, event_id.clone(), *generation),
+        }
+    }
+}
+
+type Outcome = Result<(), String>;
+
+async fn claim(protocol: Protocol, conn: &mut PgConnection) -> Result<Option<Token>, String> {
+    match protocol {
+        Protocol::Leased => Ok(LabEvent::claim(conn).await.map_err(|e| e.to_string())?.map(Token::Leased)),
+        Protocol::Baseline => {
+            let row: Option<(i64, String, i64)> =
+                sqlx::query_as(baseline::CLAIM).fetch_optional(conn).await.map_err(|e| e.to_string())?;
+            Ok(row.map(|(id, event_id, generation)| Token::Baseline { id, event_id, generation }))
+        }
+    }
+}
+
+async fn claim_on(protocol: Protocol, pool: &PgPool) -> Result<Option<Token>, String> {
+    let mut conn = pool.acquire().await.map_err(|e| e.to_string())?;
+    claim(protocol, &mut conn).await
+}
+
+/// Records SENT; `Ok(true)` when the database accepted the outcome.
+async fn complete(token: Token, pool: &PgPool) -> Result<bool, String> {
+    match token {
+        Token::Leased(c) => match c.complete(pool).await {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_stale() => Ok(false),
+            Err(e) => Err(e.to_string()),
+        },
+        Token::Baseline { id, .. } => baseline_outcome(baseline::COMPLETE, id, pool).await,
+    }
+}
+
+/// Sends the event back to READY; `Ok(true)` when the database accepted the outcome.
+async fn retry(token: Token, pool: &PgPool) -> Result<bool, String> {
+    match token {
+        Token::Leased(c) => match c.retry(pool, None).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_stale() => Ok(false),
+            Err(e) => Err(e.to_string()),
+        },
+        Token::Baseline { id, .. } => baseline_outcome(baseline::RETRY, id, pool).await,
+    }
+}
+
+async fn baseline_outcome(sql: &'static str, id: i64, pool: &PgPool) -> Result<bool, String> {
+    let row: Option<(i64,)> = sqlx::query_as(sql).bind(id).fetch_optional(pool).await.map_err(|e| e.to_string())?;
+    Ok(row.is_some())
+}
+
+async fn insert_events(pool: &PgPool, names: &[&str]) -> Result<(), String> {
+    for name in names {
+        LabEvent { name: (*name).to_owned() }.enqueue(pool).await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The persisted (status, generation) of a row.
+async fn row_state(pool: &PgPool, id: i64) -> Result<(String, i64), String> {
+    sqlx::query_as("SELECT status, generation FROM outbox_lab WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The seed's fixture: move a lease into the past instead of waiting thirty seconds.
+async fn expire_lease(pool: &PgPool, id: i64) -> Result<(), String> {
+    sqlx::query("UPDATE outbox_lab SET lease_until = statement_timestamp() - interval '1 second' WHERE id = $1")
+        .bind(id)
+        .execute(pool)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+fn expect<T: PartialEq + std::fmt::Debug>(what: &str, got: T, want: T) -> Outcome {
+    if got == want { Ok(()) } else { Err(format!("{what}: got {got:?}, expected {want:?}")) }
+}
+
+/// A scenario of the lab.
+pub struct Scenario {
+    pub number: u8,
+    pub name: &'static str,
+}
+
+pub static SCENARIOS: [Scenario; 6] = [
+    Scenario { number: 1, name: "SIGKILL after the claim commits; the expired claim is reclaimed" },
+    Scenario { number: 2, name: "an open claim transaction: others skip its row; rollback frees it" },
+    Scenario { number: 3, name: "a stale owner's complete is rejected under a newer generation" },
+    Scenario { number: 4, name: "a stale owner's retry is rejected under a newer generation" },
+    Scenario { number: 5, name: "retry cannot move a SENT row back to READY" },
+    Scenario { number: 6, name: "an expired owner cannot finalize; the happy path completes" },
+];
+
+/// How the lab re-executes the current binary as the child publisher of scenario 1.
+#[derive(Clone, Debug)]
+pub struct ChildCommand {
+    /// Arguments that make the current executable run [`child_main_if_requested`].
+    pub args: Vec<String>,
+}
+
+const CHILD_URL: &str = "OUTBOX_LAB_CHILD_URL";
+const CHILD_PROTOCOL: &str = "OUTBOX_LAB_CHILD_PROTOCOL";
+const CLAIMED: &str = "CLAIMED";
+
+/// In the child process: claim one event in autocommit, print the claim, and wait to
+/// be killed. Returns without doing anything in any other process.
+pub fn child_main_if_requested() {
+    let (Ok(url), Some(protocol)) =
+        (std::env::var(CHILD_URL), std::env::var(CHILD_PROTOCOL).ok().and_then(|p| Protocol::parse(&p)))
+    else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    runtime.block_on(async move {
+        let mut conn = <PgConnection as sqlx::Connection>::connect(&url).await.expect("child connects");
+        let token = claim(protocol, &mut conn).await.expect("child claims").expect("an event to claim");
+        let (id, event_id, generation) = token.describe();
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{CLAIMED} {id} {event_id} {generation}").and_then(|()| out.flush()).expect("stdout");
+        // The claim is committed; now wait for the SIGKILL without recording anything.
+        std::future::pending::<()>().await;
+    });
+}
+
+async fn scenario_1(db: &TestSchema, protocol: Protocol, child: &ChildCommand) -> Outcome {
+    let pool = db.pool();
+    insert_events(pool, &["event-001"]).await?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut process = Command::new(exe)
+        .args(&child.args)
+        .env(CHILD_URL, db.url())
+        .env(CHILD_PROTOCOL, protocol.as_str())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("spawning the child publisher: {e}"))?;
+    let stdout = process.stdout.take().ok_or("no child stdout")?;
+    // Wait for the handshake: only a printed claim proves the claim committed.
+    let line = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout).lines().map_while(Result::ok).find(|l| l.starts_with(CLAIMED))
+    });
+    let line = tokio::time::timeout(Duration::from_secs(60), line).await;
+    let pid = Pid::from_raw(i32::try_from(process.id()).map_err(|e| e.to_string())?);
+    kill(pid, Signal::SIGKILL).map_err(|e| format!("SIGKILL: {e}"))?;
+    let status = process.wait().map_err(|e| e.to_string())?;
+    let line = line.map_err(|_| "the child never printed its claim")?.map_err(|e| e.to_string())?;
+    let line = line.ok_or("the child exited without printing its claim")?;
+    expect("child exit signal", status.signal(), Some(Signal::SIGKILL as i32))?;
+
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let (id, event_id): (i64, &str) = (fields[1].parse().map_err(|_| "bad claim line")?, fields[2]);
+    expect("the killed child's claim", (event_id, fields[3]), ("event-001", "1"))?;
+    expect("state after SIGKILL", row_state(pool, id).await?, ("INPROGRESS".to_owned(), 1))?;
+
+    expire_lease(pool, id).await?;
+    let next = claim_on(protocol, pool).await?.ok_or("no candidate after the lease expired: the event is stranded")?;
+    expect("the replacement claim", next.describe(), (id, "event-001".to_owned(), 2))
+}
+
+async fn scenario_2(db: &TestSchema, protocol: Protocol) -> Outcome {
+    let pool = db.pool();
+    insert_events(pool, &["event-001", "event-002"]).await?;
+    let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+    let first = claim(protocol, &mut tx).await?.ok_or("the open transaction claimed nothing")?.describe();
+    let second = claim_on(protocol, pool).await?.ok_or("a second poller found nothing while a row was free")?.describe();
+    if first.0 == second.0 {
+        return Err(format!("both pollers claimed row {}", first.0));
+    }
+    tx.rollback().await.map_err(|e| e.to_string())?;
+    let again = claim_on(protocol, pool).await?.ok_or("the rolled-back row is not claimable")?.describe();
+    expect("the row claimed after rollback", (again.0, again.2), (first.0, 1))
+}
+
+/// Scenarios 3 and 4: worker A holds generation 1; a newer live generation is
+/// constructed directly (as the seed does); A's outcome must be rejected.
+async fn stale_owner(db: &TestSchema, protocol: Protocol, outcome_is_complete: bool) -> Outcome {
+    let pool = db.pool();
+    insert_events(pool, &["event-001"]).await?;
+    let stale = claim_on(protocol, pool).await?.ok_or("nothing to claim")?;
+    let id = stale.describe().0;
+    sqlx::query("UPDATE outbox_lab SET generation = 2, lease_until = statement_timestamp() + interval '30 seconds' WHERE id = $1")
+        .bind(id)
+        .execute(pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    let accepted = if outcome_is_complete { complete(stale, pool).await? } else { retry(stale, pool).await? };
+    expect("stale outcome accepted", accepted, false)?;
+    expect("the newer owner's row", row_state(pool, id).await?, ("INPROGRESS".to_owned(), 2))
+}
+
+async fn scenario_5(db: &TestSchema, protocol: Protocol) -> Outcome {
+    let pool = db.pool();
+    insert_events(pool, &["event-001"]).await?;
+    let late = claim_on(protocol, pool).await?.ok_or("nothing to claim")?;
+    let id = late.describe().0;
+    // The success was recorded (the fixture writes it directly, since a completed
+    // `Claim` is consumed); a late failure callback for the same attempt follows.
+    sqlx::query("UPDATE outbox_lab SET status = 'SENT', lease_until = NULL WHERE id = $1")
+        .bind(id)
+        .execute(pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    expect("late retry accepted", retry(late, pool).await?, false)?;
+    expect("state after the late retry", row_state(pool, id).await?, ("SENT".to_owned(), 1))
+}
+
+async fn scenario_6(db: &TestSchema, protocol: Protocol) -> Outcome {
+    let pool = db.pool();
+    insert_events(pool, &["event-001"]).await?;
+    let expired = claim_on(protocol, pool).await?.ok_or("nothing to claim")?;
+    let id = expired.describe().0;
+    expire_lease(pool, id).await?;
+    expect("an expired owner's complete accepted", complete(expired, pool).await?, false)?;
+    expect("state after the expired complete", row_state(pool, id).await?, ("INPROGRESS".to_owned(), 1))?;
+
+    // The happy path: whoever claims next completes normally.
+    let owner = claim_on(protocol, pool).await?.ok_or("the expired claim is not claimable")?;
+    expect("complete accepted", complete(owner, pool).await?, true)?;
+    expect("final state", row_state(pool, id).await?, ("SENT".to_owned(), 2))
+}
+
+/// Runs one scenario in a fresh schema.
+pub async fn run(number: u8, protocol: Protocol, child: &ChildCommand) -> Outcome {
+    let db = TestSchema::new().await.map_err(|e| e.to_string())?;
+    outbox::migrate(db.pool(), &[LabEvent::migrations()]).await.map_err(|e| e.to_string())?;
+    let outcome = match number {
+        1 => scenario_1(&db, protocol, child).await,
+        2 => scenario_2(&db, protocol).await,
+        3 => stale_owner(&db, protocol, true).await,
+        4 => stale_owner(&db, protocol, false).await,
+        5 => scenario_5(&db, protocol).await,
+        6 => scenario_6(&db, protocol).await,
+        _ => Err(format!("no scenario {number}")),
+    };
+    db.drop_schema().await.map_err(|e| e.to_string())?;
+    outcome
+}
+
+/// Every scenario under both protocols (the two side by side): rows of (scenario,
+/// leased, baseline).
+pub async fn matrix(child: &ChildCommand) -> Vec<(&'static Scenario, Outcome, Outcome)> {
+    let mut rows = Vec::with_capacity(SCENARIOS.len());
+    for scenario in &SCENARIOS {
+        let (leased, baseline) = tokio::join!(
+            run(scenario.number, Protocol::Leased, child),
+            run(scenario.number, Protocol::Baseline, child)
+        );
+        rows.push((scenario, leased, baseline));
+    }
+    rows
+}
+
+/// The matrix as a table, like the seed reports it.
+pub fn render(rows: &[(&'static Scenario, Outcome, Outcome)]) -> String {
+    let cell = |o: &Outcome| match o {
+        Ok(()) => "pass".to_owned(),
+        Err(e) => format!("FAIL ({e})"),
+    };
+    let mut out = String::from("| # | scenario | leased + generation | unsafe baseline |\n|---|---|---|---|\n");
+    for (s, leased, baseline) in rows {
+        out.push_str(&format!("| {} | {} | {} | {} |\n", s.number, s.name, cell(leased), cell(baseline)));
+    }
+    let failures = |pick: for<'a> fn(&'a (&'static Scenario, Outcome, Outcome)) -> &'a Outcome| {
+        rows.iter().filter(|r| pick(r).is_err()).count()
+    };
+    out.push_str(&format!(
+        "\nleased: {} failed, {} passed; baseline: {} failed, {} passed\n",
+        failures(|r| &r.1),
+        rows.len() - failures(|r| &r.1),
+        failures(|r| &r.2),
+        rows.len() - failures(|r| &r.2)
+    ));
+    out
+}

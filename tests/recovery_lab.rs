@@ -1,0 +1,64 @@
+//! The seed's six recovery scenarios against real PostgreSQL, one test each for the
+//! leased protocol, plus the matrix that shows the unsafe baseline failing four.
+
+mod lab;
+
+use lab::{ChildCommand, Protocol};
+
+/// Scenario 1's child publisher: re-executed by the parent with the lab's environment
+/// set, it claims one event and waits for SIGKILL. A no-op in a normal test run.
+#[test]
+fn lab_child() {
+    lab::child_main_if_requested();
+}
+
+fn child() -> ChildCommand {
+    ChildCommand { args: ["--exact", "lab_child", "--nocapture", "--test-threads=1"].map(String::from).to_vec() }
+}
+
+async fn leased(number: u8) {
+    if let Err(reason) = lab::run(number, Protocol::Leased, &child()).await {
+        panic!("scenario {number} failed: {reason}");
+    }
+}
+
+#[tokio::test]
+async fn a_claim_killed_after_commit_is_reclaimed_with_the_next_generation() {
+    leased(1).await;
+}
+
+#[tokio::test]
+async fn an_open_claim_transaction_is_skipped_and_its_rollback_frees_the_row() {
+    leased(2).await;
+}
+
+#[tokio::test]
+async fn a_stale_owners_complete_is_rejected_under_a_newer_generation() {
+    leased(3).await;
+}
+
+#[tokio::test]
+async fn a_stale_owners_retry_is_rejected_under_a_newer_generation() {
+    leased(4).await;
+}
+
+#[tokio::test]
+async fn retry_cannot_move_a_sent_row_back_to_ready() {
+    leased(5).await;
+}
+
+#[tokio::test]
+async fn an_expired_owner_cannot_finalize_and_the_happy_path_completes() {
+    leased(6).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_baseline_fails_the_four_scenarios_the_seed_reports() {
+    let rows = lab::matrix(&child()).await;
+    println!("{}", lab::render(&rows));
+    for (scenario, leased, _) in &rows {
+        assert!(leased.is_ok(), "leased protocol failed scenario {}: {leased:?}", scenario.number);
+    }
+    let baseline_failures: Vec<u8> = rows.iter().filter(|r| r.2.is_err()).map(|r| r.0.number).collect();
+    assert_eq!(baseline_failures, [1, 3, 4, 6], "{}", lab::render(&rows));
+}
