@@ -62,13 +62,14 @@
 //! ```
 
 pub use outbox_derive::Outbox;
-pub use outbox_runtime::{
-    Claim, Column, EventId, EventIdField, Generation, MigrationStep, OutboxError, Retried, Statements,
-    TableMigrations, TableSpec, claim, claim_batch, enqueue, migrate, migrate_with_app, refinery,
-};
 /// The trait `#[derive(Outbox)]` implements (macros and traits live in separate
 /// namespaces, as with serde's `Serialize`).
 pub use outbox_runtime::Outbox;
+pub use outbox_runtime::{
+    Claim, Column, EventId, EventIdField, Generation, MigrationStep, OutboxError, Retried,
+    Statements, TableMigrations, TableSpec, claim, claim_batch, enqueue, migrate, migrate_with_app,
+    refinery,
+};
 
 #[cfg(feature = "testing")]
 pub use outbox_runtime::testing;

@@ -60,7 +60,12 @@ struct Tick {}
 
 /// A string event id, a short budget.
 #[derive(outbox::Outbox, Debug, Clone, PartialEq)]
-#[outbox(table = "budget_events", lease = "30s", retry_delay = "1s", max_attempts = 3)]
+#[outbox(
+    table = "budget_events",
+    lease = "30s",
+    retry_delay = "1s",
+    max_attempts = 3
+)]
 struct Budgeted {
     #[outbox(event_id)]
     name: String,
@@ -94,7 +99,9 @@ fn every_type(key: i64) -> EveryType {
         maybe_int: None,
         maybe_uuid: Some(uuid::Uuid::nil()),
         maybe_utc: None,
-        address: Address { city: "Lyon".into() },
+        address: Address {
+            city: "Lyon".into(),
+        },
         maybe_address: None,
         r#type: "keyword column".into(),
     }
@@ -106,21 +113,40 @@ fn order() -> OrderPlaced {
         customer: "ada".into(),
         total_cents: 4_200,
         note: Some("leave at the door".into()),
-        lines: vec![Line { sku: "tea".into(), quantity: 2 }],
+        lines: vec![Line {
+            sku: "tea".into(),
+            quantity: 2,
+        }],
     }
 }
 
 async fn status_of<T: Outbox>(pool: &PgPool, id: i64) -> (String, i64, Option<String>) {
-    let sql = format!("SELECT status, generation, last_error FROM {} WHERE id = $1", T::SPEC.table);
-    sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(id).fetch_one(pool).await.unwrap()
+    let sql = format!(
+        "SELECT status, generation, last_error FROM {} WHERE id = $1",
+        T::SPEC.table
+    );
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 async fn expire<T: Outbox>(pool: &PgPool, id: i64) {
-    let sql = format!("UPDATE {} SET lease_until = now() - interval '1 second' WHERE id = $1", T::SPEC.table);
-    sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id).execute(pool).await.unwrap();
+    let sql = format!(
+        "UPDATE {} SET lease_until = now() - interval '1 second' WHERE id = $1",
+        T::SPEC.table
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
 }
 
-async fn schema_with(tables: &[outbox::TableMigrations]) -> Result<TestSchema, Box<dyn std::error::Error>> {
+async fn schema_with(
+    tables: &[outbox::TableMigrations],
+) -> Result<TestSchema, Box<dyn std::error::Error>> {
     let db = TestSchema::new().await?;
     outbox::migrate(db.pool(), tables).await?;
     Ok(db)
@@ -135,9 +161,15 @@ async fn an_event_enqueued_in_a_business_transaction_is_claimed_and_completed() 
     let mut tx = pool.begin().await?;
     let id = event.enqueue(&mut *tx).await?;
     tx.commit().await?;
-    assert_eq!(id.as_str(), event.order_id.to_string(), "the event_id field is the stable id");
+    assert_eq!(
+        id.as_str(),
+        event.order_id.to_string(),
+        "the event_id field is the stable id"
+    );
 
-    let claim = OrderPlaced::claim(pool).await?.expect("the committed event is due");
+    let claim = OrderPlaced::claim(pool)
+        .await?
+        .expect("the committed event is due");
     assert_eq!(claim.event(), &event);
     assert_eq!(claim.event_id(), &id);
     assert_eq!((claim.generation().get(), claim.attempt()), (1, 1));
@@ -145,8 +177,14 @@ async fn an_event_enqueued_in_a_business_transaction_is_claimed_and_completed() 
     let row = claim.id();
     claim.complete(pool).await?;
 
-    assert_eq!(status_of::<OrderPlaced>(pool, row).await, ("SENT".into(), 1, None));
-    assert!(OrderPlaced::claim(pool).await?.is_none(), "SENT events are never claimed again");
+    assert_eq!(
+        status_of::<OrderPlaced>(pool, row).await,
+        ("SENT".into(), 1, None)
+    );
+    assert!(
+        OrderPlaced::claim(pool).await?.is_none(),
+        "SENT events are never claimed again"
+    );
     db.drop_schema().await?;
     Ok(())
 }
@@ -165,7 +203,16 @@ async fn a_rolled_back_business_transaction_leaves_no_event() -> TestResult {
 #[tokio::test]
 async fn every_column_type_round_trips() -> TestResult {
     let db = schema_with(&[EveryType::migrations()]).await?;
-    let events = [every_type(1), EveryType { maybe_int: Some(3), maybe_address: Some(Address { city: "Oslo".into() }), ..every_type(2) }];
+    let events = [
+        every_type(1),
+        EveryType {
+            maybe_int: Some(3),
+            maybe_address: Some(Address {
+                city: "Oslo".into(),
+            }),
+            ..every_type(2)
+        },
+    ];
     for e in &events {
         e.enqueue(db.pool()).await?;
     }
@@ -183,7 +230,11 @@ async fn every_column_type_round_trips() -> TestResult {
 #[tokio::test]
 async fn an_event_without_an_id_field_gets_a_uuid_v7() -> TestResult {
     let db = schema_with(&[EmailChanged::migrations(), Tick::migrations()]).await?;
-    let event = EmailChanged { customer: "ada".into(), email: "ada@example.com".into(), referrer: None };
+    let event = EmailChanged {
+        customer: "ada".into(),
+        email: "ada@example.com".into(),
+        referrer: None,
+    };
     let id = event.enqueue(db.pool()).await?;
     assert_eq!(uuid::Uuid::parse_str(id.as_str())?.get_version_num(), 7);
     let claim = EmailChanged::claim(db.pool()).await?.expect("due");
@@ -204,7 +255,10 @@ async fn enqueueing_the_same_event_id_twice_is_refused() -> TestResult {
     let event = order();
     event.enqueue(db.pool()).await?;
     let err = event.enqueue(db.pool()).await.unwrap_err();
-    assert!(matches!(&err, OutboxError::DuplicateEvent { table: "order_events", event_id } if *event_id == event.order_id.to_string()), "{err}");
+    assert!(
+        matches!(&err, OutboxError::DuplicateEvent { table: "order_events", event_id } if *event_id == event.order_id.to_string()),
+        "{err}"
+    );
     db.drop_schema().await?;
     Ok(())
 }
@@ -213,7 +267,11 @@ async fn enqueueing_the_same_event_id_twice_is_refused() -> TestResult {
 async fn a_batch_claims_in_id_order_up_to_its_limit() -> TestResult {
     let db = schema_with(&[Budgeted::migrations()]).await?;
     for n in 0..5 {
-        Budgeted { name: format!("e{n}") }.enqueue(db.pool()).await?;
+        Budgeted {
+            name: format!("e{n}"),
+        }
+        .enqueue(db.pool())
+        .await?;
     }
     let first = Budgeted::claim_batch(db.pool(), 3).await?;
     let names: Vec<&str> = first.iter().map(|c| c.event().name.as_str()).collect();
@@ -236,11 +294,25 @@ async fn retry_delays_the_event_and_the_next_claim_bumps_the_generation() -> Tes
 
     let claim = Budgeted::claim(pool).await?.expect("due");
     let row = claim.id();
-    assert_eq!(claim.retry_because(pool, Duration::from_secs(3600), "broker unavailable").await?, Retried::Scheduled);
-    assert!(Budgeted::claim(pool).await?.is_none(), "not due for an hour");
-    assert_eq!(status_of::<Budgeted>(pool, row).await, ("READY".into(), 1, Some("broker unavailable".into())));
+    assert_eq!(
+        claim
+            .retry_because(pool, Duration::from_secs(3600), "broker unavailable")
+            .await?,
+        Retried::Scheduled
+    );
+    assert!(
+        Budgeted::claim(pool).await?.is_none(),
+        "not due for an hour"
+    );
+    assert_eq!(
+        status_of::<Budgeted>(pool, row).await,
+        ("READY".into(), 1, Some("broker unavailable".into()))
+    );
 
-    sqlx::query("UPDATE budget_events SET next_attempt_at = now() WHERE id = $1").bind(row).execute(pool).await?;
+    sqlx::query("UPDATE budget_events SET next_attempt_at = now() WHERE id = $1")
+        .bind(row)
+        .execute(pool)
+        .await?;
     let claim = Budgeted::claim(pool).await?.expect("due again");
     assert_eq!((claim.generation().get(), claim.attempt()), (2, 2));
     // `None` uses the type's retry_delay of one second.
@@ -249,7 +321,11 @@ async fn retry_delays_the_event_and_the_next_claim_bumps_the_generation() -> Tes
         .bind(row)
         .fetch_one(pool)
         .await?;
-    assert!(due.0 > 0.0 && due.0 <= 1.0, "due in about a second: {}", due.0);
+    assert!(
+        due.0 > 0.0 && due.0 <= 1.0,
+        "due in about a second: {}",
+        due.0
+    );
     db.drop_schema().await?;
     Ok(())
 }
@@ -258,33 +334,66 @@ async fn retry_delays_the_event_and_the_next_claim_bumps_the_generation() -> Tes
 async fn the_attempt_budget_counts_abandoned_claims_and_ends_in_dead() -> TestResult {
     let db = schema_with(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
-    Budgeted { name: "abandoned".into() }.enqueue(pool).await?;
-    Budgeted { name: "failing".into() }.enqueue(pool).await?;
+    Budgeted {
+        name: "abandoned".into(),
+    }
+    .enqueue(pool)
+    .await?;
+    Budgeted {
+        name: "failing".into(),
+    }
+    .enqueue(pool)
+    .await?;
 
     // "abandoned": three claims whose publishers die (their leases expire).
     let mut row = 0;
     for generation in 1..=3 {
         let claims = Budgeted::claim_batch(pool, 10).await?;
-        let abandoned = claims.iter().find(|c| c.event().name == "abandoned").expect("claimable");
+        let abandoned = claims
+            .iter()
+            .find(|c| c.event().name == "abandoned")
+            .expect("claimable");
         assert_eq!(abandoned.generation().get(), generation);
         row = abandoned.id();
         for claim in claims {
             if claim.event().name == "failing" {
                 // "failing": every send fails and is retried at once.
                 let outcome = claim.retry(pool, Duration::ZERO).await?;
-                assert_eq!(outcome, if generation == 3 { Retried::Dead } else { Retried::Scheduled });
+                assert_eq!(
+                    outcome,
+                    if generation == 3 {
+                        Retried::Dead
+                    } else {
+                        Retried::Scheduled
+                    }
+                );
             }
         }
         expire::<Budgeted>(pool, row).await;
     }
-    assert!(Budgeted::claim(pool).await?.is_none(), "a spent budget is never claimed again");
+    assert!(
+        Budgeted::claim(pool).await?.is_none(),
+        "a spent budget is never claimed again"
+    );
     let (status, generation, last_error) = status_of::<Budgeted>(pool, row).await;
     assert_eq!((status.as_str(), generation), ("DEAD", 3));
-    assert!(last_error.unwrap().contains("lease expired on claim 3 of 3"));
-    let dead: Vec<(String, String)> =
-        sqlx::query_as("SELECT event_id, last_error FROM budget_events WHERE status = 'DEAD' ORDER BY id").fetch_all(pool).await?;
+    assert!(
+        last_error
+            .unwrap()
+            .contains("lease expired on claim 3 of 3")
+    );
+    let dead: Vec<(String, String)> = sqlx::query_as(
+        "SELECT event_id, last_error FROM budget_events WHERE status = 'DEAD' ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await?;
     assert_eq!(dead.len(), 2, "dead rows stay visible: {dead:?}");
-    assert!(dead[1].1.contains("attempt budget exhausted after 3 of 3 claims"), "{dead:?}");
+    assert!(
+        dead[1]
+            .1
+            .contains("attempt budget exhausted after 3 of 3 claims"),
+        "{dead:?}"
+    );
     db.drop_schema().await?;
     Ok(())
 }
@@ -293,16 +402,30 @@ async fn the_attempt_budget_counts_abandoned_claims_and_ends_in_dead() -> TestRe
 async fn renew_extends_a_live_lease_and_is_rejected_once_it_expired() -> TestResult {
     let db = schema_with(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
-    Budgeted { name: "slow".into() }.enqueue(pool).await?;
+    Budgeted {
+        name: "slow".into(),
+    }
+    .enqueue(pool)
+    .await?;
     let mut claim = Budgeted::claim(pool).await?.expect("due");
-    sqlx::query("UPDATE budget_events SET lease_until = now() + interval '1 second'").execute(pool).await?;
+    sqlx::query("UPDATE budget_events SET lease_until = now() + interval '1 second'")
+        .execute(pool)
+        .await?;
     claim.renew(pool).await?;
-    let remaining = claim.lease_until().duration_since(std::time::SystemTime::now())?;
-    assert!(remaining > Duration::from_secs(25), "renewed to the full lease: {remaining:?}");
+    let remaining = claim
+        .lease_until()
+        .duration_since(std::time::SystemTime::now())?;
+    assert!(
+        remaining > Duration::from_secs(25),
+        "renewed to the full lease: {remaining:?}"
+    );
 
     expire::<Budgeted>(pool, claim.id()).await;
     let err = claim.renew(pool).await.unwrap_err();
-    assert!(matches!(err, OutboxError::Stale { table: "budget_events", generation, .. } if generation.get() == 1), "{err}");
+    assert!(
+        matches!(err, OutboxError::Stale { table: "budget_events", generation, .. } if generation.get() == 1),
+        "{err}"
+    );
     db.drop_schema().await?;
     Ok(())
 }
@@ -313,10 +436,16 @@ async fn fail_moves_the_event_to_dead_with_the_reason() -> TestResult {
     order().enqueue(db.pool()).await?;
     let claim = OrderPlaced::claim(db.pool()).await?.expect("due");
     let row = claim.id();
-    claim.fail(db.pool(), "rejected by the broker: message too large").await?;
+    claim
+        .fail(db.pool(), "rejected by the broker: message too large")
+        .await?;
     assert_eq!(
         status_of::<OrderPlaced>(db.pool(), row).await,
-        ("DEAD".into(), 1, Some("rejected by the broker: message too large".into()))
+        (
+            "DEAD".into(),
+            1,
+            Some("rejected by the broker: message too large".into())
+        )
     );
     db.drop_schema().await?;
     Ok(())
@@ -334,14 +463,26 @@ async fn a_payload_that_cannot_be_decoded_is_moved_to_dead_not_lost() -> TestRes
     good.enqueue(pool).await?;
 
     let err = OrderPlaced::claim(pool).await.unwrap_err();
-    assert!(matches!(&err, OutboxError::Decode { event_id, .. } if event_id == "not-a-uuid"), "{err}");
+    assert!(
+        matches!(&err, OutboxError::Decode { event_id, .. } if event_id == "not-a-uuid"),
+        "{err}"
+    );
     // The batch skips the other bad row (moving it to DEAD) and returns the good one.
     let claims = OrderPlaced::claim_batch(pool, 10).await?;
-    assert_eq!(claims.iter().map(|c| c.event()).collect::<Vec<_>>(), [&good]);
+    assert_eq!(
+        claims.iter().map(|c| c.event()).collect::<Vec<_>>(),
+        [&good]
+    );
     let dead: Vec<(String,)> =
-        sqlx::query_as("SELECT last_error FROM order_events WHERE status = 'DEAD' ORDER BY id").fetch_all(pool).await?;
+        sqlx::query_as("SELECT last_error FROM order_events WHERE status = 'DEAD' ORDER BY id")
+            .fetch_all(pool)
+            .await?;
     assert_eq!(dead.len(), 2);
-    assert!(dead.iter().all(|(e,)| e.starts_with("cannot decode payload")), "{dead:?}");
+    assert!(
+        dead.iter()
+            .all(|(e,)| e.starts_with("cannot decode payload")),
+        "{dead:?}"
+    );
     for claim in claims {
         claim.complete(pool).await?;
     }
@@ -353,7 +494,16 @@ async fn a_payload_that_cannot_be_decoded_is_moved_to_dead_not_lost() -> TestRes
 async fn a_missing_table_is_a_typed_error() -> TestResult {
     let db = TestSchema::new().await?;
     let err = OrderPlaced::claim(db.pool()).await.unwrap_err();
-    assert!(matches!(err, OutboxError::MissingTable { table: "order_events", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            OutboxError::MissingTable {
+                table: "order_events",
+                ..
+            }
+        ),
+        "{err}"
+    );
     let err = order().enqueue(db.pool()).await.unwrap_err();
     assert!(err.to_string().contains("run outbox::migrate"), "{err}");
     db.drop_schema().await?;
@@ -367,5 +517,14 @@ async fn a_bad_database_url_is_a_typed_error() {
         .connect_lazy("postgres://nobody@127.0.0.1:1/nowhere")
         .unwrap();
     let err = OrderPlaced::claim(&pool).await.unwrap_err();
-    assert!(matches!(err, OutboxError::Database { table: "order_events", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            OutboxError::Database {
+                table: "order_events",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }

@@ -25,23 +25,41 @@ fn check(tables: &[TableMigrations]) {
                 std::fs::create_dir_all(&dir).unwrap();
                 std::fs::write(&path, step.sql).unwrap();
             } else if std::fs::read_to_string(&path).ok().as_deref() != Some(step.sql) {
-                stale.push(format!("{}\n--- the derive generates:\n{}", path.display(), step.sql));
+                stale.push(format!(
+                    "{}\n--- the derive generates:\n{}",
+                    path.display(),
+                    step.sql
+                ));
             }
         }
     }
-    assert!(stale.is_empty(), "golden migrations differ (regenerate with OUTBOX_BLESS=1):\n{}", stale.join("\n"));
+    assert!(
+        stale.is_empty(),
+        "golden migrations differ (regenerate with OUTBOX_BLESS=1):\n{}",
+        stale.join("\n")
+    );
 }
 
 #[test]
 fn generated_migrations_match_the_golden_files() {
-    check(&[common::OrderPlaced::migrations(), common::EmailChanged::migrations(), lab::LabEvent::migrations()]);
+    check(&[
+        common::OrderPlaced::migrations(),
+        common::EmailChanged::migrations(),
+        lab::LabEvent::migrations(),
+    ]);
 }
 
 #[test]
 fn a_field_added_later_is_its_own_migration_version() {
     let steps = common::EmailChanged::migrations().spec().migrations;
     let names: Vec<(u32, &str)> = steps.iter().map(|s| (s.version, s.name)).collect();
-    assert_eq!(names, [(1, "V1__create_customer_events"), (2, "V2__add_referrer")]);
+    assert_eq!(
+        names,
+        [(1, "V1__create_customer_events"), (2, "V2__add_referrer")]
+    );
     assert!(!steps[0].sql.contains("referrer"));
-    assert_eq!(steps[1].sql, "ALTER TABLE \"customer_events\" ADD COLUMN \"referrer\" text;\n");
+    assert_eq!(
+        steps[1].sql,
+        "ALTER TABLE \"customer_events\" ADD COLUMN \"referrer\" text;\n"
+    );
 }

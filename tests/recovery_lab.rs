@@ -13,7 +13,11 @@ fn lab_child() {
 }
 
 fn child() -> ChildCommand {
-    ChildCommand { args: ["--exact", "lab_child", "--nocapture", "--test-threads=1"].map(String::from).to_vec() }
+    ChildCommand {
+        args: ["--exact", "lab_child", "--nocapture", "--test-threads=1"]
+            .map(String::from)
+            .to_vec(),
+    }
 }
 
 async fn leased(number: u8) {
@@ -57,8 +61,16 @@ async fn the_baseline_fails_the_four_scenarios_the_seed_reports() {
     let rows = lab::matrix(&child()).await;
     println!("{}", lab::render(&rows));
     for (scenario, leased, _) in &rows {
-        assert!(leased.is_ok(), "leased protocol failed scenario {}: {leased:?}", scenario.number);
+        assert!(
+            leased.is_ok(),
+            "leased protocol failed scenario {}: {leased:?}",
+            scenario.number
+        );
     }
-    let baseline_failures: Vec<u8> = rows.iter().filter(|r| r.2.is_err()).map(|r| r.0.number).collect();
+    let baseline_failures: Vec<u8> = rows
+        .iter()
+        .filter(|r| r.2.is_err())
+        .map(|r| r.0.number)
+        .collect();
     assert_eq!(baseline_failures, [1, 3, 4, 6], "{}", lab::render(&rows));
 }

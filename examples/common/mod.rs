@@ -14,7 +14,12 @@ pub struct Line {
 
 /// Published when an order is placed.
 #[derive(outbox::Outbox, Debug, Clone, PartialEq)]
-#[outbox(table = "order_events", lease = "30s", retry_delay = "1m", max_attempts = 10)]
+#[outbox(
+    table = "order_events",
+    lease = "30s",
+    retry_delay = "1m",
+    max_attempts = 10
+)]
 pub struct OrderPlaced {
     /// The order's id doubles as the stable event id: placing an order is one event.
     #[outbox(event_id)]
@@ -29,7 +34,12 @@ pub struct OrderPlaced {
 /// Published when a customer changes their email. It has no natural id, so every
 /// enqueue gets a fresh UUIDv7; `referrer` came later, as migration version 2.
 #[derive(outbox::Outbox, Debug, Clone, PartialEq)]
-#[outbox(table = "customer_events", lease = "10s", retry_delay = "5s", max_attempts = 3)]
+#[outbox(
+    table = "customer_events",
+    lease = "10s",
+    retry_delay = "5s",
+    max_attempts = 3
+)]
 pub struct EmailChanged {
     pub customer: String,
     #[outbox(column = "new_email")]
@@ -40,8 +50,13 @@ pub struct EmailChanged {
 
 /// The application's own refinery migrations (business tables), next to the outbox's.
 pub fn app_migrations() -> Vec<outbox::refinery::Migration> {
-    [("V1__create_orders", include_str!("../../migrations/app/V1__create_orders.sql"))]
-        .into_iter()
-        .map(|(name, sql)| outbox::refinery::Migration::unapplied(name, sql).expect("a valid migration name"))
-        .collect()
+    [(
+        "V1__create_orders",
+        include_str!("../../migrations/app/V1__create_orders.sql"),
+    )]
+    .into_iter()
+    .map(|(name, sql)| {
+        outbox::refinery::Migration::unapplied(name, sql).expect("a valid migration name")
+    })
+    .collect()
 }

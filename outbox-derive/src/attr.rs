@@ -43,14 +43,18 @@ pub(crate) struct FieldAttrs {
 /// Sets `slot` once; a repeated key is an error at its second occurrence.
 fn set_once<T>(slot: &mut Option<T>, value: T, key: &syn::Path, errors: &mut Errors) {
     if slot.is_some() {
-        errors.push(syn::Error::new_spanned(key, format!("duplicate `{}` attribute", key_name(key))));
+        errors.push(syn::Error::new_spanned(
+            key,
+            format!("duplicate `{}` attribute", key_name(key)),
+        ));
     } else {
         *slot = Some(value);
     }
 }
 
 fn key_name(path: &syn::Path) -> String {
-    path.get_ident().map_or_else(|| "?".into(), ToString::to_string)
+    path.get_ident()
+        .map_or_else(|| "?".into(), ToString::to_string)
 }
 
 fn outbox_attrs(attrs: &[Attribute]) -> impl Iterator<Item = &Attribute> {
@@ -90,7 +94,11 @@ pub(crate) fn parse_field(attrs: &[Attribute], errors: &mut Errors) -> FieldAttr
     for attr in outbox_attrs(attrs) {
         let result = attr.parse_nested_meta(|meta| {
             let key = &meta.path;
-            let flag = || key.get_ident().cloned().ok_or_else(|| meta.error("expected an identifier"));
+            let flag = || {
+                key.get_ident()
+                    .cloned()
+                    .ok_or_else(|| meta.error("expected an identifier"))
+            };
             if key.is_ident("event_id") {
                 set_once(&mut out.event_id, flag()?, key, errors);
             } else if key.is_ident("json") {
@@ -106,7 +114,10 @@ pub(crate) fn parse_field(attrs: &[Attribute], errors: &mut Errors) -> FieldAttr
                 )));
             }
             if meta.input.peek(Token![=]) {
-                return Err(syn::Error::new(meta.input.span(), format!("`{}` takes no value", key_name(key))));
+                return Err(syn::Error::new(
+                    meta.input.span(),
+                    format!("`{}` takes no value", key_name(key)),
+                ));
             }
             Ok(())
         });

@@ -24,8 +24,17 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
     let p = quote!(::outbox::__private);
     let ident = &model.ident;
     let sql = Sql::render(model);
-    let Sql { enqueue, claim, complete, retry, renew, fail, migrations } = &sql;
-    let (table, history_table, max_attempts) = (&model.table, &model.history_table, model.max_attempts);
+    let Sql {
+        enqueue,
+        claim,
+        complete,
+        retry,
+        renew,
+        fail,
+        migrations,
+    } = &sql;
+    let (table, history_table, max_attempts) =
+        (&model.table, &model.history_table, model.max_attempts);
     let lease = micros(model.lease);
     let retry_delay = micros(model.retry_delay);
 

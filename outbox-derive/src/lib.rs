@@ -21,6 +21,8 @@ use syn::{DeriveInput, parse_macro_input};
 pub fn derive_outbox(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
     model::Model::from_input(&input)
-        .map_or_else(syn::Error::into_compile_error, |model| expand::expand(&model))
+        .map_or_else(syn::Error::into_compile_error, |model| {
+            expand::expand(&model)
+        })
         .into()
 }

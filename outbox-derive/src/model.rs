@@ -85,10 +85,14 @@ fn native_sql_type(ty: &Type) -> Option<SqlType> {
         "Uuid" => sql_type("uuid", "uuid"),
         "NaiveDate" | "Date" => sql_type("date", "date"),
         "NaiveTime" | "Time" => sql_type("time", "time without time zone"),
-        "NaiveDateTime" | "PrimitiveDateTime" => sql_type("timestamp", "timestamp without time zone"),
+        "NaiveDateTime" | "PrimitiveDateTime" => {
+            sql_type("timestamp", "timestamp without time zone")
+        }
         "DateTime" | "OffsetDateTime" => sql_type("timestamptz", "timestamp with time zone"),
         "Value" | "JsonValue" => JSONB,
-        "Vec" if generic_arg(segment).is_some_and(|t| is_ident(t, "u8")) => sql_type("bytea", "bytea"),
+        "Vec" if generic_arg(segment).is_some_and(|t| is_ident(t, "u8")) => {
+            sql_type("bytea", "bytea")
+        }
         _ => return None,
     })
 }
@@ -117,13 +121,17 @@ fn is_ident(ty: &Type, name: &str) -> bool {
 
 /// `Some(T)` for `Option<T>`.
 fn option_inner(ty: &Type) -> Option<&Type> {
-    last_segment(ty).filter(|s| s.ident == "Option").and_then(generic_arg)
+    last_segment(ty)
+        .filter(|s| s.ident == "Option")
+        .and_then(generic_arg)
 }
 
 /// A plain lowercase SQL identifier: nothing to quote, nothing to inject.
 fn is_plain_identifier(name: &str) -> bool {
     let mut chars = name.chars();
-    chars.next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
@@ -146,11 +154,19 @@ fn check_identifier(lit: &LitStr, what: &str, errors: &mut Errors) -> Option<Str
     }
 }
 
-fn parse_duration(lit: Option<&LitStr>, key: &str, default: Duration, errors: &mut Errors) -> Duration {
+fn parse_duration(
+    lit: Option<&LitStr>,
+    key: &str,
+    default: Duration,
+    errors: &mut Errors,
+) -> Duration {
     let Some(lit) = lit else { return default };
     match humantime::parse_duration(&lit.value()) {
         Ok(d) if d.is_zero() => {
-            errors.push(syn::Error::new(lit.span(), format!("`{key}` must be greater than zero")));
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!("`{key}` must be greater than zero"),
+            ));
             default
         }
         Ok(d) if d.subsec_micros() * 1000 != d.subsec_nanos() => {
@@ -190,7 +206,9 @@ fn history_table(table: &str) -> String {
         return name;
     }
     // FNV-1a: stable across compilers, unlike std's hasher.
-    let hash = table.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let hash = table.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
     let keep = MAX_IDENTIFIER - HISTORY_PREFIX.len() - 9;
     format!("{HISTORY_PREFIX}{}_{:08x}", &table[..keep], hash as u32)
 }
@@ -237,7 +255,10 @@ impl Model {
                 }
             },
             _ => {
-                errors.push(syn::Error::new(input.ident.span(), "#[derive(Outbox)] supports structs with named fields only"));
+                errors.push(syn::Error::new(
+                    input.ident.span(),
+                    "#[derive(Outbox)] supports structs with named fields only",
+                ));
                 None
             }
         };
@@ -246,21 +267,39 @@ impl Model {
             Some(lit) => check_identifier(lit, "table name", &mut errors).unwrap_or_default(),
             None => snake_case(&input.ident),
         };
-        let lease = parse_duration(attrs.lease.as_ref(), "lease", Duration::from_secs(30), &mut errors);
-        let retry_delay = parse_duration(attrs.retry_delay.as_ref(), "retry_delay", Duration::from_secs(60), &mut errors);
+        let lease = parse_duration(
+            attrs.lease.as_ref(),
+            "lease",
+            Duration::from_secs(30),
+            &mut errors,
+        );
+        let retry_delay = parse_duration(
+            attrs.retry_delay.as_ref(),
+            "retry_delay",
+            Duration::from_secs(60),
+            &mut errors,
+        );
         let max_attempts = parse_max_attempts(attrs.max_attempts.as_ref(), &mut errors);
 
         let mut event_id: Option<EventIdField> = None;
         let mut fields = Vec::new();
         for field in named.into_iter().flat_map(|n| &n.named) {
-            let Some(ident) = field.ident.clone() else { continue };
+            let Some(ident) = field.ident.clone() else {
+                continue;
+            };
             let fattrs = attr::parse_field(&field.attrs, &mut errors);
             if let Some(flag) = &fattrs.event_id {
                 validate_event_id(field, &fattrs, &mut errors);
                 if event_id.is_some() {
-                    errors.push(syn::Error::new(flag.span(), "only one field can be the `event_id`"));
+                    errors.push(syn::Error::new(
+                        flag.span(),
+                        "only one field can be the `event_id`",
+                    ));
                 }
-                event_id = Some(EventIdField { ident, ty: field.ty.clone() });
+                event_id = Some(EventIdField {
+                    ident,
+                    ty: field.ty.clone(),
+                });
                 continue;
             }
             if let Some(f) = Field::from_syn(ident, field, &fattrs, &mut errors) {
@@ -283,7 +322,12 @@ impl Model {
 
     /// Migration versions beyond 1, in order.
     pub(crate) fn later_versions(&self) -> Vec<u32> {
-        let mut versions: Vec<u32> = self.fields.iter().map(|f| f.since).filter(|&v| v > 1).collect();
+        let mut versions: Vec<u32> = self
+            .fields
+            .iter()
+            .map(|f| f.since)
+            .filter(|&v| v > 1)
+            .collect();
         versions.sort_unstable();
         versions.dedup();
         versions
@@ -310,12 +354,20 @@ fn validate_event_id(field: &syn::Field, attrs: &attr::FieldAttrs, errors: &mut 
 }
 
 impl Field {
-    fn from_syn(ident: Ident, field: &syn::Field, attrs: &attr::FieldAttrs, errors: &mut Errors) -> Option<Self> {
+    fn from_syn(
+        ident: Ident,
+        field: &syn::Field,
+        attrs: &attr::FieldAttrs,
+        errors: &mut Errors,
+    ) -> Option<Self> {
         let column = match &attrs.column {
             Some(lit) => check_identifier(lit, "column name", errors)?,
             None => ident.unraw().to_string(),
         };
-        let column_span = attrs.column.as_ref().map_or_else(|| ident.span(), LitStr::span);
+        let column_span = attrs
+            .column
+            .as_ref()
+            .map_or_else(|| ident.span(), LitStr::span);
         if RESERVED_COLUMNS.contains(&column.as_str()) {
             errors.push(syn::Error::new(
                 column_span,
@@ -327,7 +379,10 @@ impl Field {
             return None;
         }
         if column.len() > MAX_IDENTIFIER {
-            errors.push(syn::Error::new(column_span, format!("column name `{column}` is longer than {MAX_IDENTIFIER} bytes")));
+            errors.push(syn::Error::new(
+                column_span,
+                format!("column name `{column}` is longer than {MAX_IDENTIFIER} bytes"),
+            ));
             return None;
         }
 
@@ -365,7 +420,15 @@ impl Field {
                 }
             },
         };
-        Some(Self { ident, ty: field.ty.clone(), column, sql_type, option_of, json, since })
+        Some(Self {
+            ident,
+            ty: field.ty.clone(),
+            column,
+            sql_type,
+            option_of,
+            json,
+            since,
+        })
     }
 
     pub(crate) fn nullable(&self) -> bool {
@@ -376,7 +439,10 @@ impl Field {
 fn check_column_names(fields: &[Field], errors: &mut Errors) {
     for (i, field) in fields.iter().enumerate() {
         if fields[..i].iter().any(|f| f.column == field.column) {
-            errors.push(syn::Error::new(field.ident.span(), format!("two fields map to column `{}`", field.column)));
+            errors.push(syn::Error::new(
+                field.ident.span(),
+                format!("two fields map to column `{}`", field.column),
+            ));
         }
     }
 }

@@ -9,7 +9,8 @@ use crate::model::{Field, Model};
 
 /// The guard every outcome carries: this row, still claimed, by this generation, with
 /// a live lease by the wall clock (not the statement's start).
-const OWNED: &str = "id = $1 AND status = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()";
+const OWNED: &str =
+    "id = $1 AND status = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()";
 
 pub(crate) struct Sql {
     pub(crate) enqueue: String,
@@ -43,9 +44,17 @@ impl Sql {
         let payload: Vec<String> = model.fields.iter().map(|f| quoted(&f.column)).collect();
 
         let enqueue = {
-            let columns = std::iter::once("event_id".to_owned()).chain(payload.iter().cloned()).collect::<Vec<_>>();
-            let params = (1..=columns.len()).map(|i| format!("${i}")).collect::<Vec<_>>();
-            format!("INSERT INTO {t} ({}) VALUES ({})", columns.join(", "), params.join(", "))
+            let columns = std::iter::once("event_id".to_owned())
+                .chain(payload.iter().cloned())
+                .collect::<Vec<_>>();
+            let params = (1..=columns.len())
+                .map(|i| format!("${i}"))
+                .collect::<Vec<_>>();
+            format!(
+                "INSERT INTO {t} ({}) VALUES ({})",
+                columns.join(", "),
+                params.join(", ")
+            )
         };
 
         let returning = ["id", "event_id", "generation", "attempts", "lease_until"]
@@ -86,7 +95,9 @@ impl Sql {
              RETURNING {returning}"
         );
 
-        let complete = format!("UPDATE {t} SET status = 'SENT', lease_until = NULL WHERE {OWNED} RETURNING id");
+        let complete = format!(
+            "UPDATE {t} SET status = 'SENT', lease_until = NULL WHERE {OWNED} RETURNING id"
+        );
         let retry = format!(
             "UPDATE {t} SET\n\
              \x20   status = CASE WHEN attempts >= {max} THEN 'DEAD' ELSE 'READY' END,\n\
@@ -98,21 +109,46 @@ impl Sql {
              WHERE {OWNED}\n\
              RETURNING status"
         );
-        let renew = format!("UPDATE {t} SET lease_until = statement_timestamp() + {lease} WHERE {OWNED} RETURNING lease_until");
-        let fail = format!("UPDATE {t} SET status = 'DEAD', lease_until = NULL, last_error = $3 WHERE {OWNED} RETURNING id");
+        let renew = format!(
+            "UPDATE {t} SET lease_until = statement_timestamp() + {lease} WHERE {OWNED} RETURNING lease_until"
+        );
+        let fail = format!(
+            "UPDATE {t} SET status = 'DEAD', lease_until = NULL, last_error = $3 WHERE {OWNED} RETURNING id"
+        );
 
-        let mut migrations = vec![(1, format!("V1__create_{}", model.table), create_table(model))];
+        let mut migrations = vec![(
+            1,
+            format!("V1__create_{}", model.table),
+            create_table(model),
+        )];
         for version in model.later_versions() {
             let added: Vec<&Field> = model.fields.iter().filter(|f| f.since == version).collect();
-            let names = added.iter().map(|f| f.column.as_str()).collect::<Vec<_>>().join("_");
+            let names = added
+                .iter()
+                .map(|f| f.column.as_str())
+                .collect::<Vec<_>>()
+                .join("_");
             let mut sql = String::new();
             for f in added {
-                let _ = writeln!(sql, "ALTER TABLE {t} ADD COLUMN {} {};", quoted(&f.column), f.sql_type.ddl);
+                let _ = writeln!(
+                    sql,
+                    "ALTER TABLE {t} ADD COLUMN {} {};",
+                    quoted(&f.column),
+                    f.sql_type.ddl
+                );
             }
             migrations.push((version, format!("V{version}__add_{names}"), sql));
         }
 
-        Self { enqueue, claim, complete, retry, renew, fail, migrations }
+        Self {
+            enqueue,
+            claim,
+            complete,
+            retry,
+            renew,
+            fail,
+            migrations,
+        }
     }
 }
 

@@ -297,7 +297,10 @@ pub async fn enqueue<'e, T: Outbox>(
     let query = sqlx::query(spec.sql.enqueue).bind(event_id.as_str());
     match event.bind(query).execute(executor).await {
         Ok(_) => Ok(event_id),
-        Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some(UNIQUE_VIOLATION) => {
+        Err(e)
+            if e.as_database_error().and_then(|d| d.code()).as_deref()
+                == Some(UNIQUE_VIOLATION) =>
+        {
             Err(OutboxError::DuplicateEvent {
                 table: spec.table,
                 event_id: event_id.to_string(),

@@ -27,8 +27,8 @@ pub use refinery_core as refinery;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::{
-        Claim, Column, EventId, EventIdField, MigrationStep, Outbox, OutboxError, PgQuery, Statements,
-        TableMigrations, TableSpec, claim, claim_batch, enqueue,
+        Claim, Column, EventId, EventIdField, MigrationStep, Outbox, OutboxError, PgQuery,
+        Statements, TableMigrations, TableSpec, claim, claim_batch, enqueue,
     };
     pub use core::time::Duration;
     pub use sqlx::postgres::PgRow;

@@ -42,7 +42,9 @@ impl Protocol {
     }
 
     fn parse(s: &str) -> Option<Self> {
-        [Self::Leased, Self::Baseline].into_iter().find(|p| p.as_str() == s)
+        [Self::Leased, Self::Baseline]
+            .into_iter()
+            .find(|p| p.as_str() == s)
     }
 }
 
@@ -53,8 +55,7 @@ mod baseline {
          WHERE id = (SELECT id FROM outbox_lab WHERE status = 'READY' AND next_attempt_at <= statement_timestamp() \
                      ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) \
          RETURNING id, event_id, generation";
-    pub const COMPLETE: &str =
-        "UPDATE outbox_lab SET status = 'SENT', lease_until = NULL WHERE id = $1 AND status = 'INPROGRESS' RETURNING id";
+    pub const COMPLETE: &str = "UPDATE outbox_lab SET status = 'SENT', lease_until = NULL WHERE id = $1 AND status = 'INPROGRESS' RETURNING id";
     pub const RETRY: &str = "UPDATE outbox_lab SET status = 'READY', lease_until = NULL, \
          next_attempt_at = statement_timestamp() + interval '1 minute' WHERE id = $1 AND status = 'INPROGRESS' RETURNING id";
 }
@@ -62,7 +63,11 @@ mod baseline {
 /// What a publisher holds after a claim.
 pub enum Token {
     Leased(outbox::Claim<LabEvent>),
-    Baseline { id: i64, event_id: String, generation: i64 },
+    Baseline {
+        id: i64,
+        event_id: String,
+        generation: i64,
+    },
 }
 
 impl Token {
@@ -70,7 +75,11 @@ impl Token {
     pub fn describe(&self) -> (i64, String, i64) {
         match self {
             Self::Leased(c) => (c.id(), c.event_id().to_string(), c.generation().get()),
-            Self::Baseline { id, event_id, generation } => (*id, event_id.clone(), *generation),
+            Self::Baseline {
+                id,
+                event_id,
+                generation,
+            } => (*id, event_id.clone(), *generation),
         }
     }
 }
@@ -79,11 +88,20 @@ type Outcome = Result<(), String>;
 
 async fn claim(protocol: Protocol, conn: &mut PgConnection) -> Result<Option<Token>, String> {
     match protocol {
-        Protocol::Leased => Ok(LabEvent::claim(conn).await.map_err(|e| e.to_string())?.map(Token::Leased)),
+        Protocol::Leased => Ok(LabEvent::claim(conn)
+            .await
+            .map_err(|e| e.to_string())?
+            .map(Token::Leased)),
         Protocol::Baseline => {
-            let row: Option<(i64, String, i64)> =
-                sqlx::query_as(baseline::CLAIM).fetch_optional(conn).await.map_err(|e| e.to_string())?;
-            Ok(row.map(|(id, event_id, generation)| Token::Baseline { id, event_id, generation }))
+            let row: Option<(i64, String, i64)> = sqlx::query_as(baseline::CLAIM)
+                .fetch_optional(conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(row.map(|(id, event_id, generation)| Token::Baseline {
+                id,
+                event_id,
+                generation,
+            }))
         }
     }
 }
@@ -118,13 +136,22 @@ async fn retry(token: Token, pool: &PgPool) -> Result<bool, String> {
 }
 
 async fn baseline_outcome(sql: &'static str, id: i64, pool: &PgPool) -> Result<bool, String> {
-    let row: Option<(i64,)> = sqlx::query_as(sql).bind(id).fetch_optional(pool).await.map_err(|e| e.to_string())?;
+    let row: Option<(i64,)> = sqlx::query_as(sql)
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(row.is_some())
 }
 
 async fn insert_events(pool: &PgPool, names: &[&str]) -> Result<(), String> {
     for name in names {
-        LabEvent { name: (*name).to_owned() }.enqueue(pool).await.map_err(|e| e.to_string())?;
+        LabEvent {
+            name: (*name).to_owned(),
+        }
+        .enqueue(pool)
+        .await
+        .map_err(|e| e.to_string())?;
     }
     Ok(())
 }
@@ -149,7 +176,11 @@ async fn expire_lease(pool: &PgPool, id: i64) -> Result<(), String> {
 }
 
 fn expect<T: PartialEq + std::fmt::Debug>(what: &str, got: T, want: T) -> Outcome {
-    if got == want { Ok(()) } else { Err(format!("{what}: got {got:?}, expected {want:?}")) }
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!("{what}: got {got:?}, expected {want:?}"))
+    }
 }
 
 /// A scenario of the lab.
@@ -159,12 +190,30 @@ pub struct Scenario {
 }
 
 pub static SCENARIOS: [Scenario; 6] = [
-    Scenario { number: 1, name: "SIGKILL after the claim commits; the expired claim is reclaimed" },
-    Scenario { number: 2, name: "an open claim transaction: others skip its row; rollback frees it" },
-    Scenario { number: 3, name: "a stale owner's complete is rejected under a newer generation" },
-    Scenario { number: 4, name: "a stale owner's retry is rejected under a newer generation" },
-    Scenario { number: 5, name: "retry cannot move a SENT row back to READY" },
-    Scenario { number: 6, name: "an expired owner cannot finalize; the happy path completes" },
+    Scenario {
+        number: 1,
+        name: "SIGKILL after the claim commits; the expired claim is reclaimed",
+    },
+    Scenario {
+        number: 2,
+        name: "an open claim transaction: others skip its row; rollback frees it",
+    },
+    Scenario {
+        number: 3,
+        name: "a stale owner's complete is rejected under a newer generation",
+    },
+    Scenario {
+        number: 4,
+        name: "a stale owner's retry is rejected under a newer generation",
+    },
+    Scenario {
+        number: 5,
+        name: "retry cannot move a SENT row back to READY",
+    },
+    Scenario {
+        number: 6,
+        name: "an expired owner cannot finalize; the happy path completes",
+    },
 ];
 
 /// How the lab re-executes the current binary as the child publisher of scenario 1.
@@ -181,18 +230,31 @@ const CLAIMED: &str = "CLAIMED";
 /// In the child process: claim one event in autocommit, print the claim, and wait to
 /// be killed. Returns without doing anything in any other process.
 pub fn child_main_if_requested() {
-    let (Ok(url), Some(protocol)) =
-        (std::env::var(CHILD_URL), std::env::var(CHILD_PROTOCOL).ok().and_then(|p| Protocol::parse(&p)))
-    else {
+    let (Ok(url), Some(protocol)) = (
+        std::env::var(CHILD_URL),
+        std::env::var(CHILD_PROTOCOL)
+            .ok()
+            .and_then(|p| Protocol::parse(&p)),
+    ) else {
         return;
     };
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
     runtime.block_on(async move {
-        let mut conn = <PgConnection as sqlx::Connection>::connect(&url).await.expect("child connects");
-        let token = claim(protocol, &mut conn).await.expect("child claims").expect("an event to claim");
+        let mut conn = <PgConnection as sqlx::Connection>::connect(&url)
+            .await
+            .expect("child connects");
+        let token = claim(protocol, &mut conn)
+            .await
+            .expect("child claims")
+            .expect("an event to claim");
         let (id, event_id, generation) = token.describe();
         let mut out = std::io::stdout().lock();
-        writeln!(out, "{CLAIMED} {id} {event_id} {generation}").and_then(|()| out.flush()).expect("stdout");
+        writeln!(out, "{CLAIMED} {id} {event_id} {generation}")
+            .and_then(|()| out.flush())
+            .expect("stdout");
         // The claim is committed; now wait for the SIGKILL without recording anything.
         std::future::pending::<()>().await;
     });
@@ -207,44 +269,81 @@ async fn scenario_1(db: &TestSchema, protocol: Protocol, child: &ChildCommand) -
         .env(CHILD_URL, db.url())
         .env(CHILD_PROTOCOL, protocol.as_str())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| format!("spawning the child publisher: {e}"))?;
     let stdout = process.stdout.take().ok_or("no child stdout")?;
     // Wait for the handshake: only a printed claim proves the claim committed.
     let line = tokio::task::spawn_blocking(move || {
-        BufReader::new(stdout).lines().map_while(Result::ok).find(|l| l.starts_with(CLAIMED))
+        // (A test harness may print its own text before ours on the same line.)
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| l.find(CLAIMED).map(|at| l[at..].to_owned()))
     });
     let line = tokio::time::timeout(Duration::from_secs(60), line).await;
     let pid = Pid::from_raw(i32::try_from(process.id()).map_err(|e| e.to_string())?);
     kill(pid, Signal::SIGKILL).map_err(|e| format!("SIGKILL: {e}"))?;
     let status = process.wait().map_err(|e| e.to_string())?;
-    let line = line.map_err(|_| "the child never printed its claim")?.map_err(|e| e.to_string())?;
+    let line = line
+        .map_err(|_| "the child never printed its claim")?
+        .map_err(|e| e.to_string())?;
     let line = line.ok_or("the child exited without printing its claim")?;
-    expect("child exit signal", status.signal(), Some(Signal::SIGKILL as i32))?;
+    expect(
+        "child exit signal",
+        status.signal(),
+        Some(Signal::SIGKILL as i32),
+    )?;
 
     let fields: Vec<&str> = line.split_whitespace().collect();
     let (id, event_id): (i64, &str) = (fields[1].parse().map_err(|_| "bad claim line")?, fields[2]);
-    expect("the killed child's claim", (event_id, fields[3]), ("event-001", "1"))?;
-    expect("state after SIGKILL", row_state(pool, id).await?, ("INPROGRESS".to_owned(), 1))?;
+    expect(
+        "the killed child's claim",
+        (event_id, fields[3]),
+        ("event-001", "1"),
+    )?;
+    expect(
+        "state after SIGKILL",
+        row_state(pool, id).await?,
+        ("INPROGRESS".to_owned(), 1),
+    )?;
 
     expire_lease(pool, id).await?;
-    let next = claim_on(protocol, pool).await?.ok_or("no candidate after the lease expired: the event is stranded")?;
-    expect("the replacement claim", next.describe(), (id, "event-001".to_owned(), 2))
+    let next = claim_on(protocol, pool)
+        .await?
+        .ok_or("no candidate after the lease expired: the event is stranded")?;
+    expect(
+        "the replacement claim",
+        next.describe(),
+        (id, "event-001".to_owned(), 2),
+    )
 }
 
 async fn scenario_2(db: &TestSchema, protocol: Protocol) -> Outcome {
     let pool = db.pool();
     insert_events(pool, &["event-001", "event-002"]).await?;
     let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
-    let first = claim(protocol, &mut tx).await?.ok_or("the open transaction claimed nothing")?.describe();
-    let second = claim_on(protocol, pool).await?.ok_or("a second poller found nothing while a row was free")?.describe();
+    let first = claim(protocol, &mut tx)
+        .await?
+        .ok_or("the open transaction claimed nothing")?
+        .describe();
+    let second = claim_on(protocol, pool)
+        .await?
+        .ok_or("a second poller found nothing while a row was free")?
+        .describe();
     if first.0 == second.0 {
         return Err(format!("both pollers claimed row {}", first.0));
     }
     tx.rollback().await.map_err(|e| e.to_string())?;
-    let again = claim_on(protocol, pool).await?.ok_or("the rolled-back row is not claimable")?.describe();
-    expect("the row claimed after rollback", (again.0, again.2), (first.0, 1))
+    let again = claim_on(protocol, pool)
+        .await?
+        .ok_or("the rolled-back row is not claimable")?
+        .describe();
+    expect(
+        "the row claimed after rollback",
+        (again.0, again.2),
+        (first.0, 1),
+    )
 }
 
 /// Scenarios 3 and 4: worker A holds generation 1; a newer live generation is
@@ -259,9 +358,17 @@ async fn stale_owner(db: &TestSchema, protocol: Protocol, outcome_is_complete: b
         .execute(pool)
         .await
         .map_err(|e| e.to_string())?;
-    let accepted = if outcome_is_complete { complete(stale, pool).await? } else { retry(stale, pool).await? };
+    let accepted = if outcome_is_complete {
+        complete(stale, pool).await?
+    } else {
+        retry(stale, pool).await?
+    };
     expect("stale outcome accepted", accepted, false)?;
-    expect("the newer owner's row", row_state(pool, id).await?, ("INPROGRESS".to_owned(), 2))
+    expect(
+        "the newer owner's row",
+        row_state(pool, id).await?,
+        ("INPROGRESS".to_owned(), 2),
+    )
 }
 
 async fn scenario_5(db: &TestSchema, protocol: Protocol) -> Outcome {
@@ -277,7 +384,11 @@ async fn scenario_5(db: &TestSchema, protocol: Protocol) -> Outcome {
         .await
         .map_err(|e| e.to_string())?;
     expect("late retry accepted", retry(late, pool).await?, false)?;
-    expect("state after the late retry", row_state(pool, id).await?, ("SENT".to_owned(), 1))
+    expect(
+        "state after the late retry",
+        row_state(pool, id).await?,
+        ("SENT".to_owned(), 1),
+    )
 }
 
 async fn scenario_6(db: &TestSchema, protocol: Protocol) -> Outcome {
@@ -286,19 +397,35 @@ async fn scenario_6(db: &TestSchema, protocol: Protocol) -> Outcome {
     let expired = claim_on(protocol, pool).await?.ok_or("nothing to claim")?;
     let id = expired.describe().0;
     expire_lease(pool, id).await?;
-    expect("an expired owner's complete accepted", complete(expired, pool).await?, false)?;
-    expect("state after the expired complete", row_state(pool, id).await?, ("INPROGRESS".to_owned(), 1))?;
+    expect(
+        "an expired owner's complete accepted",
+        complete(expired, pool).await?,
+        false,
+    )?;
+    expect(
+        "state after the expired complete",
+        row_state(pool, id).await?,
+        ("INPROGRESS".to_owned(), 1),
+    )?;
 
     // The happy path: whoever claims next completes normally.
-    let owner = claim_on(protocol, pool).await?.ok_or("the expired claim is not claimable")?;
+    let owner = claim_on(protocol, pool)
+        .await?
+        .ok_or("the expired claim is not claimable")?;
     expect("complete accepted", complete(owner, pool).await?, true)?;
-    expect("final state", row_state(pool, id).await?, ("SENT".to_owned(), 2))
+    expect(
+        "final state",
+        row_state(pool, id).await?,
+        ("SENT".to_owned(), 2),
+    )
 }
 
 /// Runs one scenario in a fresh schema.
 pub async fn run(number: u8, protocol: Protocol, child: &ChildCommand) -> Outcome {
     let db = TestSchema::new().await.map_err(|e| e.to_string())?;
-    outbox::migrate(db.pool(), &[LabEvent::migrations()]).await.map_err(|e| e.to_string())?;
+    outbox::migrate(db.pool(), &[LabEvent::migrations()])
+        .await
+        .map_err(|e| e.to_string())?;
     let outcome = match number {
         1 => scenario_1(&db, protocol, child).await,
         2 => scenario_2(&db, protocol).await,
@@ -332,9 +459,17 @@ pub fn render(rows: &[(&'static Scenario, Outcome, Outcome)]) -> String {
         Ok(()) => "pass".to_owned(),
         Err(e) => format!("FAIL ({e})"),
     };
-    let mut out = String::from("| # | scenario | leased + generation | unsafe baseline |\n|---|---|---|---|\n");
+    let mut out = String::from(
+        "| # | scenario | leased + generation | unsafe baseline |\n|---|---|---|---|\n",
+    );
     for (s, leased, baseline) in rows {
-        out.push_str(&format!("| {} | {} | {} | {} |\n", s.number, s.name, cell(leased), cell(baseline)));
+        out.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            s.number,
+            s.name,
+            cell(leased),
+            cell(baseline)
+        ));
     }
     let failures = |pick: for<'a> fn(&'a (&'static Scenario, Outcome, Outcome)) -> &'a Outcome| {
         rows.iter().filter(|r| pick(r).is_err()).count()
