@@ -296,7 +296,7 @@ async fn retry_delays_the_event_and_the_next_claim_bumps_the_generation() -> Tes
     let row = claim.id();
     assert_eq!(
         claim
-            .retry_because(pool, Duration::from_secs(3600), "broker unavailable")
+            .retry_because(pool, Duration::from_hours(1), "broker unavailable")
             .await?,
         Retried::Scheduled
     );
@@ -470,7 +470,7 @@ async fn a_payload_that_cannot_be_decoded_is_moved_to_dead_not_lost() -> TestRes
     // The batch skips the other bad row (moving it to DEAD) and returns the good one.
     let claims = OrderPlaced::claim_batch(pool, 10).await?;
     assert_eq!(
-        claims.iter().map(|c| c.event()).collect::<Vec<_>>(),
+        claims.iter().map(outbox::Claim::event).collect::<Vec<_>>(),
         [&good]
     );
     let dead: Vec<(String,)> =

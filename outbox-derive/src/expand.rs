@@ -49,13 +49,13 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
         .iter()
         .map(|(version, name, sql)| quote!(#p::MigrationStep { version: #version, name: #name, sql: #sql }));
 
-    let event_id = match &model.event_id {
-        Some(f) => {
+    let event_id = model.event_id.as_ref().map_or_else(
+        || quote!(::core::option::Option::None),
+        |f| {
             let (field, ty) = (&f.ident, &f.ty);
             quote!(::core::option::Option::Some(<#ty as #p::EventIdField>::to_event_id(&self.#field)))
-        }
-        None => quote!(::core::option::Option::None),
-    };
+        },
+    );
     let binds = model.fields.iter().map(|f| bind(&p, f));
     let decode_event_id = model.event_id.as_ref().map(|f| {
         let (field, ty) = (&f.ident, &f.ty);
@@ -67,6 +67,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
         }
     });
     let decodes = model.fields.iter().map(|f| decode(&p, f));
+    let inherent = inherent_methods(&p, model);
 
     quote! {
         impl #p::Outbox for #ident {
@@ -104,6 +105,15 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
             }
         }
 
+        #inherent
+    }
+}
+
+/// `T::enqueue`, `T::claim`, `T::claim_batch`, `T::migrations`: inherent, so users need
+/// not import a trait to call them.
+fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
+    let (ident, table) = (&model.ident, &model.table);
+    quote! {
         impl #ident {
             #[doc = concat!("Writes this event into `", #table, "` through `executor`: pass the business transaction (`&mut *tx`) so both commit together.")]
             pub async fn enqueue<'e>(

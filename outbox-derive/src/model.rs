@@ -210,7 +210,7 @@ fn history_table(table: &str) -> String {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
     });
     let keep = MAX_IDENTIFIER - HISTORY_PREFIX.len() - 9;
-    format!("{HISTORY_PREFIX}{}_{:08x}", &table[..keep], hash as u32)
+    format!("{HISTORY_PREFIX}{}_{:08x}", &table[..keep], hash >> 32)
 }
 
 fn snake_case(ident: &Ident) -> String {
@@ -233,35 +233,7 @@ impl Model {
         let mut errors = Errors::default();
         let attrs = attr::parse_container(&input.attrs, &mut errors);
 
-        if let Some(param) = input.generics.params.first() {
-            errors.push(syn::Error::new_spanned(
-                &input.generics,
-                match param {
-                    syn::GenericParam::Lifetime(_) => "an outbox event cannot borrow: remove the lifetime parameter and own its data",
-                    _ => "an outbox event cannot be generic: each event type has its own table, fixed at compile time",
-                },
-            ));
-        }
-        let named = match &input.data {
-            Data::Struct(s) => match &s.fields {
-                Fields::Named(named) => Some(named),
-                Fields::Unnamed(f) => {
-                    errors.push(syn::Error::new(f.span(), "tuple structs are not supported: an outbox event needs named fields, one per column"));
-                    None
-                }
-                Fields::Unit => {
-                    errors.push(syn::Error::new(input.ident.span(), "unit structs are not supported: an outbox event needs named fields, one per column"));
-                    None
-                }
-            },
-            _ => {
-                errors.push(syn::Error::new(
-                    input.ident.span(),
-                    "#[derive(Outbox)] supports structs with named fields only",
-                ));
-                None
-            }
-        };
+        let named = named_fields(input, &mut errors);
 
         let table = match &attrs.table {
             Some(lit) => check_identifier(lit, "table name", &mut errors).unwrap_or_default(),
@@ -276,7 +248,7 @@ impl Model {
         let retry_delay = parse_duration(
             attrs.retry_delay.as_ref(),
             "retry_delay",
-            Duration::from_secs(60),
+            Duration::from_mins(1),
             &mut errors,
         );
         let max_attempts = parse_max_attempts(attrs.max_attempts.as_ref(), &mut errors);
@@ -332,6 +304,27 @@ impl Model {
         versions.dedup();
         versions
     }
+}
+
+/// The struct's named fields; anything else an outbox event cannot be is an error.
+fn named_fields<'a>(input: &'a DeriveInput, errors: &mut Errors) -> Option<&'a syn::FieldsNamed> {
+    if let Some(param) = input.generics.params.first() {
+        let message = if matches!(param, syn::GenericParam::Lifetime(_)) {
+            "an outbox event cannot borrow: remove the lifetime parameter and own its data"
+        } else {
+            "an outbox event cannot be generic: each event type has its own table, fixed at compile time"
+        };
+        errors.push(syn::Error::new_spanned(&input.generics, message));
+    }
+    match &input.data {
+        Data::Struct(s) => match &s.fields {
+            Fields::Named(named) => return Some(named),
+            Fields::Unnamed(f) => errors.push(syn::Error::new(f.span(), "tuple structs are not supported: an outbox event needs named fields, one per column")),
+            Fields::Unit => errors.push(syn::Error::new(input.ident.span(), "unit structs are not supported: an outbox event needs named fields, one per column")),
+        },
+        _ => errors.push(syn::Error::new(input.ident.span(), "#[derive(Outbox)] supports structs with named fields only")),
+    }
+    None
 }
 
 fn validate_event_id(field: &syn::Field, attrs: &attr::FieldAttrs, errors: &mut Errors) {

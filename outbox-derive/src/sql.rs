@@ -64,37 +64,7 @@ impl Sql {
             .map(|c| format!("o.{c}"))
             .collect::<Vec<_>>()
             .join(", ");
-        // Each eligibility path reads its own partial index in its own order and locks
-        // with SKIP LOCKED (a locking clause cannot sit on the UNION), so claim cost
-        // stays flat however many SENT or DEAD rows pile up. Expired claims that used
-        // the whole attempt budget are moved to DEAD by the same statement.
-        let claim = format!(
-            "WITH exhausted AS (\n\
-             \x20   UPDATE {t} SET status = 'DEAD', lease_until = NULL,\n\
-             \x20       last_error = 'lease expired on claim ' || attempts || ' of {max}: attempt budget exhausted'\n\
-             \x20   WHERE id IN (\n\
-             \x20       SELECT id FROM {t}\n\
-             \x20       WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp() AND attempts >= {max}\n\
-             \x20       ORDER BY lease_until, id LIMIT $1 FOR UPDATE SKIP LOCKED)\n\
-             ), ready AS (\n\
-             \x20   SELECT id FROM {t}\n\
-             \x20   WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()\n\
-             \x20   ORDER BY next_attempt_at, id LIMIT $1 FOR UPDATE SKIP LOCKED\n\
-             ), expired AS (\n\
-             \x20   SELECT id FROM {t}\n\
-             \x20   WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp() AND attempts < {max}\n\
-             \x20   ORDER BY lease_until, id LIMIT $1 FOR UPDATE SKIP LOCKED\n\
-             ), candidate AS (\n\
-             \x20   SELECT id FROM ready UNION ALL SELECT id FROM expired ORDER BY id LIMIT $1\n\
-             )\n\
-             UPDATE {t} AS o\n\
-             SET status = 'INPROGRESS', generation = o.generation + 1, attempts = o.attempts + 1,\n\
-             \x20   lease_until = statement_timestamp() + {lease}\n\
-             FROM candidate AS c\n\
-             WHERE o.id = c.id\n\
-             RETURNING {returning}"
-        );
-
+        let claim = claim(&t, max, &lease, &returning);
         let complete = format!(
             "UPDATE {t} SET status = 'SENT', lease_until = NULL WHERE {OWNED} RETURNING id"
         );
@@ -150,6 +120,40 @@ impl Sql {
             migrations,
         }
     }
+}
+
+/// The claim of up to `$1` rows.
+fn claim(t: &str, max: i32, lease: &str, returning: &str) -> String {
+    // Each eligibility path reads its own partial index in its own order and locks
+    // with SKIP LOCKED (a locking clause cannot sit on the UNION), so claim cost
+    // stays flat however many SENT or DEAD rows pile up. Expired claims that used
+    // the whole attempt budget are moved to DEAD by the same statement.
+    format!(
+        "WITH exhausted AS (\n\
+         \x20   UPDATE {t} SET status = 'DEAD', lease_until = NULL,\n\
+         \x20       last_error = 'lease expired on claim ' || attempts || ' of {max}: attempt budget exhausted'\n\
+         \x20   WHERE id IN (\n\
+         \x20       SELECT id FROM {t}\n\
+         \x20       WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp() AND attempts >= {max}\n\
+         \x20       ORDER BY lease_until, id LIMIT $1 FOR UPDATE SKIP LOCKED)\n\
+         ), ready AS (\n\
+         \x20   SELECT id FROM {t}\n\
+         \x20   WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()\n\
+         \x20   ORDER BY next_attempt_at, id LIMIT $1 FOR UPDATE SKIP LOCKED\n\
+         ), expired AS (\n\
+         \x20   SELECT id FROM {t}\n\
+         \x20   WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp() AND attempts < {max}\n\
+         \x20   ORDER BY lease_until, id LIMIT $1 FOR UPDATE SKIP LOCKED\n\
+         ), candidate AS (\n\
+         \x20   SELECT id FROM ready UNION ALL SELECT id FROM expired ORDER BY id LIMIT $1\n\
+         )\n\
+         UPDATE {t} AS o\n\
+         SET status = 'INPROGRESS', generation = o.generation + 1, attempts = o.attempts + 1,\n\
+         \x20   lease_until = statement_timestamp() + {lease}\n\
+         FROM candidate AS c\n\
+         WHERE o.id = c.id\n\
+         RETURNING {returning}"
+    )
 }
 
 fn create_table(model: &Model) -> String {

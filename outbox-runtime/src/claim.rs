@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{Acquire, PgExecutor, Postgres, Row};
 
-use crate::error::OutboxError;
+use crate::error::{OutboxError, sqlstate};
 use crate::id::{EventId, Generation};
 use crate::spec::Outbox;
 
@@ -297,10 +297,7 @@ pub async fn enqueue<'e, T: Outbox>(
     let query = sqlx::query(spec.sql.enqueue).bind(event_id.as_str());
     match event.bind(query).execute(executor).await {
         Ok(_) => Ok(event_id),
-        Err(e)
-            if e.as_database_error().and_then(|d| d.code()).as_deref()
-                == Some(UNIQUE_VIOLATION) =>
-        {
+        Err(e) if sqlstate(&e).as_deref() == Some(UNIQUE_VIOLATION) => {
             Err(OutboxError::DuplicateEvent {
                 table: spec.table,
                 event_id: event_id.to_string(),

@@ -125,11 +125,7 @@ impl OutboxError {
         const UNDEFINED_TABLE: &str = "42P01";
         const UNDEFINED_COLUMN: &str = "42703";
         const DATATYPE_MISMATCH: &str = "42804";
-        let code = source
-            .as_database_error()
-            .and_then(|e| e.code())
-            .map(|c| c.into_owned());
-        match code.as_deref() {
+        match sqlstate(&source).as_deref() {
             Some(UNDEFINED_TABLE) => Self::MissingTable { table, source },
             Some(UNDEFINED_COLUMN | DATATYPE_MISMATCH) => Self::Drift {
                 table,
@@ -146,4 +142,12 @@ impl OutboxError {
     pub fn is_stale(&self) -> bool {
         matches!(self, Self::Stale { .. })
     }
+}
+
+/// The SQLSTATE of a database error, if it is one.
+pub(crate) fn sqlstate(error: &sqlx::Error) -> Option<String> {
+    error
+        .as_database_error()
+        .and_then(sqlx::error::DatabaseError::code)
+        .map(std::borrow::Cow::into_owned)
 }

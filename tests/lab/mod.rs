@@ -8,6 +8,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
@@ -175,6 +176,7 @@ async fn expire_lease(pool: &PgPool, id: i64) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+#[allow(clippy::needless_pass_by_value)] // reads like the seed: expect(what, got, want)
 fn expect<T: PartialEq + std::fmt::Debug>(what: &str, got: T, want: T) -> Outcome {
     if got == want {
         Ok(())
@@ -281,7 +283,7 @@ async fn scenario_1(db: &TestSchema, protocol: Protocol, child: &ChildCommand) -
             .map_while(Result::ok)
             .find_map(|l| l.find(CLAIMED).map(|at| l[at..].to_owned()))
     });
-    let line = tokio::time::timeout(Duration::from_secs(60), line).await;
+    let line = tokio::time::timeout(Duration::from_mins(1), line).await;
     let pid = Pid::from_raw(i32::try_from(process.id()).map_err(|e| e.to_string())?);
     kill(pid, Signal::SIGKILL).map_err(|e| format!("SIGKILL: {e}"))?;
     let status = process.wait().map_err(|e| e.to_string())?;
@@ -463,23 +465,25 @@ pub fn render(rows: &[(&'static Scenario, Outcome, Outcome)]) -> String {
         "| # | scenario | leased + generation | unsafe baseline |\n|---|---|---|---|\n",
     );
     for (s, leased, baseline) in rows {
-        out.push_str(&format!(
-            "| {} | {} | {} | {} |\n",
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
             s.number,
             s.name,
             cell(leased),
             cell(baseline)
-        ));
+        );
     }
     let failures = |pick: for<'a> fn(&'a (&'static Scenario, Outcome, Outcome)) -> &'a Outcome| {
         rows.iter().filter(|r| pick(r).is_err()).count()
     };
-    out.push_str(&format!(
+    let _ = write!(
+        out,
         "\nleased: {} failed, {} passed; baseline: {} failed, {} passed\n",
         failures(|r| &r.1),
         rows.len() - failures(|r| &r.1),
         failures(|r| &r.2),
         rows.len() - failures(|r| &r.2)
-    ));
+    );
     out
 }
