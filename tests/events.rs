@@ -2,74 +2,17 @@
 
 #[path = "../examples/common/mod.rs"]
 mod common;
+mod shapes;
 
 use std::time::Duration;
 
 use common::{EmailChanged, Line, OrderPlaced};
 use outbox::testing::TestSchema;
 use outbox::{Outbox, OutboxError, Retried};
-use serde::{Deserialize, Serialize};
+use shapes::{Address, Budgeted, EveryType, Tick};
 use sqlx::PgPool;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Address {
-    city: String,
-}
-
-/// One field of every supported column type.
-#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
-#[outbox(table = "every_type_events")]
-struct EveryType {
-    #[outbox(event_id)]
-    key: i64,
-    small: i16,
-    int: i32,
-    big: i64,
-    single: f32,
-    double: f64,
-    flag: bool,
-    text: String,
-    bytes: Vec<u8>,
-    uuid: uuid::Uuid,
-    chrono_date: chrono::NaiveDate,
-    chrono_time: chrono::NaiveTime,
-    chrono_naive: chrono::NaiveDateTime,
-    chrono_utc: chrono::DateTime<chrono::Utc>,
-    time_date: time::Date,
-    time_time: time::Time,
-    time_primitive: time::PrimitiveDateTime,
-    time_offset: time::OffsetDateTime,
-    value: serde_json::Value,
-    maybe_int: Option<i32>,
-    maybe_uuid: Option<uuid::Uuid>,
-    maybe_utc: Option<chrono::DateTime<chrono::Utc>>,
-    #[outbox(json)]
-    address: Address,
-    #[outbox(json)]
-    maybe_address: Option<Address>,
-    #[outbox(column = "type")]
-    r#type: String,
-}
-
-/// No payload at all: the row is the event.
-#[derive(outbox::Outbox, Debug, PartialEq)]
-#[outbox(table = "tick_events")]
-struct Tick {}
-
-/// A string event id, a short budget.
-#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
-#[outbox(
-    table = "budget_events",
-    lease = "30s",
-    retry_delay = "1s",
-    max_attempts = 3
-)]
-struct Budgeted {
-    #[outbox(event_id)]
-    name: String,
-}
 
 fn every_type(key: i64) -> EveryType {
     let date = chrono::NaiveDate::from_ymd_opt(2026, 12, 2).unwrap();

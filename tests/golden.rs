@@ -8,6 +8,7 @@
 mod common;
 #[path = "lab/mod.rs"]
 mod lab;
+mod shapes;
 
 use std::path::PathBuf;
 
@@ -42,10 +43,16 @@ fn check(tables: &[TableMigrations]) {
 
 #[test]
 fn generated_migrations_match_the_golden_files() {
+    // Every event type in this repository: the `checked` build applies these files to
+    // the schema it compiles against.
     check(&[
         common::OrderPlaced::migrations(),
         common::EmailChanged::migrations(),
+        common::PaymentCaptured::migrations(),
         lab::LabEvent::migrations(),
+        shapes::EveryType::migrations(),
+        shapes::Tick::migrations(),
+        shapes::Budgeted::migrations(),
     ]);
 }
 

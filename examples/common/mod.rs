@@ -48,6 +48,21 @@ pub struct EmailChanged {
     pub referrer: Option<String>,
 }
 
+/// Published when a payment is captured. Its short lease lets the quickstart show a
+/// recovery in seconds.
+#[derive(outbox::Outbox, Debug)]
+#[outbox(
+    table = "payment_events",
+    lease = "1s",
+    retry_delay = "5s",
+    max_attempts = 5
+)]
+pub struct PaymentCaptured {
+    #[outbox(event_id)]
+    pub payment_id: uuid::Uuid,
+    pub amount_cents: i64,
+}
+
 /// The application's own refinery migrations (business tables), next to the outbox's.
 pub fn app_migrations() -> Vec<outbox::refinery::Migration> {
     [(

@@ -2,7 +2,8 @@
 //! `::outbox::__private`, so users need not depend on sqlx themselves.
 
 use proc_macro2::TokenStream;
-use quote::quote;
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned;
 
 use crate::model::{Field, Model};
 use crate::sql::Sql;
@@ -68,6 +69,11 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
     });
     let decodes = model.fields.iter().map(|f| decode(&p, f));
     let inherent = inherent_methods(&p, model);
+    let checked = if cfg!(feature = "checked") {
+        checked(model, &sql)
+    } else {
+        TokenStream::new()
+    };
 
     quote! {
         impl #p::Outbox for #ident {
@@ -106,6 +112,58 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
         }
 
         #inherent
+
+        #checked
+    }
+}
+
+/// With the `checked` feature: every statement once more, through sqlx's `query!`, in
+/// a function that is never called. With `DATABASE_URL` (or sqlx's offline data) the
+/// compiler then verifies the SQL the runtime executes against the live schema, and the
+/// type of each field against its column through the enqueue statement's parameters.
+/// (`query!` expands to `::sqlx` paths: the user's crate depends on sqlx.)
+fn checked(model: &Model, sql: &Sql) -> TokenStream {
+    let ident = &model.ident;
+    let Sql {
+        enqueue,
+        claim,
+        complete,
+        retry,
+        renew,
+        fail,
+        ..
+    } = sql;
+    let fields = model.fields.iter().map(|f| {
+        // Spanned at the field's type, so a mismatch with its column points there.
+        let (field, ty, span) = (&f.ident, &f.ty, f.ty.span());
+        if f.json {
+            // jsonb parameters are `serde_json::Value` to sqlx; `Json<T>` encodes to it.
+            quote_spanned!(span => ::sqlx::types::Json(&event.#field) as _)
+        } else if f.sql_type.is_date_time() {
+            // Whether a date/time column maps to chrono or time is the user's sqlx.toml
+            // setting; the explicit type lets either be used, and skips only that check.
+            quote_spanned!(span => &event.#field as &#ty)
+        } else if f.nullable() {
+            quote_spanned!(span => event.#field.as_ref())
+        } else {
+            quote_spanned!(span => &event.#field)
+        }
+    });
+    quote! {
+        const _: () = {
+            #[allow(dead_code, clippy::all, clippy::pedantic)]
+            async fn checked(pool: &::sqlx::PgPool, event: &#ident) -> ::core::result::Result<(), ::sqlx::Error> {
+                ::sqlx::query!(#enqueue, "event id" #(, #fields)*).execute(pool).await?;
+                ::sqlx::query!(#claim, 1_i64).fetch_all(pool).await?;
+                ::sqlx::query!(#complete, 1_i64, 1_i64).fetch_optional(pool).await?;
+                ::sqlx::query!(#retry, 1_i64, 1_i64, ::std::time::Duration::ZERO as _, ::core::option::Option::<&str>::None)
+                    .fetch_optional(pool)
+                    .await?;
+                ::sqlx::query!(#renew, 1_i64, 1_i64).fetch_optional(pool).await?;
+                ::sqlx::query!(#fail, 1_i64, 1_i64, "reason").fetch_optional(pool).await?;
+                ::core::result::Result::Ok(())
+            }
+        };
     }
 }
 

@@ -64,6 +64,13 @@ pub(crate) struct SqlType {
     pub(crate) catalog: &'static str,
 }
 
+impl SqlType {
+    /// Dates and times: the types chrono and time both map.
+    pub(crate) fn is_date_time(self) -> bool {
+        matches!(self.ddl, "date" | "time" | "timestamp" | "timestamptz")
+    }
+}
+
 const fn sql_type(ddl: &'static str, catalog: &'static str) -> SqlType {
     SqlType { ddl, catalog }
 }

@@ -1,0 +1,64 @@
+//! Struct shapes the derive must handle, shared by the event tests and the golden
+//! migrations (which the `checked` build applies before compiling them).
+
+#![allow(dead_code, unreachable_pub)]
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Address {
+    pub city: String,
+}
+
+/// One field of every supported column type.
+#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+#[outbox(table = "every_type_events")]
+pub struct EveryType {
+    #[outbox(event_id)]
+    pub key: i64,
+    pub small: i16,
+    pub int: i32,
+    pub big: i64,
+    pub single: f32,
+    pub double: f64,
+    pub flag: bool,
+    pub text: String,
+    pub bytes: Vec<u8>,
+    pub uuid: uuid::Uuid,
+    pub chrono_date: chrono::NaiveDate,
+    pub chrono_time: chrono::NaiveTime,
+    pub chrono_naive: chrono::NaiveDateTime,
+    pub chrono_utc: chrono::DateTime<chrono::Utc>,
+    pub time_date: time::Date,
+    pub time_time: time::Time,
+    pub time_primitive: time::PrimitiveDateTime,
+    pub time_offset: time::OffsetDateTime,
+    pub value: serde_json::Value,
+    pub maybe_int: Option<i32>,
+    pub maybe_uuid: Option<uuid::Uuid>,
+    pub maybe_utc: Option<chrono::DateTime<chrono::Utc>>,
+    #[outbox(json)]
+    pub address: Address,
+    #[outbox(json)]
+    pub maybe_address: Option<Address>,
+    #[outbox(column = "type")]
+    pub r#type: String,
+}
+
+/// No payload at all: the row is the event.
+#[derive(outbox::Outbox, Debug, PartialEq)]
+#[outbox(table = "tick_events")]
+pub struct Tick {}
+
+/// A string event id, a short budget.
+#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+#[outbox(
+    table = "budget_events",
+    lease = "30s",
+    retry_delay = "1s",
+    max_attempts = 3
+)]
+pub struct Budgeted {
+    #[outbox(event_id)]
+    pub name: String,
+}

@@ -1,0 +1,5 @@
+// A unit struct.
+#[derive(outbox::Outbox)]
+struct Tick;
+
+fn main() {}
