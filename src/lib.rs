@@ -66,9 +66,9 @@ pub use outbox_derive::Outbox;
 /// namespaces, as with serde's `Serialize`).
 pub use outbox_runtime::Outbox;
 pub use outbox_runtime::{
-    Claim, Column, EventId, EventIdField, Generation, MigrationStep, OutboxError, Retried,
-    Statements, TableMigrations, TableSpec, claim, claim_batch, enqueue, migrate, migrate_with_app,
-    refinery,
+    AppliedMigration, Claim, Column, EventId, EventIdField, Generation, MigrationReport,
+    MigrationStep, OutboxError, Retried, Statements, TableMigrations, TableSpec, claim,
+    claim_batch, enqueue, migrate, migrate_with_app, refinery, verify,
 };
 
 #[cfg(feature = "testing")]

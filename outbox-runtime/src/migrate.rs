@@ -478,12 +478,8 @@ mod tests {
     use std::future::Future;
     use std::time::Duration;
 
-    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-
     use super::*;
     use crate::spec::{Column, MigrationStep, Statements};
-
-    const DEFAULT_URL: &str = "postgres://root@127.0.0.1:5432/test";
 
     const V1: MigrationStep = MigrationStep {
         version: 1,
@@ -590,27 +586,13 @@ mod tests {
         F: FnOnce(PgPool) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
-        let options: PgConnectOptions = url.parse().expect("DATABASE_URL");
-        let schema = format!("migrate_test_{}", uuid::Uuid::now_v7().simple());
-        let mut admin = PgConnection::connect_with(&options)
+        let db = crate::testing::TestSchema::new()
             .await
-            .expect("connect to DATABASE_URL");
-        sqlx::raw_sql(AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-            .execute(&mut admin)
-            .await
-            .expect("create schema");
-        let pool = PgPoolOptions::new()
-            .max_connections(8)
-            .connect_with(options.options([("search_path", &schema)]))
-            .await
-            .expect("pool");
+            .expect("a test schema");
+        let pool = db.connect(8).await.expect("a pool on the test schema");
         let outcome = tokio::spawn(test(pool.clone())).await;
         pool.close().await;
-        sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-            .execute(&mut admin)
-            .await
-            .expect("drop schema");
+        db.drop_schema().await.expect("drop the test schema");
         if let Err(e) = outcome {
             std::panic::resume_unwind(e.into_panic());
         }
