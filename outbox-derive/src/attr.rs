@@ -1,5 +1,8 @@
 //! Stage 1: the raw `#[outbox(..)]` attributes, parsed but not yet validated.
 
+use proc_macro2::{TokenStream, TokenTree};
+use syn::meta::ParseNestedMeta;
+use syn::parse::{Parse, ParseStream};
 use syn::{Attribute, Ident, LitInt, LitStr, Token};
 
 /// Accumulates errors so one compile reports every mistake.
@@ -19,8 +22,8 @@ impl Errors {
     }
 }
 
-pub(crate) const CONTAINER_KEYS: &str = "`table`, `lease`, `retry_delay`, `max_attempts`";
-pub(crate) const FIELD_KEYS: &str = "`event_id`, `json`, `column`, `since`";
+pub(crate) const CONTAINER_KEYS: &[&str] = &["table", "lease", "retry_delay", "max_attempts"];
+pub(crate) const FIELD_KEYS: &[&str] = &["event_id", "json", "column", "since"];
 
 /// `#[outbox(..)]` on the struct.
 #[derive(Default)]
@@ -41,11 +44,12 @@ pub(crate) struct FieldAttrs {
 }
 
 /// Sets `slot` once; a repeated key is an error at its second occurrence.
-fn set_once<T>(slot: &mut Option<T>, value: T, key: &syn::Path, errors: &mut Errors) {
+fn set_once<T>(slot: &mut Option<T>, value: Option<T>, key: &syn::Path, errors: &mut Errors) {
+    let Some(value) = value else { return };
     if slot.is_some() {
         errors.push(syn::Error::new_spanned(
             key,
-            format!("duplicate `{}` attribute", key_name(key)),
+            format!("`{}` is given twice; keep only one", key_name(key)),
         ));
     } else {
         *slot = Some(value);
@@ -61,24 +65,104 @@ fn outbox_attrs(attrs: &[Attribute]) -> impl Iterator<Item = &Attribute> {
     attrs.iter().filter(|a| a.path().is_ident("outbox"))
 }
 
+/// Consumes whatever follows a key up to the next `,`: `= value`, `(..)`, or nothing.
+fn skip_value(input: ParseStream<'_>) -> syn::Result<TokenStream> {
+    let mut skipped = TokenStream::new();
+    while !input.is_empty() && !input.peek(Token![,]) {
+        skipped.extend([input.parse::<TokenTree>()?]);
+    }
+    Ok(skipped)
+}
+
+/// The value of `key = value`, which must parse as `T`. A missing or mistyped value
+/// is recorded and skipped, so the attribute's other keys are still checked.
+fn value<T: Parse>(
+    meta: &ParseNestedMeta<'_>,
+    kind: &str,
+    example: &str,
+    errors: &mut Errors,
+) -> syn::Result<Option<T>> {
+    let key = key_name(&meta.path);
+    if !meta.input.peek(Token![=]) {
+        skip_value(meta.input)?;
+        errors.push(meta.error(format!("`{key}` needs a value: write `{key} = {example}`")));
+        return Ok(None);
+    }
+    let input = meta.value()?;
+    let ahead = input.fork();
+    if ahead.parse::<T>().is_ok() && (ahead.is_empty() || ahead.peek(Token![,])) {
+        return input.parse().map(Some);
+    }
+    let found = skip_value(input)?;
+    let message = format!("`{key}` takes {kind}, as in `{key} = {example}`");
+    errors.push(if found.is_empty() {
+        meta.error(message)
+    } else {
+        syn::Error::new_spanned(found, message)
+    });
+    Ok(None)
+}
+
+/// A flag such as `json`: it takes no value. A value is recorded as an error and
+/// skipped; the flag still counts, so its absence causes no further errors.
+fn flag(meta: &ParseNestedMeta<'_>, errors: &mut Errors) -> syn::Result<Option<Ident>> {
+    let key = key_name(&meta.path);
+    let found = skip_value(meta.input)?;
+    if !found.is_empty() {
+        errors.push(syn::Error::new_spanned(
+            found,
+            format!("`{key}` is a flag and takes no value: write `#[outbox({key})]`"),
+        ));
+    }
+    Ok(meta.path.get_ident().cloned())
+}
+
+/// An unknown key: recorded with the valid ones, and skipped with its value. A key of
+/// the other kind (a field key on the struct, or the reverse) says where it goes.
+fn unknown(
+    meta: &ParseNestedMeta<'_>,
+    (on, valid): (&str, &[&str]),
+    (other, misplaced): (&str, &[&str]),
+    errors: &mut Errors,
+) -> syn::Result<()> {
+    let key = key_name(&meta.path);
+    let valid = valid
+        .iter()
+        .map(|k| format!("`{k}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let hint = if misplaced.contains(&key.as_str()) {
+        format!("; `{key}` goes on {other}, not on {on}")
+    } else {
+        String::new()
+    };
+    errors.push(syn::Error::new_spanned(
+        &meta.path,
+        format!("unknown outbox attribute `{key}` on {on}: expected one of {valid}{hint}"),
+    ));
+    skip_value(meta.input).map(drop)
+}
+
 pub(crate) fn parse_container(attrs: &[Attribute], errors: &mut Errors) -> ContainerAttrs {
     let mut out = ContainerAttrs::default();
     for attr in outbox_attrs(attrs) {
         let result = attr.parse_nested_meta(|meta| {
             let key = &meta.path;
             if key.is_ident("table") {
-                set_once(&mut out.table, meta.value()?.parse()?, key, errors);
+                let v = value(&meta, "a string", "\"order_events\"", errors)?;
+                set_once(&mut out.table, v, key, errors);
             } else if key.is_ident("lease") {
-                set_once(&mut out.lease, meta.value()?.parse()?, key, errors);
+                let v = value(&meta, "a string", "\"30s\"", errors)?;
+                set_once(&mut out.lease, v, key, errors);
             } else if key.is_ident("retry_delay") {
-                set_once(&mut out.retry_delay, meta.value()?.parse()?, key, errors);
+                let v = value(&meta, "a string", "\"1m\"", errors)?;
+                set_once(&mut out.retry_delay, v, key, errors);
             } else if key.is_ident("max_attempts") {
-                set_once(&mut out.max_attempts, meta.value()?.parse()?, key, errors);
+                let v = value(&meta, "an integer", "10", errors)?;
+                set_once(&mut out.max_attempts, v, key, errors);
             } else {
-                return Err(meta.error(format!(
-                    "unknown outbox attribute `{}`; expected one of {CONTAINER_KEYS}",
-                    key_name(key)
-                )));
+                let here = ("the struct", CONTAINER_KEYS);
+                unknown(&meta, here, ("a field", FIELD_KEYS), errors)?;
             }
             Ok(())
         });
@@ -94,30 +178,21 @@ pub(crate) fn parse_field(attrs: &[Attribute], errors: &mut Errors) -> FieldAttr
     for attr in outbox_attrs(attrs) {
         let result = attr.parse_nested_meta(|meta| {
             let key = &meta.path;
-            let flag = || {
-                key.get_ident()
-                    .cloned()
-                    .ok_or_else(|| meta.error("expected an identifier"))
-            };
             if key.is_ident("event_id") {
-                set_once(&mut out.event_id, flag()?, key, errors);
+                let v = flag(&meta, errors)?;
+                set_once(&mut out.event_id, v, key, errors);
             } else if key.is_ident("json") {
-                set_once(&mut out.json, flag()?, key, errors);
+                let v = flag(&meta, errors)?;
+                set_once(&mut out.json, v, key, errors);
             } else if key.is_ident("column") {
-                set_once(&mut out.column, meta.value()?.parse()?, key, errors);
+                let v = value(&meta, "a string", "\"name\"", errors)?;
+                set_once(&mut out.column, v, key, errors);
             } else if key.is_ident("since") {
-                set_once(&mut out.since, meta.value()?.parse()?, key, errors);
+                let v = value(&meta, "an integer", "2", errors)?;
+                set_once(&mut out.since, v, key, errors);
             } else {
-                return Err(meta.error(format!(
-                    "unknown outbox field attribute `{}`; expected one of {FIELD_KEYS}",
-                    key_name(key)
-                )));
-            }
-            if meta.input.peek(Token![=]) {
-                return Err(syn::Error::new(
-                    meta.input.span(),
-                    format!("`{}` takes no value", key_name(key)),
-                ));
+                let here = ("a field", FIELD_KEYS);
+                unknown(&meta, here, ("the struct", CONTAINER_KEYS), errors)?;
             }
             Ok(())
         });

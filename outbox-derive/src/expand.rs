@@ -32,6 +32,12 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
         retry,
         renew,
         fail,
+        record,
+        renew_batch,
+        requeue_dead,
+        requeue_all_dead,
+        prune_sent,
+        stats,
         migrations,
     } = &sql;
     let (table, history_table, max_attempts) =
@@ -90,6 +96,12 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
                     retry: #retry,
                     renew: #renew,
                     fail: #fail,
+                    record: #record,
+                    renew_batch: #renew_batch,
+                    requeue_dead: #requeue_dead,
+                    requeue_all_dead: #requeue_all_dead,
+                    prune_sent: #prune_sent,
+                    stats: #stats,
                 },
                 columns: &[#(#columns),*],
                 migrations: &[#(#steps),*],
@@ -131,6 +143,12 @@ fn checked(model: &Model, sql: &Sql) -> TokenStream {
         retry,
         renew,
         fail,
+        record,
+        renew_batch,
+        requeue_dead,
+        requeue_all_dead,
+        prune_sent,
+        stats,
         ..
     } = sql;
     let fields = model.fields.iter().map(|f| {
@@ -161,6 +179,14 @@ fn checked(model: &Model, sql: &Sql) -> TokenStream {
                     .await?;
                 ::sqlx::query!(#renew, 1_i64, 1_i64).fetch_optional(pool).await?;
                 ::sqlx::query!(#fail, 1_i64, 1_i64, "reason").fetch_optional(pool).await?;
+                let (ids, texts): (&[i64], &[::std::string::String]) = (&[], &[]);
+                let delays: &[::std::time::Duration] = &[];
+                ::sqlx::query!(#record, ids, ids, texts, delays as _, texts).fetch_all(pool).await?;
+                ::sqlx::query!(#renew_batch, ids, ids).fetch_all(pool).await?;
+                ::sqlx::query!(#requeue_dead, texts).fetch_all(pool).await?;
+                ::sqlx::query!(#requeue_all_dead).fetch_one(pool).await?;
+                ::sqlx::query!(#prune_sent, ::std::time::Duration::ZERO as _, 1_i64).execute(pool).await?;
+                ::sqlx::query!(#stats).fetch_one(pool).await?;
                 ::core::result::Result::Ok(())
             }
         };

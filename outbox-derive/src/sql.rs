@@ -19,6 +19,12 @@ pub(crate) struct Sql {
     pub(crate) retry: String,
     pub(crate) renew: String,
     pub(crate) fail: String,
+    pub(crate) record: String,
+    pub(crate) renew_batch: String,
+    pub(crate) requeue_dead: String,
+    pub(crate) requeue_all_dead: String,
+    pub(crate) prune_sent: String,
+    pub(crate) stats: String,
     /// (version, refinery name, SQL)
     pub(crate) migrations: Vec<(u32, String, String)>,
 }
@@ -50,18 +56,22 @@ impl Sql {
             let params = (1..=columns.len())
                 .map(|i| format!("${i}"))
                 .collect::<Vec<_>>();
+            // The notification is sent when the enqueuing transaction commits, waking an
+            // idle relay at once; identical notifications of one transaction are merged.
             format!(
-                "INSERT INTO {t} ({}) VALUES ({})",
+                "WITH enqueued AS (INSERT INTO {t} ({}) VALUES ({}) RETURNING id)\n\
+                 SELECT pg_notify('{}', '') FROM enqueued",
                 columns.join(", "),
-                params.join(", ")
+                params.join(", "),
+                model.table
             )
         };
 
         let returning = ["id", "event_id", "generation", "attempts", "lease_until"]
             .into_iter()
-            .map(str::to_owned)
-            .chain(payload.iter().cloned())
             .map(|c| format!("o.{c}"))
+            .chain(std::iter::once("c.reclaimed".to_owned()))
+            .chain(payload.iter().map(|c| format!("o.{c}")))
             .collect::<Vec<_>>()
             .join(", ");
         let claim = claim(&t, max, &lease, &returning);
@@ -85,6 +95,8 @@ impl Sql {
         let fail = format!(
             "UPDATE {t} SET status = 'DEAD', lease_until = NULL, last_error = $3 WHERE {OWNED} RETURNING id"
         );
+
+        let batch = Batch::render(&t, max, &lease);
 
         let mut migrations = vec![(
             1,
@@ -117,8 +129,92 @@ impl Sql {
             retry,
             renew,
             fail,
+            record: batch.record,
+            renew_batch: batch.renew,
+            requeue_dead: batch.requeue_dead,
+            requeue_all_dead: batch.requeue_all_dead,
+            prune_sent: batch.prune_sent,
+            stats: batch.stats,
             migrations,
         }
+    }
+}
+
+/// The statements of the relay and of operations: one statement per batch.
+struct Batch {
+    record: String,
+    renew: String,
+    requeue_dead: String,
+    requeue_all_dead: String,
+    prune_sent: String,
+    stats: String,
+}
+
+impl Batch {
+    fn render(t: &str, max: i32, lease: &str) -> Self {
+        // The same guard as OWNED, per row of the batch: each stale row is rejected on
+        // its own, and RETURNING says which rows were recorded.
+        const OWNED_EACH: &str = "o.id = u.id AND o.status = 'INPROGRESS' AND o.generation = u.generation \
+             AND o.lease_until > clock_timestamp()";
+        let record = format!(
+            "UPDATE {t} AS o SET\n\
+             \x20   status = CASE u.outcome\n\
+             \x20       WHEN 'SENT' THEN 'SENT'\n\
+             \x20       WHEN 'RELEASE' THEN 'READY'\n\
+             \x20       WHEN 'RETRY' THEN CASE WHEN o.attempts >= {max} THEN 'DEAD' ELSE 'READY' END\n\
+             \x20       ELSE 'DEAD' END,\n\
+             \x20   lease_until = NULL,\n\
+             \x20   attempts = CASE u.outcome WHEN 'RELEASE' THEN o.attempts - 1 ELSE o.attempts END,\n\
+             \x20   next_attempt_at = CASE u.outcome\n\
+             \x20       WHEN 'RETRY' THEN statement_timestamp() + u.delay\n\
+             \x20       WHEN 'RELEASE' THEN statement_timestamp()\n\
+             \x20       ELSE o.next_attempt_at END,\n\
+             \x20   last_error = CASE\n\
+             \x20       WHEN u.outcome = 'RETRY' AND o.attempts >= {max}\n\
+             \x20           THEN 'attempt budget exhausted after ' || o.attempts || ' of {max} claims' || coalesce(': ' || u.error, '')\n\
+             \x20       WHEN u.outcome IN ('RETRY', 'DEAD') THEN coalesce(u.error, o.last_error)\n\
+             \x20       ELSE o.last_error END\n\
+             FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[])\n\
+             \x20   AS u(id, generation, outcome, delay, error)\n\
+             WHERE {OWNED_EACH}\n\
+             RETURNING o.id, o.status"
+        );
+        let renew = format!(
+            "UPDATE {t} AS o SET lease_until = statement_timestamp() + {lease}\n\
+             FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)\n\
+             WHERE {OWNED_EACH}\n\
+             RETURNING o.id, o.lease_until"
+        );
+        // A requeued event gets a fresh attempt budget; its generation keeps counting,
+        // so a claim from before it died can still never record an outcome.
+        let requeue = "SET status = 'READY', attempts = 0, next_attempt_at = statement_timestamp()";
+        let requeue_dead = format!(
+            "UPDATE {t} {requeue} WHERE status = 'DEAD' AND event_id = ANY($1::text[]) RETURNING event_id"
+        );
+        let requeue_all_dead = format!(
+            "WITH requeued AS (UPDATE {t} {requeue} WHERE status = 'DEAD' RETURNING 1)\n\
+             SELECT count(*) FROM requeued"
+        );
+        let prune_sent = format!(
+            "WITH doomed AS (\n\
+             \x20   SELECT id FROM {t}\n\
+             \x20   WHERE status = 'SENT' AND created_at < statement_timestamp() - $1::interval\n\
+             \x20   ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)\n\
+             DELETE FROM {t} AS o USING doomed AS d WHERE o.id = d.id"
+        );
+        let stats = format!(
+            "SELECT\n\
+             \x20   count(*) FILTER (WHERE status = 'READY'),\n\
+             \x20   count(*) FILTER (WHERE status = 'INPROGRESS'),\n\
+             \x20   count(*) FILTER (WHERE status = 'SENT'),\n\
+             \x20   count(*) FILTER (WHERE status = 'DEAD'),\n\
+             \x20   count(*) FILTER (WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()),\n\
+             \x20   statement_timestamp() - min(CASE\n\
+             \x20       WHEN status = 'READY' AND next_attempt_at <= statement_timestamp() THEN next_attempt_at\n\
+             \x20       WHEN status = 'INPROGRESS' AND lease_until <= statement_timestamp() THEN lease_until END)\n\
+             FROM {t}"
+        );
+        Self { record, renew, requeue_dead, requeue_all_dead, prune_sent, stats }
     }
 }
 
@@ -145,7 +241,9 @@ fn claim(t: &str, max: i32, lease: &str, returning: &str) -> String {
          \x20   WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp() AND attempts < {max}\n\
          \x20   ORDER BY lease_until, id LIMIT $1 FOR UPDATE SKIP LOCKED\n\
          ), candidate AS (\n\
-         \x20   SELECT id FROM ready UNION ALL SELECT id FROM expired ORDER BY id LIMIT $1\n\
+         \x20   SELECT id, false AS reclaimed FROM ready\n\
+         \x20   UNION ALL SELECT id, true FROM expired\n\
+         \x20   ORDER BY id LIMIT $1\n\
          )\n\
          UPDATE {t} AS o\n\
          SET status = 'INPROGRESS', generation = o.generation + 1, attempts = o.attempts + 1,\n\
@@ -182,7 +280,9 @@ fn create_table(model: &Model) -> String {
          );\n\
          -- One partial index per eligibility path of the claim; SENT and DEAD rows are in neither.\n\
          CREATE INDEX ON {t} (next_attempt_at, id) WHERE status = 'READY';\n\
-         CREATE INDEX ON {t} (lease_until, id) WHERE status = 'INPROGRESS';\n"
+         CREATE INDEX ON {t} (lease_until, id) WHERE status = 'INPROGRESS';\n\
+         -- DEAD rows are few and looked at by operators: requeue and stats find them here.\n\
+         CREATE INDEX ON {t} (id) WHERE status = 'DEAD';\n"
     );
     sql
 }

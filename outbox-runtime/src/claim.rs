@@ -28,6 +28,7 @@ pub struct Claim<T: Outbox> {
     generation: Generation,
     attempt: i32,
     lease_until: DateTime<Utc>,
+    reclaimed: bool,
     event: T,
 }
 
@@ -62,6 +63,12 @@ impl<T: Outbox> Claim<T> {
     /// Abandoned claims count: a publisher that died holding the row used one.
     pub fn attempt(&self) -> u32 {
         self.attempt.unsigned_abs()
+    }
+
+    /// Whether this claim took over an expired claim (a publisher died or stalled)
+    /// rather than a `READY` row.
+    pub fn is_reclaim(&self) -> bool {
+        self.reclaimed
     }
 
     /// When the lease ends, as last granted by the database.
@@ -240,6 +247,7 @@ fn decode_claim<T: Outbox>(row: &PgRow) -> Result<Result<Claim<T>, Undecodable>,
     let generation: i64 = row.try_get(2)?;
     let attempt: i32 = row.try_get(3)?;
     let lease_until: DateTime<Utc> = row.try_get(4)?;
+    let reclaimed: bool = row.try_get(5)?;
     Ok(match T::decode(row, &event_id) {
         Ok(event) => Ok(Claim {
             id,
@@ -247,6 +255,7 @@ fn decode_claim<T: Outbox>(row: &PgRow) -> Result<Result<Claim<T>, Undecodable>,
             generation: Generation::new(generation),
             attempt,
             lease_until,
+            reclaimed,
             event,
         }),
         Err(source) => Err(Undecodable {

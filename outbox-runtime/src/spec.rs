@@ -12,11 +12,13 @@ pub type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, PgArguments>;
 /// SQL text except through bound parameters.
 #[derive(Debug)]
 pub struct Statements {
-    /// `INSERT` of one event: `$1` is the event id, then one parameter per field.
+    /// `INSERT` of one event, `$1` the event id then one parameter per field, and a
+    /// `pg_notify` on the table's name, delivered when the transaction commits.
     pub enqueue: &'static str,
     /// Claim of up to `$1` rows: due `READY` rows and expired `INPROGRESS` rows, each
     /// branch read from its own partial index and locked with `SKIP LOCKED`; expired
-    /// rows over their attempt budget move to `DEAD` in the same statement.
+    /// rows over their attempt budget move to `DEAD` in the same statement. Returns
+    /// id, event_id, generation, attempts, lease_until, reclaimed, then the payload.
     pub claim: &'static str,
     /// Guarded `INPROGRESS -> SENT` of (`$1` id, `$2` generation).
     pub complete: &'static str,
@@ -27,6 +29,20 @@ pub struct Statements {
     pub renew: &'static str,
     /// Guarded `INPROGRESS -> DEAD` of (`$1` id, `$2` generation) with `$3` as `last_error`.
     pub fail: &'static str,
+    /// The outcomes of a batch in one statement, each row guarded on its own: arrays of
+    /// ids, generations, outcomes (`SENT`, `RETRY`, `DEAD`, `RELEASE`), retry delays and
+    /// errors. Returns (id, new status) of each recorded row.
+    pub record: &'static str,
+    /// Guarded lease extension of a batch (`$1` ids, `$2` generations); returns (id, lease).
+    pub renew_batch: &'static str,
+    /// `DEAD -> READY` with a fresh budget, for the event ids in `$1`; returns the ids.
+    pub requeue_dead: &'static str,
+    /// `DEAD -> READY` with a fresh budget for every dead row; returns the count.
+    pub requeue_all_dead: &'static str,
+    /// Deletes up to `$2` `SENT` rows created more than `$1` ago.
+    pub prune_sent: &'static str,
+    /// Counts per status, expired claims, and the age of the oldest eligible event.
+    pub stats: &'static str,
 }
 
 /// One column the event type expects, used to detect a drifted table.

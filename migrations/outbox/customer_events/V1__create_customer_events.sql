@@ -17,3 +17,5 @@ CREATE TABLE "customer_events" (
 -- One partial index per eligibility path of the claim; SENT and DEAD rows are in neither.
 CREATE INDEX ON "customer_events" (next_attempt_at, id) WHERE status = 'READY';
 CREATE INDEX ON "customer_events" (lease_until, id) WHERE status = 'INPROGRESS';
+-- DEAD rows are few and looked at by operators: requeue and stats find them here.
+CREATE INDEX ON "customer_events" (id) WHERE status = 'DEAD';

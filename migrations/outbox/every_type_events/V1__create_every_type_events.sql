@@ -39,3 +39,5 @@ CREATE TABLE "every_type_events" (
 -- One partial index per eligibility path of the claim; SENT and DEAD rows are in neither.
 CREATE INDEX ON "every_type_events" (next_attempt_at, id) WHERE status = 'READY';
 CREATE INDEX ON "every_type_events" (lease_until, id) WHERE status = 'INPROGRESS';
+-- DEAD rows are few and looked at by operators: requeue and stats find them here.
+CREATE INDEX ON "every_type_events" (id) WHERE status = 'DEAD';

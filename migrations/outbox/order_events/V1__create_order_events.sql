@@ -19,3 +19,5 @@ CREATE TABLE "order_events" (
 -- One partial index per eligibility path of the claim; SENT and DEAD rows are in neither.
 CREATE INDEX ON "order_events" (next_attempt_at, id) WHERE status = 'READY';
 CREATE INDEX ON "order_events" (lease_until, id) WHERE status = 'INPROGRESS';
+-- DEAD rows are few and looked at by operators: requeue and stats find them here.
+CREATE INDEX ON "order_events" (id) WHERE status = 'DEAD';

@@ -15,3 +15,5 @@ CREATE TABLE "outbox_lab" (
 -- One partial index per eligibility path of the claim; SENT and DEAD rows are in neither.
 CREATE INDEX ON "outbox_lab" (next_attempt_at, id) WHERE status = 'READY';
 CREATE INDEX ON "outbox_lab" (lease_until, id) WHERE status = 'INPROGRESS';
+-- DEAD rows are few and looked at by operators: requeue and stats find them here.
+CREATE INDEX ON "outbox_lab" (id) WHERE status = 'DEAD';

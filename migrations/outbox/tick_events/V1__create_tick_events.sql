@@ -15,3 +15,5 @@ CREATE TABLE "tick_events" (
 -- One partial index per eligibility path of the claim; SENT and DEAD rows are in neither.
 CREATE INDEX ON "tick_events" (next_attempt_at, id) WHERE status = 'READY';
 CREATE INDEX ON "tick_events" (lease_until, id) WHERE status = 'INPROGRESS';
+-- DEAD rows are few and looked at by operators: requeue and stats find them here.
+CREATE INDEX ON "tick_events" (id) WHERE status = 'DEAD';
