@@ -65,10 +65,12 @@ pub use outbox_derive::Outbox;
 /// The trait `#[derive(Outbox)]` implements (macros and traits live in separate
 /// namespaces, as with serde's `Serialize`).
 pub use outbox_runtime::Outbox;
+pub use outbox_runtime::relay::{Relay, Sink, SinkError};
 pub use outbox_runtime::{
     AppliedMigration, Claim, Column, EventId, EventIdField, Generation, MigrationReport,
-    MigrationStep, OutboxError, Retried, Statements, TableMigrations, TableSpec, claim,
-    claim_batch, enqueue, migrate, migrate_with_app, refinery, verify,
+    MigrationStep, OutboxError, Retried, Statements, Stats, TableMigrations, TableSpec, claim,
+    claim_batch, enqueue, migrate, migrate_with_app, prune_sent, refinery, relay, requeue_all_dead,
+    requeue_dead, stats, verify,
 };
 
 #[cfg(feature = "testing")]

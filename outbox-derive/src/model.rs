@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use proc_macro2::Span;
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{Data, DeriveInput, Fields, GenericArgument, Ident, LitInt, LitStr, PathArguments, Type};
@@ -24,6 +25,14 @@ pub(crate) const RESERVED_COLUMNS: &[&str] = &[
     "next_attempt_at",
     "last_error",
     "created_at",
+];
+
+/// PostgreSQL's system columns: `CREATE TABLE` refuses a column with one of these names.
+const SYSTEM_COLUMNS: &[&str] = &["tableoid", "xmin", "cmin", "xmax", "cmax", "ctid"];
+
+/// Integer types PostgreSQL has no column type for (no unsigned, 8- or 128-bit integers).
+const UNMAPPED_INTEGERS: &[&str] = &[
+    "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i128", "isize",
 ];
 
 pub(crate) struct Model {
@@ -142,23 +151,44 @@ fn is_plain_identifier(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
-fn check_identifier(lit: &LitStr, what: &str, errors: &mut Errors) -> Option<String> {
-    let name = lit.value();
-    if !is_plain_identifier(&name) {
-        errors.push(syn::Error::new(
-            lit.span(),
-            format!("{what} `{name}` is not a plain identifier: use lowercase ASCII letters, digits and `_`, not starting with a digit"),
-        ));
-        None
+/// Where a table or column name comes from, for the error that rejects it.
+enum NameSource<'a> {
+    /// Written as `key = "name"`.
+    Attribute(&'a LitStr),
+    /// Derived from the name of the Rust item (`"struct"` or `"field"`); `key` sets it.
+    Item(&'a Ident, &'a str, &'a str),
+}
+
+/// `name` if it is a plain identifier PostgreSQL keeps as written; an error otherwise.
+fn check_identifier(
+    name: String,
+    what: &str,
+    source: &NameSource<'_>,
+    errors: &mut Errors,
+) -> Option<String> {
+    let (span, origin, fix) = match source {
+        NameSource::Attribute(lit) => (lit.span(), String::new(), String::new()),
+        NameSource::Item(ident, item, key) => (
+            ident.span(),
+            format!(" (from the {item} name)"),
+            format!("; or set it with #[outbox({key} = \"...\")]"),
+        ),
+    };
+    let problem = if !is_plain_identifier(&name) {
+        "is not a plain identifier: use lowercase ASCII letters, digits and `_`, not starting with a digit".to_owned()
     } else if name.len() > MAX_IDENTIFIER {
-        errors.push(syn::Error::new(
-            lit.span(),
-            format!("{what} `{name}` is {} bytes long; PostgreSQL identifiers are at most {MAX_IDENTIFIER} bytes", name.len()),
-        ));
-        None
+        format!(
+            "is {} bytes long: PostgreSQL identifiers are at most {MAX_IDENTIFIER} bytes",
+            name.len()
+        )
     } else {
-        Some(name)
-    }
+        return Some(name);
+    };
+    errors.push(syn::Error::new(
+        span,
+        format!("{what} `{name}`{origin} {problem}{fix}"),
+    ));
+    None
 }
 
 fn parse_duration(
@@ -170,9 +200,23 @@ fn parse_duration(
     let Some(lit) = lit else { return default };
     match humantime::parse_duration(&lit.value()) {
         Ok(d) if d.is_zero() => {
+            let why = if key == "lease" {
+                "a claim would expire as soon as it is taken"
+            } else {
+                "a failed event would be due again at once, in a hot loop"
+            };
             errors.push(syn::Error::new(
                 lit.span(),
-                format!("`{key}` must be greater than zero"),
+                format!("`{key}` must be greater than zero: {why}"),
+            ));
+            default
+        }
+        Ok(d) if d.as_micros() > u128::from(i64::MAX.unsigned_abs()) => {
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`{key}` is longer than a PostgreSQL interval can be (about 292,000 years)"
+                ),
             ));
             default
         }
@@ -222,7 +266,7 @@ fn history_table(table: &str) -> String {
 
 fn snake_case(ident: &Ident) -> String {
     let mut out = String::new();
-    for (i, c) in ident.to_string().chars().enumerate() {
+    for (i, c) in ident.unraw().to_string().chars().enumerate() {
         if c.is_ascii_uppercase() {
             if i > 0 {
                 out.push('_');
@@ -242,10 +286,14 @@ impl Model {
 
         let named = named_fields(input, &mut errors);
 
-        let table = match &attrs.table {
-            Some(lit) => check_identifier(lit, "table name", &mut errors).unwrap_or_default(),
-            None => snake_case(&input.ident),
+        let (name, source) = match &attrs.table {
+            Some(lit) => (lit.value(), NameSource::Attribute(lit)),
+            None => (
+                snake_case(&input.ident),
+                NameSource::Item(&input.ident, "struct", "table"),
+            ),
         };
+        let table = check_identifier(name, "table name", &source, &mut errors).unwrap_or_default();
         let lease = parse_duration(
             attrs.lease.as_ref(),
             "lease",
@@ -262,6 +310,7 @@ impl Model {
 
         let mut event_id: Option<EventIdField> = None;
         let mut fields = Vec::new();
+        let mut column_spans = Vec::new();
         for field in named.into_iter().flat_map(|n| &n.named) {
             let Some(ident) = field.ident.clone() else {
                 continue;
@@ -269,10 +318,13 @@ impl Model {
             let fattrs = attr::parse_field(&field.attrs, &mut errors);
             if let Some(flag) = &fattrs.event_id {
                 validate_event_id(field, &fattrs, &mut errors);
-                if event_id.is_some() {
+                if let Some(first) = &event_id {
                     errors.push(syn::Error::new(
                         flag.span(),
-                        "only one field can be the `event_id`",
+                        format!(
+                            "only one field can be the `event_id`, and `{}` already is",
+                            first.ident
+                        ),
                     ));
                 }
                 event_id = Some(EventIdField {
@@ -281,11 +333,16 @@ impl Model {
                 });
                 continue;
             }
-            if let Some(f) = Field::from_syn(ident, field, &fattrs, &mut errors) {
+            let column_span = fattrs
+                .column
+                .as_ref()
+                .map_or_else(|| ident.span(), LitStr::span);
+            if let Some(f) = Field::from_syn(ident, field, &fattrs, &input.generics, &mut errors) {
                 fields.push(f);
+                column_spans.push(column_span);
             }
         }
-        check_column_names(&fields, &mut errors);
+        check_column_names(&fields, &column_spans, &mut errors);
 
         errors.finish(Self {
             ident: input.ident.clone(),
@@ -327,9 +384,10 @@ fn named_fields<'a>(input: &'a DeriveInput, errors: &mut Errors) -> Option<&'a s
         Data::Struct(s) => match &s.fields {
             Fields::Named(named) => return Some(named),
             Fields::Unnamed(f) => errors.push(syn::Error::new(f.span(), "tuple structs are not supported: an outbox event needs named fields, one per column")),
-            Fields::Unit => errors.push(syn::Error::new(input.ident.span(), "unit structs are not supported: an outbox event needs named fields, one per column")),
+            Fields::Unit => errors.push(syn::Error::new(input.ident.span(), format!("unit structs are not supported: an outbox event needs named fields, one per column; an event without payload is written `struct {} {{}}`", input.ident))),
         },
-        _ => errors.push(syn::Error::new(input.ident.span(), "#[derive(Outbox)] supports structs with named fields only")),
+        Data::Enum(_) => errors.push(syn::Error::new(input.ident.span(), "an enum cannot be an outbox event: derive Outbox on a struct with named fields, one per column; to store an enum, put it in a field marked #[outbox(json)]")),
+        Data::Union(_) => errors.push(syn::Error::new(input.ident.span(), "a union cannot be an outbox event: derive Outbox on a struct with named fields, one per column")),
     }
     None
 }
@@ -337,8 +395,8 @@ fn named_fields<'a>(input: &'a DeriveInput, errors: &mut Errors) -> Option<&'a s
 fn validate_event_id(field: &syn::Field, attrs: &attr::FieldAttrs, errors: &mut Errors) {
     const SUPPORTED: &[&str] = &["String", "Uuid", "i64", "i32"];
     if !SUPPORTED.iter().any(|name| is_ident(&field.ty, name)) {
-        errors.push(syn::Error::new(
-            field.ty.span(),
+        errors.push(syn::Error::new_spanned(
+            &field.ty,
             "an `event_id` field must be `String`, `uuid::Uuid`, `i64` or `i32`: a stable value that never changes across retries",
         ));
     }
@@ -354,80 +412,53 @@ fn validate_event_id(field: &syn::Field, attrs: &attr::FieldAttrs, errors: &mut 
 }
 
 impl Field {
+    /// The field and its column, or `None` after recording every error it has.
     fn from_syn(
         ident: Ident,
         field: &syn::Field,
         attrs: &attr::FieldAttrs,
+        generics: &syn::Generics,
         errors: &mut Errors,
     ) -> Option<Self> {
-        let column = match &attrs.column {
-            Some(lit) => check_identifier(lit, "column name", errors)?,
-            None => ident.unraw().to_string(),
-        };
-        let column_span = attrs
-            .column
-            .as_ref()
-            .map_or_else(|| ident.span(), LitStr::span);
-        if RESERVED_COLUMNS.contains(&column.as_str()) {
-            errors.push(syn::Error::new(
-                column_span,
-                format!(
-                    "column `{column}` is reserved for the outbox's own bookkeeping ({}); rename it with #[outbox(column = \"...\")]",
-                    RESERVED_COLUMNS.join(", ")
-                ),
-            ));
-            return None;
-        }
-        if column.len() > MAX_IDENTIFIER {
-            errors.push(syn::Error::new(
-                column_span,
-                format!("column name `{column}` is longer than {MAX_IDENTIFIER} bytes"),
-            ));
-            return None;
-        }
-
+        let column = column_name(&ident, attrs, errors);
         let option_of = option_inner(&field.ty).cloned();
         let json = attrs.json.is_some();
         let sql_type = if json {
-            JSONB
+            Some(JSONB)
         } else {
-            let Some(t) = native_sql_type(option_of.as_ref().unwrap_or(&field.ty)) else {
-                errors.push(syn::Error::new(
-                    field.ty.span(),
-                    "no column type for this field; supported: i16, i32, i64, f32, f64, bool, String, Vec<u8>, uuid::Uuid, \
-                     chrono and time dates and timestamps, serde_json::Value and Option of these; \
-                     store any serde type as jsonb with #[outbox(json)]",
-                ));
-                return None;
-            };
-            t
+            let ty = option_of.as_ref().unwrap_or(&field.ty);
+            let found = native_sql_type(ty);
+            if found.is_none() && !is_type_param(ty, generics) {
+                errors.push(syn::Error::new_spanned(ty, unmapped_type(ty)));
+            }
+            found
         };
 
         let since = match &attrs.since {
-            None => 1,
-            Some(lit) => match lit.base10_parse::<u32>() {
-                Ok(v) if v >= 2 && option_of.is_some() => v,
+            None => Some(1),
+            Some(lit) => match lit.base10_parse::<i32>() {
+                Ok(v) if v >= 2 && option_of.is_some() => Some(v.unsigned_abs()),
                 Ok(v) if v >= 2 => {
-                    errors.push(syn::Error::new(
-                        field.ty.span(),
-                        "a field added by a later migration must be an `Option<_>`: existing rows have no value for it",
+                    errors.push(syn::Error::new_spanned(
+                        &field.ty,
+                        format!("`since = {v}` adds this column to a table whose existing rows have no value for it: make the field an `Option<_>`"),
                     ));
-                    return None;
+                    None
                 }
                 _ => {
-                    errors.push(syn::Error::new(lit.span(), "`since` is the migration version that adds this column: 2 or more (version 1 creates the table)"));
-                    return None;
+                    errors.push(syn::Error::new(lit.span(), "`since` is the migration version that adds this column: from 2 to 2147483647, as version 1 creates the table; leave `since` out for a column the table was created with"));
+                    None
                 }
             },
         };
         Some(Self {
             ident,
             ty: field.ty.clone(),
-            column,
-            sql_type,
+            column: column?,
+            sql_type: sql_type?,
             option_of,
             json,
-            since,
+            since: since?,
         })
     }
 
@@ -436,12 +467,81 @@ impl Field {
     }
 }
 
-fn check_column_names(fields: &[Field], errors: &mut Errors) {
-    for (i, field) in fields.iter().enumerate() {
-        if fields[..i].iter().any(|f| f.column == field.column) {
+/// The column of a payload field: `column = ".."`, or the field's name.
+fn column_name(ident: &Ident, attrs: &attr::FieldAttrs, errors: &mut Errors) -> Option<String> {
+    let (name, source) = match &attrs.column {
+        Some(lit) => (lit.value(), NameSource::Attribute(lit)),
+        None => (
+            ident.unraw().to_string(),
+            NameSource::Item(ident, "field", "column"),
+        ),
+    };
+    let column = check_identifier(name, "column name", &source, errors)?;
+    let span = match source {
+        NameSource::Attribute(lit) => lit.span(),
+        NameSource::Item(..) => ident.span(),
+    };
+    let fix = if attrs.column.is_some() {
+        "choose another name"
+    } else if column == "event_id" {
+        "to make this field the event's stable id, mark it #[outbox(event_id)]; otherwise name its column with #[outbox(column = \"...\")]"
+    } else {
+        "name its column with #[outbox(column = \"...\")]"
+    };
+    let problem = if RESERVED_COLUMNS.contains(&column.as_str()) {
+        format!(
+            "is reserved for the outbox's own bookkeeping ({})",
+            RESERVED_COLUMNS.join(", ")
+        )
+    } else if SYSTEM_COLUMNS.contains(&column.as_str()) {
+        format!(
+            "is a PostgreSQL system column ({}), which no table can declare",
+            SYSTEM_COLUMNS.join(", ")
+        )
+    } else {
+        return Some(column);
+    };
+    errors.push(syn::Error::new(
+        span,
+        format!("column `{column}` {problem}: {fix}"),
+    ));
+    None
+}
+
+/// Whether `ty` is one of the struct's own type parameters, already reported.
+fn is_type_param(ty: &Type, generics: &syn::Generics) -> bool {
+    generics.type_params().any(
+        |param| matches!(ty, Type::Path(p) if p.qself.is_none() && p.path.is_ident(&param.ident)),
+    )
+}
+
+/// Why `ty` has no column type, and what to write instead.
+fn unmapped_type(ty: &Type) -> String {
+    if let Type::Reference(_) = ty {
+        return "a field cannot borrow: an event is decoded from a row, so it owns its data; use `String` for `&str`, `Vec<u8>` for `&[u8]`".to_owned();
+    }
+    if let Some(name) = UNMAPPED_INTEGERS.iter().find(|name| is_ident(ty, name)) {
+        return format!(
+            "`{name}` has no PostgreSQL column type (PostgreSQL has no unsigned, 8-bit or 128-bit integers): use `i16`, `i32` or `i64`"
+        );
+    }
+    "this type has no column type: mark the field #[outbox(json)] to store it as jsonb \
+     (the type must implement serde's Serialize and Deserialize), or use one of i16, i32, i64, \
+     f32, f64, bool, String, Vec<u8>, uuid::Uuid, a chrono or time date, time or timestamp, \
+     serde_json::Value, or an Option of one of these"
+        .to_owned()
+}
+
+/// Two fields on one column: the later one is the error, at its column's name.
+fn check_column_names(fields: &[Field], spans: &[Span], errors: &mut Errors) {
+    for (i, (field, span)) in fields.iter().zip(spans).enumerate() {
+        if let Some(first) = fields[..i].iter().find(|f| f.column == field.column) {
             errors.push(syn::Error::new(
-                field.ident.span(),
-                format!("two fields map to column `{}`", field.column),
+                *span,
+                format!(
+                    "column `{}` is already taken by field `{}`: map one of the two to another column with #[outbox(column = \"...\")]",
+                    field.column, first.ident
+                ),
             ));
         }
     }

@@ -214,7 +214,14 @@ impl Batch {
              \x20       WHEN status = 'INPROGRESS' AND lease_until <= statement_timestamp() THEN lease_until END)\n\
              FROM {t}"
         );
-        Self { record, renew, requeue_dead, requeue_all_dead, prune_sent, stats }
+        Self {
+            record,
+            renew,
+            requeue_dead,
+            requeue_all_dead,
+            prune_sent,
+            stats,
+        }
     }
 }
 

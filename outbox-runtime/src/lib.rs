@@ -7,6 +7,8 @@ mod claim;
 mod error;
 mod id;
 mod migrate;
+mod ops;
+pub mod relay;
 mod spec;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -17,6 +19,7 @@ pub use id::{EventId, EventIdField, Generation};
 pub use migrate::{
     AppliedMigration, MigrationReport, TableMigrations, migrate, migrate_with_app, verify,
 };
+pub use ops::{Stats, prune_sent, requeue_all_dead, requeue_dead, stats};
 pub use spec::{Column, MigrationStep, Outbox, PgQuery, Statements, TableSpec};
 
 /// Re-exported so applications can build their own refinery migrations

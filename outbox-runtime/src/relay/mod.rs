@@ -1,0 +1,479 @@
+//! The relay: the long-running publisher that turns claims into sends.
+//!
+//! Each of `concurrency` workers claims a batch in one statement, publishes it through
+//! the [`Sink`], and records every outcome in one guarded statement. While a send is in
+//! flight its leases are renewed (guarded the same way); a row whose renewal is
+//! rejected belongs to someone else now, and the relay records nothing for it. Idle
+//! workers sleep until a `NOTIFY` from `enqueue` or the poll interval; database errors
+//! back off; shutdown finishes in-flight sends within a grace period and hands the
+//! rest back.
+
+mod backoff;
+mod record;
+mod sink;
+
+use std::collections::HashSet;
+use std::marker::PhantomData;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep, sleep_until};
+use tracing::Instrument as _;
+
+pub use backoff::Backoff;
+use record::{Outcome, Owned};
+pub use sink::{BoxError, Delivery, MemorySink, Published, Sink, SinkError, StdoutSink};
+/// The shutdown signal [`Relay::run`] takes (re-exported from tokio-util).
+pub use tokio_util::sync::CancellationToken;
+
+use crate::claim::{Claim, claim_batch};
+use crate::error::OutboxError;
+use crate::spec::Outbox;
+
+/// Metric names the relay emits through the `metrics` crate, each labelled `table`.
+pub mod metric {
+    /// Counter: rows claimed.
+    pub const CLAIMED: &str = "outbox_claimed_total";
+    /// Counter: claims that took over an expired lease.
+    pub const RECLAIMED: &str = "outbox_reclaimed_total";
+    /// Counter: rows recorded `SENT`.
+    pub const SENT: &str = "outbox_sent_total";
+    /// Counter: rows sent back to `READY` after a transient failure.
+    pub const RETRIED: &str = "outbox_retried_total";
+    /// Counter: rows moved to `DEAD` (permanent failure or spent budget).
+    pub const DEAD: &str = "outbox_dead_total";
+    /// Counter: outcomes or renewals rejected because a newer generation owns the row.
+    pub const STALE: &str = "outbox_stale_rejected_total";
+    /// Counter: unsent rows handed back at shutdown.
+    pub const RELEASED: &str = "outbox_released_total";
+    /// Histogram: seconds a batch spent in the sink.
+    pub const PUBLISH_SECONDS: &str = "outbox_publish_seconds";
+    /// Histogram: rows per claimed batch.
+    pub const BATCH_SIZE: &str = "outbox_batch_size";
+}
+
+/// The publisher loop for events of type `T`, sending through a sink `S`.
+///
+/// ```no_run
+/// # #[derive(outbox::Outbox, Debug, Clone)] struct OrderPlaced { customer: String }
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox::OutboxError> {
+/// use std::time::Duration;
+/// use outbox::relay::CancellationToken;
+///
+/// let shutdown = CancellationToken::new();
+/// let relay = outbox::relay::Relay::<OrderPlaced, _>::new(pool, outbox::relay::StdoutSink)
+///     .batch_size(100)
+///     .concurrency(8)
+///     .shutdown_grace(Duration::from_secs(10));
+/// relay.run(shutdown).await // returns after a graceful shutdown
+/// # }
+/// ```
+#[derive(Debug)]
+#[must_use = "a relay does nothing until `run`"]
+pub struct Relay<T, S> {
+    pool: PgPool,
+    sink: S,
+    batch_size: u32,
+    concurrency: usize,
+    shutdown_grace: Duration,
+    poll_interval: Duration,
+    send_timeout: Duration,
+    retry: Backoff,
+    event: PhantomData<fn() -> T>,
+}
+
+impl<T: Outbox, S: Sink<T>> Relay<T, S> {
+    /// A relay with one worker claiming batches of 100, polling every 5 s when no
+    /// notification arrives, a send timeout of one lease, a 10 s shutdown grace, and
+    /// retries backing off from the type's `retry_delay` up to an hour.
+    pub fn new(pool: PgPool, sink: S) -> Self {
+        let spec = T::SPEC;
+        Self {
+            pool,
+            sink,
+            batch_size: 100,
+            concurrency: 1,
+            shutdown_grace: Duration::from_secs(10),
+            poll_interval: Duration::from_secs(5),
+            send_timeout: spec.lease,
+            retry: Backoff::new(spec.retry_delay, Duration::from_hours(1)),
+            event: PhantomData,
+        }
+    }
+
+    /// Rows per claim statement (at least 1).
+    pub fn batch_size(mut self, rows: u32) -> Self {
+        self.batch_size = rows.max(1);
+        self
+    }
+
+    /// Workers claiming and publishing concurrently (at least 1).
+    pub fn concurrency(mut self, workers: usize) -> Self {
+        self.concurrency = workers.max(1);
+        self
+    }
+
+    /// How long a shutdown waits for in-flight sends before handing their rows back.
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    /// How often an idle worker looks for due events without a notification (events
+    /// retried with a delay, notifications lost while disconnected).
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long one `publish` may take before the whole batch counts as a transient
+    /// failure (a hung broker). Leases are renewed meanwhile.
+    pub fn send_timeout(mut self, timeout: Duration) -> Self {
+        self.send_timeout = timeout;
+        self
+    }
+
+    /// The retry policy for transient failures, overriding the type's `retry_delay`.
+    pub fn retry_backoff(mut self, backoff: Backoff) -> Self {
+        self.retry = backoff;
+        self
+    }
+
+    /// Publishes until `shutdown` is cancelled, then stops claiming, lets in-flight sends
+    /// finish within the grace period, records their outcomes, and hands unsent rows
+    /// back. Database and sink failures are logged and retried with backoff; it returns
+    /// an error only when it cannot go on (the table is missing or has drifted).
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), OutboxError> {
+        let relay = Arc::new(self);
+        let stop = shutdown.child_token();
+        let wake = Arc::new(Notify::new());
+        let listener = tokio::spawn(listen::<T>(
+            relay.pool.clone(),
+            Arc::clone(&wake),
+            stop.clone(),
+        ));
+
+        let mut workers = JoinSet::new();
+        for _ in 0..relay.concurrency {
+            let worker = Worker {
+                relay: Arc::clone(&relay),
+                wake: Arc::clone(&wake),
+                stop: stop.clone(),
+            };
+            workers.spawn(worker.run());
+        }
+        let mut outcome = Ok(());
+        while let Some(joined) = workers.join_next().await {
+            match joined {
+                Ok(Err(error)) => {
+                    tracing::error!(table = T::SPEC.table, %error, "relay cannot go on; stopping");
+                    stop.cancel();
+                    outcome = outcome.and(Err(error));
+                }
+                Err(panicked) if panicked.is_panic() => {
+                    stop.cancel();
+                    std::panic::resume_unwind(panicked.into_panic());
+                }
+                Ok(Ok(())) | Err(_) => {}
+            }
+        }
+        stop.cancel();
+        let _ = listener.await;
+        outcome
+    }
+}
+
+/// LISTENs on the table's channel and wakes idle workers. A lost connection costs
+/// latency only: workers also poll.
+async fn listen<T: Outbox>(pool: PgPool, wake: Arc<Notify>, stop: CancellationToken) {
+    let channel = T::SPEC.table;
+    let reconnect = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
+    let mut failures = 0;
+    loop {
+        let started = Instant::now();
+        let error = tokio::select! {
+            () = stop.cancelled() => return,
+            error = listen_session(&pool, channel, &wake) => error,
+        };
+        // A session that lasted was a success: start the backoff over.
+        failures = if started.elapsed() > Duration::from_mins(1) {
+            1
+        } else {
+            failures + 1
+        };
+        tracing::warn!(table = channel, %error, "relay listener lost its connection; reconnecting");
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = sleep(reconnect.delay(failures)) => {}
+        }
+    }
+}
+
+/// One listening session; returns only when its connection fails.
+async fn listen_session(pool: &PgPool, channel: &str, wake: &Notify) -> sqlx::Error {
+    let mut listener = match PgListener::connect_with(pool).await {
+        Ok(listener) => listener,
+        Err(error) => return error,
+    };
+    if let Err(error) = listener.listen(channel).await {
+        return error;
+    }
+    // Anything enqueued while we were not listening is found by this wake-up.
+    wake.notify_waiters();
+    loop {
+        if let Err(error) = listener.recv().await {
+            return error;
+        }
+        wake.notify_waiters();
+    }
+}
+
+struct Worker<T, S> {
+    relay: Arc<Relay<T, S>>,
+    wake: Arc<Notify>,
+    stop: CancellationToken,
+}
+
+impl<T: Outbox, S: Sink<T>> Worker<T, S> {
+    async fn run(self) -> Result<(), OutboxError> {
+        let table = T::SPEC.table;
+        let db_backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+        let mut failures = 0;
+        while !self.stop.is_cancelled() {
+            // Registered before the claim, so a notification that arrives while the
+            // claim runs is not lost.
+            let mut notified = pin!(self.wake.notified());
+            notified.as_mut().enable();
+            let claims = match claim_batch::<T>(&self.relay.pool, self.relay.batch_size).await {
+                Ok(claims) => {
+                    failures = 0;
+                    claims
+                }
+                Err(error @ (OutboxError::MissingTable { .. } | OutboxError::Drift { .. })) => {
+                    return Err(error);
+                }
+                Err(error) => {
+                    failures += 1;
+                    tracing::warn!(table, %error, "claim failed; backing off");
+                    self.pause(db_backoff.delay(failures)).await;
+                    continue;
+                }
+            };
+            if claims.is_empty() {
+                tokio::select! {
+                    () = notified => {}
+                    () = sleep(self.relay.poll_interval) => {}
+                    () = self.stop.cancelled() => {}
+                }
+            } else {
+                self.publish(claims).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn pause(&self, delay: Duration) {
+        tokio::select! {
+            () = sleep(delay) => {}
+            () = self.stop.cancelled() => {}
+        }
+    }
+
+    /// Publishes one claimed batch and records its outcomes.
+    async fn publish(&self, claims: Vec<Claim<T>>) {
+        let table = T::SPEC.table;
+        let span = tracing::info_span!(
+            "outbox.batch",
+            table,
+            size = claims.len(),
+            first_id = claims[0].id()
+        );
+        async {
+            tracing::debug!(event_ids = ?claims.iter().map(|c| c.event_id().as_str()).collect::<Vec<_>>(), "claimed");
+            metrics::counter!(metric::CLAIMED, "table" => table).increment(claims.len() as u64);
+            let reclaimed = claims.iter().filter(|c| c.is_reclaim()).count();
+            metrics::counter!(metric::RECLAIMED, "table" => table).increment(reclaimed as u64);
+            #[allow(clippy::cast_precision_loss)]
+            metrics::histogram!(metric::BATCH_SIZE, "table" => table).record(claims.len() as f64);
+
+            let (results, owned, lease_deadline) = self.send(&claims).await;
+            let outcomes: Vec<(Owned, Outcome)> = claims
+                .iter()
+                .zip(owned)
+                .enumerate()
+                .filter(|(_, (_, owned))| *owned)
+                .map(|(i, (claim, _))| {
+                    let row = Owned { id: claim.id(), generation: claim.generation().get() };
+                    let outcome = match results.as_ref().map(|r| r.get(i)) {
+                        None => Outcome::Release,
+                        Some(Some(Ok(()))) => Outcome::Sent,
+                        Some(Some(Err(SinkError::Permanent(e)))) => Outcome::Dead { error: e.to_string() },
+                        Some(Some(Err(SinkError::Transient(e)))) => {
+                            Outcome::Retry { delay: self.relay.retry.delay(claim.attempt()), error: e.to_string() }
+                        }
+                        Some(None) => Outcome::Retry {
+                            delay: self.relay.retry.delay(claim.attempt()),
+                            error: "the sink returned no result for this event".to_owned(),
+                        },
+                    };
+                    (row, outcome)
+                })
+                .collect();
+            self.record(&outcomes, lease_deadline).await;
+        }
+        .instrument(span)
+        .await;
+    }
+
+    /// Runs the sink on `claims`, renewing their leases meanwhile. Returns the sink's
+    /// results (`None`: abandoned at shutdown or ownership lost), which rows are still
+    /// owned, and when the earliest of their leases ends.
+    async fn send(
+        &self,
+        claims: &[Claim<T>],
+    ) -> (Option<Vec<Result<(), SinkError>>>, Vec<bool>, Instant) {
+        let table = T::SPEC.table;
+        let relay = &self.relay;
+        let deliveries: Vec<Delivery<'_, T>> = claims
+            .iter()
+            .map(|c| Delivery {
+                event_id: c.event_id(),
+                generation: c.generation(),
+                attempt: c.attempt(),
+                event: c.event(),
+                lost: CancellationToken::new(),
+            })
+            .collect();
+        let mut owned = vec![true; claims.len()];
+        let mut lease_deadline = deadline(claims.iter().map(Claim::lease_until));
+        let renew_every = T::SPEC.lease / 3;
+        let started = Instant::now();
+        let mut next_renewal = started + renew_every;
+        let mut grace: Option<Instant> = None;
+        let mut sending = pin!(tokio::time::timeout(
+            relay.send_timeout,
+            relay.sink.publish(&deliveries)
+        ));
+
+        let results = loop {
+            tokio::select! {
+                biased;
+                sent = &mut sending => {
+                    break Some(sent.unwrap_or_else(|_| {
+                        tracing::warn!(table, timeout = ?relay.send_timeout, "publish timed out; retrying the batch later");
+                        claims.iter().map(|_| Err(SinkError::transient(format!("publish timed out after {:?}", relay.send_timeout)))).collect()
+                    }));
+                }
+                () = sleep_until(next_renewal) => {
+                    next_renewal += renew_every;
+                    let rows: Vec<Owned> = claims
+                        .iter()
+                        .zip(&owned)
+                        .filter(|(_, owned)| **owned)
+                        .map(|(c, _)| Owned { id: c.id(), generation: c.generation().get() })
+                        .collect();
+                    match record::renew::<T>(&relay.pool, &rows).await {
+                        Ok(renewed) => {
+                            let still: HashSet<i64> = renewed.iter().map(|(id, _)| *id).collect();
+                            for (i, claim) in claims.iter().enumerate() {
+                                if owned[i] && !still.contains(&claim.id()) {
+                                    owned[i] = false;
+                                    deliveries[i].lost.cancel();
+                                    metrics::counter!(metric::STALE, "table" => table).increment(1);
+                                    tracing::warn!(table, id = claim.id(), event_id = %claim.event_id(), generation = %claim.generation(),
+                                        "lease renewal rejected: another publisher owns this event now");
+                                }
+                            }
+                            lease_deadline = deadline(renewed.into_iter().map(|(_, until)| until.into()));
+                            if !owned.contains(&true) {
+                                break None;
+                            }
+                        }
+                        Err(error) => tracing::warn!(table, %error, "lease renewal failed; trying again"),
+                    }
+                }
+                () = self.stop.cancelled(), if grace.is_none() => {
+                    grace = Some(Instant::now() + relay.shutdown_grace);
+                }
+                () = sleep_until(grace.unwrap_or(started)), if grace.is_some() => {
+                    tracing::info!(table, "shutdown grace over; handing unsent events back");
+                    break None;
+                }
+            }
+        };
+        #[allow(clippy::cast_precision_loss)]
+        metrics::histogram!(metric::PUBLISH_SECONDS, "table" => table)
+            .record(started.elapsed().as_secs_f64());
+        (results, owned, lease_deadline)
+    }
+
+    /// Records `outcomes` in one statement, retrying database errors while the leases
+    /// last; after that the rows are recovered by lease expiry.
+    async fn record(&self, outcomes: &[(Owned, Outcome)], lease_deadline: Instant) {
+        let table = T::SPEC.table;
+        if outcomes.is_empty() {
+            return;
+        }
+        let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+        let mut failures = 0;
+        let recorded = loop {
+            match record::record::<T>(&self.relay.pool, outcomes).await {
+                Ok(recorded) => break recorded,
+                Err(error) => {
+                    failures += 1;
+                    let delay = backoff.delay(failures);
+                    if Instant::now() + delay >= lease_deadline {
+                        tracing::error!(table, %error, rows = outcomes.len(),
+                            "cannot record outcomes before the leases end; the events will be claimed and published again");
+                        return;
+                    }
+                    tracing::warn!(table, %error, "recording outcomes failed; retrying");
+                    sleep(delay).await;
+                }
+            }
+        };
+        let statuses: std::collections::HashMap<i64, String> = recorded.into_iter().collect();
+        let (mut sent, mut retried, mut dead, mut released, mut stale) =
+            (0u64, 0u64, 0u64, 0u64, 0u64);
+        for (row, outcome) in outcomes {
+            match (statuses.get(&row.id).map(String::as_str), outcome) {
+                (None, _) => {
+                    stale += 1;
+                    tracing::warn!(
+                        table,
+                        id = row.id,
+                        generation = row.generation,
+                        "outcome rejected: the claim is stale"
+                    );
+                }
+                (Some("DEAD"), _) => dead += 1,
+                (Some(_), Outcome::Sent) => sent += 1,
+                (Some(_), Outcome::Release) => released += 1,
+                (Some(_), _) => retried += 1,
+            }
+        }
+        for (name, value) in [
+            (metric::SENT, sent),
+            (metric::RETRIED, retried),
+            (metric::DEAD, dead),
+            (metric::RELEASED, released),
+            (metric::STALE, stale),
+        ] {
+            if value > 0 {
+                metrics::counter!(name, "table" => table).increment(value);
+            }
+        }
+    }
+}
+
+/// The tokio instant of the earliest lease end (now, if there is none).
+fn deadline(leases: impl Iterator<Item = SystemTime>) -> Instant {
+    let now = SystemTime::now();
+    let earliest = leases.min().unwrap_or(now);
+    Instant::now() + earliest.duration_since(now).unwrap_or_default()
+}

@@ -1,0 +1,82 @@
+//! Recording a batch's outcomes, and renewing its leases: one guarded statement each.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+use crate::error::OutboxError;
+use crate::spec::Outbox;
+
+/// What to record for one claimed row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Published: `SENT`.
+    Sent,
+    /// Failed, worth retrying after the delay (or `DEAD` if the budget is spent).
+    Retry { delay: Duration, error: String },
+    /// Failed for good: `DEAD`.
+    Dead { error: String },
+    /// Not sent (shutdown): back to `READY`, due now, the attempt not counted.
+    Release,
+}
+
+/// A row the relay owns: id and generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Owned {
+    pub(crate) id: i64,
+    pub(crate) generation: i64,
+}
+
+/// Statuses the rows were left in, by id; a row missing from the result was stale.
+pub(crate) async fn record<T: Outbox>(
+    pool: &PgPool,
+    outcomes: &[(Owned, Outcome)],
+) -> Result<Vec<(i64, String)>, OutboxError> {
+    let spec = T::SPEC;
+    let n = outcomes.len();
+    let (mut ids, mut generations) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut kinds, mut delays, mut errors) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for (row, outcome) in outcomes {
+        ids.push(row.id);
+        generations.push(row.generation);
+        let (kind, delay, error) = match outcome {
+            Outcome::Sent => ("SENT", Duration::ZERO, None),
+            Outcome::Retry { delay, error } => ("RETRY", *delay, Some(error.as_str())),
+            Outcome::Dead { error } => ("DEAD", Duration::ZERO, Some(error.as_str())),
+            Outcome::Release => ("RELEASE", Duration::ZERO, None),
+        };
+        kinds.push(kind);
+        delays.push(delay);
+        errors.push(error);
+    }
+    sqlx::query_as(spec.sql.record)
+        .bind(ids)
+        .bind(generations)
+        .bind(kinds)
+        .bind(delays)
+        .bind(errors)
+        .fetch_all(pool)
+        .await
+        .map_err(|e| OutboxError::from_sqlx(spec.table, e))
+}
+
+/// Extends the leases of `rows`; returns the rows still owned, with their new lease.
+pub(crate) async fn renew<T: Outbox>(
+    pool: &PgPool,
+    rows: &[Owned],
+) -> Result<Vec<(i64, DateTime<Utc>)>, OutboxError> {
+    let spec = T::SPEC;
+    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+    let generations: Vec<i64> = rows.iter().map(|r| r.generation).collect();
+    sqlx::query_as(spec.sql.renew_batch)
+        .bind(ids)
+        .bind(generations)
+        .fetch_all(pool)
+        .await
+        .map_err(|e| OutboxError::from_sqlx(spec.table, e))
+}

@@ -1,0 +1,184 @@
+//! Where the relay publishes: the [`Sink`] trait, and two sinks shipped with the crate.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::id::{EventId, Generation};
+
+/// A boxed error from a sink.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// One event handed to a [`Sink`], with the identities a consumer needs.
+#[derive(Debug)]
+pub struct Delivery<'a, T> {
+    pub(crate) event_id: &'a EventId,
+    pub(crate) generation: Generation,
+    pub(crate) attempt: u32,
+    pub(crate) event: &'a T,
+    pub(crate) lost: CancellationToken,
+}
+
+impl<T> Delivery<'_, T> {
+    /// The stable id consumers deduplicate on: publish it with the event.
+    pub fn event_id(&self) -> &EventId {
+        self.event_id
+    }
+
+    /// The claim's fencing token (differs between a delivery and its redelivery).
+    pub fn generation(&self) -> Generation {
+        self.generation
+    }
+
+    /// Which claim of the attempt budget this is (1 for the first).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The event.
+    pub fn event(&self) -> &T {
+        self.event
+    }
+
+    /// Whether the relay still owns this event. Once a lease renewal finds that another
+    /// publisher took the row over, sending it is pointless: a sink that can cancel an
+    /// in-flight send should check this, or await [`ownership_lost`](Self::ownership_lost).
+    pub fn is_owned(&self) -> bool {
+        !self.lost.is_cancelled()
+    }
+
+    /// Completes when the relay loses ownership of this event.
+    pub async fn ownership_lost(&self) {
+        self.lost.cancelled().await;
+    }
+}
+
+/// Why a sink could not publish an event.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// Worth retrying later (broker unavailable, timeout): the event goes back to
+    /// `READY` with a backoff, while its attempt budget lasts.
+    #[error("transient: {0}")]
+    Transient(#[source] BoxError),
+    /// Retrying cannot help (the broker rejected the message): the event moves to
+    /// `DEAD` now, with this message in `last_error`.
+    #[error("permanent: {0}")]
+    Permanent(#[source] BoxError),
+}
+
+impl SinkError {
+    /// A [`Transient`](Self::Transient) error.
+    pub fn transient(error: impl Into<BoxError>) -> Self {
+        Self::Transient(error.into())
+    }
+
+    /// A [`Permanent`](Self::Permanent) error.
+    pub fn permanent(error: impl Into<BoxError>) -> Self {
+        Self::Permanent(error.into())
+    }
+}
+
+/// A destination for events: a broker client, a webhook, a test double.
+///
+/// `publish` receives a whole claimed batch and reports one result per delivery, in
+/// order. A result is what the relay records: `Ok` -> `SENT`, a transient error ->
+/// retry with backoff, a permanent error -> `DEAD`. A missing result counts as a
+/// transient error.
+pub trait Sink<T>: Send + Sync + 'static {
+    /// Publishes `batch`, one result per delivery.
+    fn publish(
+        &self,
+        batch: &[Delivery<'_, T>],
+    ) -> impl Future<Output = Vec<Result<(), SinkError>>> + Send;
+}
+
+/// What a [`MemorySink`] saw of one delivery.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Published<T> {
+    /// The stable event id.
+    pub event_id: EventId,
+    /// The generation of the claim that published it.
+    pub generation: Generation,
+    /// The attempt number.
+    pub attempt: u32,
+    /// The event.
+    pub event: T,
+}
+
+/// An in-memory sink that records every delivery and always succeeds: for tests and
+/// examples. Clones share the same record.
+#[derive(Debug)]
+pub struct MemorySink<T> {
+    published: Arc<Mutex<Vec<Published<T>>>>,
+}
+
+impl<T> Clone for MemorySink<T> {
+    fn clone(&self) -> Self {
+        Self {
+            published: Arc::clone(&self.published),
+        }
+    }
+}
+
+impl<T> Default for MemorySink<T> {
+    fn default() -> Self {
+        Self {
+            published: Arc::default(),
+        }
+    }
+}
+
+impl<T: Clone> MemorySink<T> {
+    /// An empty sink.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every delivery so far, in publication order.
+    pub fn published(&self) -> Vec<Published<T>> {
+        self.published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> Sink<T> for MemorySink<T> {
+    async fn publish(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<(), SinkError>> {
+        let mut published = self
+            .published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        published.extend(batch.iter().map(|d| Published {
+            event_id: d.event_id.clone(),
+            generation: d.generation,
+            attempt: d.attempt,
+            event: d.event.clone(),
+        }));
+        batch.iter().map(|_| Ok(())).collect()
+    }
+}
+
+/// A sink that prints each event as one line on stdout: `event_id generation attempt
+/// {event:?}`. For trying things out.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StdoutSink;
+
+impl<T: std::fmt::Debug + Send + Sync + 'static> Sink<T> for StdoutSink {
+    async fn publish(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<(), SinkError>> {
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        batch
+            .iter()
+            .map(|d| {
+                writeln!(
+                    out,
+                    "{} {} {} {:?}",
+                    d.event_id, d.generation, d.attempt, d.event
+                )
+                .map_err(SinkError::transient)
+            })
+            .collect()
+    }
+}
