@@ -69,8 +69,8 @@ pub use outbox_runtime::relay::{Relay, Sink, SinkError};
 pub use outbox_runtime::{
     AppliedMigration, Claim, Column, EventId, EventIdField, Generation, MigrationReport,
     MigrationStep, OutboxError, Retried, Statements, Stats, TableMigrations, TableSpec, claim,
-    claim_batch, enqueue, migrate, migrate_with_app, prune_sent, refinery, relay, requeue_all_dead,
-    requeue_dead, stats, verify,
+    claim_batch, enqueue, enqueue_all, migrate, migrate_with_app, prune_sent, refinery, relay,
+    requeue_all_dead, requeue_dead, stats, verify,
 };
 
 #[cfg(feature = "testing")]

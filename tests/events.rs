@@ -171,6 +171,47 @@ async fn every_column_type_round_trips() -> TestResult {
 }
 
 #[tokio::test]
+async fn many_events_are_enqueued_in_one_statement() -> TestResult {
+    let db = schema_with(&[EveryType::migrations()]).await?;
+    let events: Vec<EveryType> = (1..=3)
+        .map(|key| EveryType {
+            maybe_int: Some(i32::try_from(key).unwrap()),
+            maybe_address: (key == 2).then(|| Address {
+                city: "Oslo".into(),
+            }),
+            ..every_type(key)
+        })
+        .collect();
+    let mut tx = db.pool().begin().await?;
+    let ids = EveryType::enqueue_all(&events, &mut *tx).await?;
+    tx.commit().await?;
+    assert_eq!(
+        ids.iter().map(outbox::EventId::as_str).collect::<Vec<_>>(),
+        ["1", "2", "3"]
+    );
+    let claims = EveryType::claim_batch(db.pool(), 10).await?;
+    let got: Vec<&EveryType> = claims.iter().map(outbox::Claim::event).collect();
+    assert_eq!(got, events.iter().collect::<Vec<_>>());
+    for claim in claims {
+        claim.complete(db.pool()).await?;
+    }
+
+    let err = EveryType::enqueue_all(&[every_type(4), every_type(2)], db.pool())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, OutboxError::DuplicateEvent { event_id, .. } if event_id == "2"),
+        "{err}"
+    );
+    assert!(
+        EveryType::claim(db.pool()).await?.is_none(),
+        "a refused batch inserts nothing"
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn an_event_without_an_id_field_gets_a_uuid_v7() -> TestResult {
     let db = schema_with(&[EmailChanged::migrations(), Tick::migrations()]).await?;
     let event = EmailChanged {

@@ -121,26 +121,55 @@ fn flag(meta: &ParseNestedMeta<'_>, errors: &mut Errors) -> syn::Result<Option<I
 /// the other kind (a field key on the struct, or the reverse) says where it goes.
 fn unknown(
     meta: &ParseNestedMeta<'_>,
-    (on, valid): (&str, &[&str]),
+    (on, keys): (&str, &[&str]),
     (other, misplaced): (&str, &[&str]),
     errors: &mut Errors,
 ) -> syn::Result<()> {
     let key = key_name(&meta.path);
-    let valid = valid
+    let listed = keys
         .iter()
         .map(|k| format!("`{k}`"))
         .collect::<Vec<_>>()
         .join(", ");
     let hint = if misplaced.contains(&key.as_str()) {
         format!("; `{key}` goes on {other}, not on {on}")
+    } else if let Some(near) = closest(&key, keys) {
+        format!("; did you mean `{near}`?")
     } else {
         String::new()
     };
     errors.push(syn::Error::new_spanned(
         &meta.path,
-        format!("unknown outbox attribute `{key}` on {on}: expected one of {valid}{hint}"),
+        format!("unknown outbox attribute `{key}` on {on}: expected one of {listed}{hint}"),
     ));
     skip_value(meta.input).map(drop)
+}
+
+/// The key within two edits of `key` (a typo such as `tabel` or `retry_dealy`), if any.
+fn closest<'k>(key: &str, keys: &[&'k str]) -> Option<&'k str> {
+    keys.iter()
+        .map(|k| (edit_distance(key, k), *k))
+        .filter(|&(d, _)| d <= 2)
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance: the fewest insertions, deletions and substitutions.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 pub(crate) fn parse_container(attrs: &[Attribute], errors: &mut Errors) -> ContainerAttrs {

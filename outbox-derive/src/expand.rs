@@ -27,6 +27,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
     let sql = Sql::render(model);
     let Sql {
         enqueue,
+        enqueue_all,
         claim,
         complete,
         retry,
@@ -64,6 +65,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
         },
     );
     let binds = model.fields.iter().map(|f| bind(&p, f));
+    let bind_columns = model.fields.iter().map(|f| bind_column(&p, f));
     let decode_event_id = model.event_id.as_ref().map(|f| {
         let (field, ty) = (&f.ident, &f.ty);
         quote! {
@@ -91,6 +93,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
                 max_attempts: #max_attempts,
                 sql: #p::Statements {
                     enqueue: #enqueue,
+                    enqueue_all: #enqueue_all,
                     claim: #claim,
                     complete: #complete,
                     retry: #retry,
@@ -113,6 +116,10 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
 
             fn bind<'q>(&'q self, query: #p::PgQuery<'q>) -> #p::PgQuery<'q> {
                 query #(#binds)*
+            }
+
+            fn bind_all<'q>(events: &'q [Self], query: #p::PgQuery<'q>) -> #p::PgQuery<'q> {
+                query #(#bind_columns)*
             }
 
             fn decode(row: &#p::PgRow, event_id: &str) -> ::core::result::Result<Self, #p::sqlx::Error> {
@@ -138,6 +145,7 @@ fn checked(model: &Model, sql: &Sql) -> TokenStream {
     let ident = &model.ident;
     let Sql {
         enqueue,
+        enqueue_all,
         claim,
         complete,
         retry,
@@ -151,6 +159,8 @@ fn checked(model: &Model, sql: &Sql) -> TokenStream {
         stats,
         ..
     } = sql;
+    // The columns' types are checked through `enqueue`; here the arrays are taken as they are.
+    let arrays = model.fields.iter().map(|_| quote!(texts as _));
     let fields = model.fields.iter().map(|f| {
         // Spanned at the field's type, so a mismatch with its column points there.
         let (field, ty, span) = (&f.ident, &f.ty, f.ty.span());
@@ -181,6 +191,7 @@ fn checked(model: &Model, sql: &Sql) -> TokenStream {
                 ::sqlx::query!(#fail, 1_i64, 1_i64, "reason").fetch_optional(pool).await?;
                 let (ids, texts): (&[i64], &[::std::string::String]) = (&[], &[]);
                 let delays: &[::std::time::Duration] = &[];
+                ::sqlx::query!(#enqueue_all, texts #(, #arrays)*).execute(pool).await?;
                 ::sqlx::query!(#record, ids, ids, texts, delays as _, texts).fetch_all(pool).await?;
                 ::sqlx::query!(#renew_batch, ids, ids).fetch_all(pool).await?;
                 ::sqlx::query!(#requeue_dead, texts).fetch_all(pool).await?;
@@ -205,6 +216,14 @@ fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
                 executor: impl #p::PgExecutor<'e>,
             ) -> ::core::result::Result<#p::EventId, #p::OutboxError> {
                 #p::enqueue(self, executor).await
+            }
+
+            #[doc = concat!("Writes `events` into `", #table, "` in one statement (pass the business transaction), returning their ids in order.")]
+            pub async fn enqueue_all<'e>(
+                events: &[Self],
+                executor: impl #p::PgExecutor<'e>,
+            ) -> ::core::result::Result<::std::vec::Vec<#p::EventId>, #p::OutboxError> {
+                #p::enqueue_all(events, executor).await
             }
 
             #[doc = concat!("Claims the next due event of `", #table, "`, if any, under a fresh lease and generation.")]
@@ -241,6 +260,17 @@ fn bind(p: &TokenStream, f: &Field) -> TokenStream {
         (true, false) => quote!(.bind(#p::Json(&self.#field))),
         (true, true) => quote!(.bind(self.#field.as_ref().map(#p::Json))),
     }
+}
+
+/// One array of the field's values across `events`, borrowed.
+fn bind_column(p: &TokenStream, f: &Field) -> TokenStream {
+    let field = &f.ident;
+    let value = match (f.json, f.nullable()) {
+        (false, _) => quote!(&event.#field),
+        (true, false) => quote!(#p::Json(&event.#field)),
+        (true, true) => quote!(event.#field.as_ref().map(#p::Json)),
+    };
+    quote!(.bind(events.iter().map(|event| #value).collect::<::std::vec::Vec<_>>()))
 }
 
 fn decode(p: &TokenStream, f: &Field) -> TokenStream {

@@ -155,8 +155,12 @@ fn is_plain_identifier(name: &str) -> bool {
 enum NameSource<'a> {
     /// Written as `key = "name"`.
     Attribute(&'a LitStr),
-    /// Derived from the name of the Rust item (`"struct"` or `"field"`); `key` sets it.
-    Item(&'a Ident, &'a str, &'a str),
+    /// Derived from the name of a Rust `item` (`"struct"` or `"field"`); `key` sets it.
+    Item {
+        ident: &'a Ident,
+        item: &'a str,
+        key: &'a str,
+    },
 }
 
 /// `name` if it is a plain identifier PostgreSQL keeps as written; an error otherwise.
@@ -166,29 +170,62 @@ fn check_identifier(
     source: &NameSource<'_>,
     errors: &mut Errors,
 ) -> Option<String> {
-    let (span, origin, fix) = match source {
-        NameSource::Attribute(lit) => (lit.span(), String::new(), String::new()),
-        NameSource::Item(ident, item, key) => (
-            ident.span(),
-            format!(" (from the {item} name)"),
-            format!("; or set it with #[outbox({key} = \"...\")]"),
-        ),
-    };
-    let problem = if !is_plain_identifier(&name) {
-        "is not a plain identifier: use lowercase ASCII letters, digits and `_`, not starting with a digit".to_owned()
-    } else if name.len() > MAX_IDENTIFIER {
-        format!(
-            "is {} bytes long: PostgreSQL identifiers are at most {MAX_IDENTIFIER} bytes",
-            name.len()
-        )
-    } else {
+    const PLAIN: &str = "lowercase ASCII letters, digits and `_`, not starting with a digit";
+    let too_long = name.len() > MAX_IDENTIFIER;
+    if is_plain_identifier(&name) && !too_long {
         return Some(name);
+    }
+    let limit = format!(
+        "is {} bytes long: PostgreSQL identifiers are at most {MAX_IDENTIFIER} bytes",
+        name.len()
+    );
+    let (span, message) = match source {
+        NameSource::Attribute(lit) if too_long && is_plain_identifier(&name) => {
+            (lit.span(), format!("{what} `{name}` {limit}; shorten it"))
+        }
+        NameSource::Attribute(lit) => {
+            let example = plain_suggestion(&name)
+                .map(|s| format!(", as in `{s}`"))
+                .unwrap_or_default();
+            let message =
+                format!("{what} `{name}` is not a plain identifier: use {PLAIN}{example}");
+            (lit.span(), message)
+        }
+        NameSource::Item { ident, item, key } => {
+            let problem = if is_plain_identifier(&name) {
+                limit
+            } else {
+                format!("is not a plain identifier ({PLAIN})")
+            };
+            let message = format!(
+                "{what} `{name}`, derived from the {item} name, {problem}; set one with #[outbox({key} = \"...\")]"
+            );
+            (ident.span(), message)
+        }
     };
-    errors.push(syn::Error::new(
-        span,
-        format!("{what} `{name}`{origin} {problem}{fix}"),
-    ));
+    errors.push(syn::Error::new(span, message));
     None
+}
+
+/// The plain identifier a rejected name was probably meant to be: `OrderEvents`,
+/// `"order_events"` and `order-events` all suggest `order_events`.
+fn plain_suggestion(name: &str) -> Option<String> {
+    let mut out = String::new();
+    let mut prev: Option<char> = None;
+    for c in name.trim().trim_matches('"').chars() {
+        if c.is_ascii_uppercase() {
+            if prev.is_some_and(|p| p.is_ascii_lowercase() || p.is_ascii_digit()) {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else if c == '-' || c == ' ' {
+            out.push('_');
+        } else {
+            out.push(c);
+        }
+        prev = Some(c);
+    }
+    (is_plain_identifier(&out) && out.len() <= MAX_IDENTIFIER && out != name).then_some(out)
 }
 
 fn parse_duration(
@@ -290,7 +327,11 @@ impl Model {
             Some(lit) => (lit.value(), NameSource::Attribute(lit)),
             None => (
                 snake_case(&input.ident),
-                NameSource::Item(&input.ident, "struct", "table"),
+                NameSource::Item {
+                    ident: &input.ident,
+                    item: "struct",
+                    key: "table",
+                },
             ),
         };
         let table = check_identifier(name, "table name", &source, &mut errors).unwrap_or_default();
@@ -473,13 +514,17 @@ fn column_name(ident: &Ident, attrs: &attr::FieldAttrs, errors: &mut Errors) -> 
         Some(lit) => (lit.value(), NameSource::Attribute(lit)),
         None => (
             ident.unraw().to_string(),
-            NameSource::Item(ident, "field", "column"),
+            NameSource::Item {
+                ident,
+                item: "field",
+                key: "column",
+            },
         ),
     };
     let column = check_identifier(name, "column name", &source, errors)?;
     let span = match source {
         NameSource::Attribute(lit) => lit.span(),
-        NameSource::Item(..) => ident.span(),
+        NameSource::Item { .. } => ident.span(),
     };
     let fix = if attrs.column.is_some() {
         "choose another name"
@@ -525,11 +570,14 @@ fn unmapped_type(ty: &Type) -> String {
             "`{name}` has no PostgreSQL column type (PostgreSQL has no unsigned, 8-bit or 128-bit integers): use `i16`, `i32` or `i64`"
         );
     }
-    "this type has no column type: mark the field #[outbox(json)] to store it as jsonb \
-     (the type must implement serde's Serialize and Deserialize), or use one of i16, i32, i64, \
-     f32, f64, bool, String, Vec<u8>, uuid::Uuid, a chrono or time date, time or timestamp, \
-     serde_json::Value, or an Option of one of these"
-        .to_owned()
+    let this =
+        last_segment(ty).map_or_else(|| "this type".to_owned(), |s| format!("`{}`", s.ident));
+    format!(
+        "{this} has no PostgreSQL column type: mark the field #[outbox(json)] to store it as jsonb \
+         ({this} must implement serde's Serialize and Deserialize), or use one of i16, i32, i64, \
+         f32, f64, bool, String, Vec<u8>, uuid::Uuid, a chrono or time date, time or timestamp, \
+         serde_json::Value, or an Option of one of these"
+    )
 }
 
 /// Two fields on one column: the later one is the error, at its column's name.

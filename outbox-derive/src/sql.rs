@@ -14,6 +14,7 @@ const OWNED: &str =
 
 pub(crate) struct Sql {
     pub(crate) enqueue: String,
+    pub(crate) enqueue_all: String,
     pub(crate) claim: String,
     pub(crate) complete: String,
     pub(crate) retry: String,
@@ -67,10 +68,33 @@ impl Sql {
             )
         };
 
+        // Many events in one statement: one array parameter per column, so the text
+        // stays the same whatever the number of events.
+        let enqueue_all = {
+            let columns = std::iter::once("event_id".to_owned())
+                .chain(payload.iter().cloned())
+                .collect::<Vec<_>>();
+            let arrays = std::iter::once("text")
+                .chain(model.fields.iter().map(|f| f.sql_type.ddl))
+                .enumerate()
+                .map(|(i, ty)| format!("${}::{ty}[]", i + 1))
+                .collect::<Vec<_>>();
+            format!(
+                "WITH enqueued AS (INSERT INTO {t} ({}) SELECT * FROM unnest({}) RETURNING id)\n\
+                 SELECT pg_notify('{}', '') FROM enqueued LIMIT 1",
+                columns.join(", "),
+                arrays.join(", "),
+                model.table
+            )
+        };
+
         let returning = ["id", "event_id", "generation", "attempts", "lease_until"]
             .into_iter()
             .map(|c| format!("o.{c}"))
-            .chain(std::iter::once("c.reclaimed".to_owned()))
+            // Not a plain identifier, so no payload column can share its name.
+            .chain(std::iter::once(
+                "c.reclaimed AS \"outbox.reclaimed\"".to_owned(),
+            ))
             .chain(payload.iter().map(|c| format!("o.{c}")))
             .collect::<Vec<_>>()
             .join(", ");
@@ -105,11 +129,11 @@ impl Sql {
         )];
         for version in model.later_versions() {
             let added: Vec<&Field> = model.fields.iter().filter(|f| f.since == version).collect();
-            let names = added
-                .iter()
-                .map(|f| f.column.as_str())
-                .collect::<Vec<_>>()
-                .join("_");
+            // refinery keeps names in a varchar(255): name one column, or count them.
+            let names = match added.as_slice() {
+                [one] => one.column.clone(),
+                many => format!("{}_columns", many.len()),
+            };
             let mut sql = String::new();
             for f in added {
                 let _ = writeln!(
@@ -124,6 +148,7 @@ impl Sql {
 
         Self {
             enqueue,
+            enqueue_all,
             claim,
             complete,
             retry,

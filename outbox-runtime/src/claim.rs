@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{Acquire, PgExecutor, Postgres, Row};
 
-use crate::error::{OutboxError, sqlstate};
+use crate::error::OutboxError;
 use crate::id::{EventId, Generation};
 use crate::spec::Outbox;
 
@@ -300,18 +300,33 @@ pub async fn enqueue<'e, T: Outbox>(
     event: &T,
     executor: impl PgExecutor<'e>,
 ) -> Result<EventId, OutboxError> {
-    const UNIQUE_VIOLATION: &str = "23505";
     let spec = T::SPEC;
     let event_id = event.event_id().unwrap_or_else(EventId::new_v7);
     let query = sqlx::query(spec.sql.enqueue).bind(event_id.as_str());
-    match event.bind(query).execute(executor).await {
-        Ok(_) => Ok(event_id),
-        Err(e) if sqlstate(&e).as_deref() == Some(UNIQUE_VIOLATION) => {
-            Err(OutboxError::DuplicateEvent {
-                table: spec.table,
-                event_id: event_id.to_string(),
-            })
-        }
-        Err(e) => Err(OutboxError::from_sqlx(spec.table, e)),
-    }
+    event
+        .bind(query)
+        .execute(executor)
+        .await
+        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+    Ok(event_id)
+}
+
+/// Writes all `events` into their outbox table in one statement (one array parameter
+/// per column), through `executor`. Returns their ids, in order.
+pub async fn enqueue_all<'e, T: Outbox>(
+    events: &[T],
+    executor: impl PgExecutor<'e>,
+) -> Result<Vec<EventId>, OutboxError> {
+    let spec = T::SPEC;
+    let ids: Vec<EventId> = events
+        .iter()
+        .map(|e| e.event_id().unwrap_or_else(EventId::new_v7))
+        .collect();
+    let texts: Vec<&str> = ids.iter().map(EventId::as_str).collect();
+    let query = sqlx::query(spec.sql.enqueue_all).bind(texts);
+    T::bind_all(events, query)
+        .execute(executor)
+        .await
+        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+    Ok(ids)
 }

@@ -125,8 +125,14 @@ impl OutboxError {
         const UNDEFINED_TABLE: &str = "42P01";
         const UNDEFINED_COLUMN: &str = "42703";
         const DATATYPE_MISMATCH: &str = "42804";
+        const UNIQUE_VIOLATION: &str = "23505";
         match sqlstate(&source).as_deref() {
             Some(UNDEFINED_TABLE) => Self::MissingTable { table, source },
+            // The only unique constraints of an outbox table are the id and event_id.
+            Some(UNIQUE_VIOLATION) => Self::DuplicateEvent {
+                table,
+                event_id: duplicate_key(&source).unwrap_or_default(),
+            },
             Some(UNDEFINED_COLUMN | DATATYPE_MISMATCH) => Self::Drift {
                 table,
                 details: source.to_string(),
@@ -142,6 +148,17 @@ impl OutboxError {
     pub fn is_stale(&self) -> bool {
         matches!(self, Self::Stale { .. })
     }
+}
+
+/// The value PostgreSQL names in a unique violation's detail: `Key (event_id)=(x) already exists.`
+fn duplicate_key(error: &sqlx::Error) -> Option<String> {
+    let detail = error
+        .as_database_error()?
+        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?
+        .detail()?;
+    let start = detail.find(")=(")? + 3;
+    let end = detail.rfind(") already exists")?;
+    detail.get(start..end).map(str::to_owned)
 }
 
 /// The SQLSTATE of a database error, if it is one.

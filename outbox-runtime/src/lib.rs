@@ -13,7 +13,7 @@ mod spec;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use claim::{Claim, Retried, claim, claim_batch, enqueue};
+pub use claim::{Claim, Retried, claim, claim_batch, enqueue, enqueue_all};
 pub use error::OutboxError;
 pub use id::{EventId, EventIdField, Generation};
 pub use migrate::{
@@ -31,7 +31,7 @@ pub use refinery_core as refinery;
 pub mod __private {
     pub use crate::{
         Claim, Column, EventId, EventIdField, MigrationStep, Outbox, OutboxError, PgQuery,
-        Statements, TableMigrations, TableSpec, claim, claim_batch, enqueue,
+        Statements, TableMigrations, TableSpec, claim, claim_batch, enqueue, enqueue_all,
     };
     pub use core::time::Duration;
     pub use sqlx::postgres::PgRow;

@@ -15,6 +15,9 @@ pub struct Statements {
     /// `INSERT` of one event, `$1` the event id then one parameter per field, and a
     /// `pg_notify` on the table's name, delivered when the transaction commits.
     pub enqueue: &'static str,
+    /// `INSERT` of many events from one array per column (`$1` the event ids), and one
+    /// `pg_notify`.
+    pub enqueue_all: &'static str,
     /// Claim of up to `$1` rows: due `READY` rows and expired `INPROGRESS` rows, each
     /// branch read from its own partial index and locked with `SKIP LOCKED`; expired
     /// rows over their attempt budget move to `DEAD` in the same statement. Returns
@@ -101,6 +104,9 @@ pub trait Outbox: Sized + Send + Sync + Unpin + 'static {
 
     /// Binds one parameter per payload column, in column order, after the event id.
     fn bind<'q>(&'q self, query: PgQuery<'q>) -> PgQuery<'q>;
+
+    /// Binds one array per payload column, in column order, after the event ids.
+    fn bind_all<'q>(events: &'q [Self], query: PgQuery<'q>) -> PgQuery<'q>;
 
     /// Decodes the payload columns of a claimed row (by column name); `event_id` is the
     /// row's stored id, from which an `#[outbox(event_id)]` field is rebuilt.

@@ -9,9 +9,12 @@
 //! [`TestSchema`] creates a uniquely named schema in that database, with a pool whose
 //! connections all use it as their `search_path`, so tests can run concurrently without seeing
 //! each other's tables.
+//!
+//! A test that must own its server (to restart it mid-run) starts a dedicated [`Cluster`] and
+//! creates its schema there with [`TestSchema::new_in`].
 
 use std::ffi::OsStr;
-use std::fs::{self, File};
+use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::chown;
 use std::os::unix::process::CommandExt;
@@ -82,7 +85,9 @@ impl TestSupportError {
 
 /// The throwaway cluster's URL. A tokio `OnceCell` is not tied to a runtime, so each
 /// `#[tokio::test]` may ask from its own: the first caller starts the cluster, the others wait.
-static CLUSTER: OnceCell<String> = OnceCell::const_new();
+/// A static is never dropped: the shared server stops when the process exits (parent-death
+/// signal) and its directory is removed by the next cluster start.
+static CLUSTER: OnceCell<Cluster> = OnceCell::const_new();
 
 /// The base URL in use (`DATABASE_URL` or the throwaway cluster), starting the cluster if needed.
 pub async fn database_url() -> Result<String, TestSupportError> {
@@ -91,7 +96,8 @@ pub async fn database_url() -> Result<String, TestSupportError> {
     {
         return Ok(url);
     }
-    CLUSTER.get_or_try_init(start_cluster).await.cloned()
+    let cluster = CLUSTER.get_or_try_init(Cluster::start).await?;
+    Ok(cluster.url().to_owned())
 }
 
 /// A freshly created schema, dropped afterwards.
@@ -111,7 +117,13 @@ impl TestSchema {
     /// Creates `outbox_test_<uuid>` in the test database (see [`database_url`]) and a pool of
     /// up to 5 connections whose `search_path` is that schema alone.
     pub async fn new() -> Result<TestSchema, TestSupportError> {
-        let base_url = database_url().await?;
+        Self::new_in(&database_url().await?).await
+    }
+
+    /// Creates `outbox_test_<uuid>` in the database at `base_url` (e.g. a dedicated
+    /// [`Cluster`]'s [`url`](Cluster::url)), with a pool like [`new`](Self::new)'s.
+    pub async fn new_in(base_url: &str) -> Result<TestSchema, TestSupportError> {
+        let base_url = base_url.to_owned();
         let name = format!("outbox_test_{}", Uuid::now_v7().simple());
         // A `search_path` naming a schema that does not exist yet is fine, so the pool can
         // create it.
@@ -244,24 +256,136 @@ fn quote_ident(identifier: &str) -> String {
     format!("\"{}\"", identifier.replace('"', "\"\""))
 }
 
-async fn start_cluster() -> Result<String, TestSupportError> {
-    remove_stale_clusters().await;
-    let bindir = find_bindir().ok_or(TestSupportError::NoPostgres)?;
-    let owner = server_owner()?;
-    let random = Uuid::now_v7().simple().to_string();
-    // Keep the path short: the server's Unix socket lives in it, and those paths are limited to
-    // about 100 bytes. The tail of a v7 UUID is random.
-    let dir = env::temp_dir().join(format!(
-        "{CLUSTER_DIR_PREFIX}{}-{}",
-        process::id(),
-        &random[20..]
-    ));
-    fs::create_dir(&dir).map_err(TestSupportError::io(format!("creating {}", dir.display())))?;
-    let started = init_and_start(&bindir, &dir, owner.as_ref()).await;
-    if started.is_err() {
-        let _ = fs::remove_dir_all(&dir);
+/// A dedicated throwaway PostgreSQL cluster that its owner can restart.
+///
+/// Like the shared cluster behind [`database_url`], it lives in a temporary directory, runs as
+/// `nobody` when the caller is root, and stops if the process dies. Unlike it, the caller owns
+/// the server: [`restart`](Self::restart) stops it (fast shutdown: every session is cut) and
+/// starts it again on the same port and data directory, so connection URLs stay valid.
+/// Dropping the value stops the server and removes the directory.
+#[derive(Debug)]
+pub struct Cluster {
+    bindir: PathBuf,
+    dir: PathBuf,
+    owner: Option<User>,
+    port: u16,
+    url: String,
+    postmaster: Option<Postmaster>,
+}
+
+/// A running server process, reaped by the thread that spawned it.
+#[derive(Debug)]
+struct Postmaster {
+    pid: Pid,
+    exited: oneshot::Receiver<ExitStatus>,
+}
+
+impl Cluster {
+    /// Creates and starts a new cluster (from the server binaries found as described in the
+    /// [module docs](self)), removing leftovers of dead processes first.
+    pub async fn start() -> Result<Cluster, TestSupportError> {
+        remove_stale_clusters().await;
+        let bindir = find_bindir().ok_or(TestSupportError::NoPostgres)?;
+        let owner = server_owner()?;
+        let random = Uuid::now_v7().simple().to_string();
+        // Keep the path short: the server's Unix socket lives in it, and those paths are limited
+        // to about 100 bytes. The tail of a v7 UUID is random.
+        let dir = env::temp_dir().join(format!(
+            "{CLUSTER_DIR_PREFIX}{}-{}",
+            process::id(),
+            &random[20..]
+        ));
+        fs::create_dir(&dir)
+            .map_err(TestSupportError::io(format!("creating {}", dir.display())))?;
+        let mut cluster = Cluster {
+            bindir,
+            dir,
+            owner,
+            port: 0,
+            url: String::new(),
+            postmaster: None,
+        };
+        // On failure, dropping `cluster` removes the directory (and any server).
+        cluster.init().await?;
+        let mut attempt = 1;
+        loop {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|listener| listener.local_addr())
+                .map_err(TestSupportError::io("finding a free port"))?
+                .port();
+            match cluster.launch(port).await {
+                Ok(()) => break,
+                // Another process may grab the free port we picked before the server binds it.
+                Err(Launch::PortTaken(_)) if attempt < PORT_ATTEMPTS => attempt += 1,
+                Err(error) => return Err(error.into()),
+            }
+        }
+        tracing::debug!(url = %cluster.url, dir = %cluster.dir.display(), "started throwaway PostgreSQL");
+        Ok(cluster)
     }
-    started
+
+    /// The server's base URL (user `postgres`, database `postgres`, trust authentication).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The TCP port the server listens on (on 127.0.0.1), the same after a restart.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Stops the server with a fast shutdown (open sessions are terminated, their
+    /// transactions rolled back) and starts it again on the same port and data directory.
+    /// Returns once it accepts connections.
+    pub async fn restart(&mut self) -> Result<(), TestSupportError> {
+        self.stop_server().await?;
+        let mut attempt = 1;
+        loop {
+            match self.launch(self.port).await {
+                Ok(()) => return Ok(()),
+                // A connection of ours to the port may briefly hold it, or another process
+                // grabbed it; it is ours to take back.
+                Err(Launch::PortTaken(_)) if attempt < PORT_ATTEMPTS * 10 => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+
+    /// Fast shutdown of the running server, waiting for it to exit (an immediate shutdown
+    /// after [`TIMEOUT`]).
+    async fn stop_server(&mut self) -> Result<(), TestSupportError> {
+        let Some(mut postmaster) = self.postmaster.take() else {
+            return Ok(());
+        };
+        let _ = signal::kill(postmaster.pid, Signal::SIGINT);
+        if tokio::time::timeout(TIMEOUT, &mut postmaster.exited)
+            .await
+            .is_err()
+        {
+            let _ = signal::kill(postmaster.pid, Signal::SIGQUIT);
+            if tokio::time::timeout(TIMEOUT, postmaster.exited)
+                .await
+                .is_err()
+            {
+                return Err(TestSupportError::cluster(format!(
+                    "postgres (pid {}) did not stop",
+                    postmaster.pid
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join("postgres.log")
+    }
 }
 
 /// initdb refuses to run as root, so as root the cluster belongs to `nobody`.
@@ -320,66 +444,102 @@ fn find_bindir() -> Option<PathBuf> {
         .filter(|dir| has_server(dir))
 }
 
-async fn init_and_start(
-    bindir: &Path,
-    dir: &Path,
-    owner: Option<&User>,
-) -> Result<String, TestSupportError> {
-    if let Some(owner) = owner {
-        chown(dir, Some(owner.uid.as_raw()), Some(owner.gid.as_raw())).map_err(
-            TestSupportError::io(format!("handing {} to user {}", dir.display(), owner.name)),
-        )?;
+/// Why a server did not start.
+enum Launch {
+    /// The port was taken (the server log says so).
+    PortTaken(String),
+    /// Anything else.
+    Failed(TestSupportError),
+}
+
+impl From<Launch> for TestSupportError {
+    fn from(launch: Launch) -> Self {
+        match launch {
+            Launch::PortTaken(log) => TestSupportError::cluster(format!(
+                "postgres could not bind its port; server log:\n{log}"
+            )),
+            Launch::Failed(error) => error,
+        }
     }
-    let data = dir.join("data");
-    let mut initdb = server_command(&bindir.join("initdb"), dir, owner);
-    initdb.arg("-D").arg(&data).args([
-        "-U",
-        "postgres",
-        "--auth=trust",
-        "-E",
-        "UTF8",
-        // Valid with UTF8 whatever the environment's locale is, and deterministic.
-        "--locale=C",
-        "--no-sync",
-    ]);
-    let output = tokio::process::Command::from(initdb)
-        .output()
-        .await
-        .map_err(TestSupportError::io(format!(
-            "running {}",
-            bindir.join("initdb").display()
-        )))?;
-    if !output.status.success() {
-        return Err(TestSupportError::cluster(format!(
-            "initdb {} ({}):\n{}{}",
-            data.display(),
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        )));
+}
+
+impl From<TestSupportError> for Launch {
+    fn from(error: TestSupportError) -> Self {
+        Launch::Failed(error)
+    }
+}
+
+impl Cluster {
+    /// Runs initdb in the (empty) directory.
+    async fn init(&self) -> Result<(), TestSupportError> {
+        let (bindir, dir, owner) = (&self.bindir, &self.dir, self.owner.as_ref());
+        if let Some(owner) = owner {
+            chown(dir, Some(owner.uid.as_raw()), Some(owner.gid.as_raw())).map_err(
+                TestSupportError::io(format!("handing {} to user {}", dir.display(), owner.name)),
+            )?;
+        }
+        let data = self.data();
+        let mut initdb = server_command(&bindir.join("initdb"), dir, owner);
+        initdb.arg("-D").arg(&data).args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            // Valid with UTF8 whatever the environment's locale is, and deterministic.
+            "--locale=C",
+            "--no-sync",
+        ]);
+        let output = tokio::process::Command::from(initdb)
+            .output()
+            .await
+            .map_err(TestSupportError::io(format!(
+                "running {}",
+                bindir.join("initdb").display()
+            )))?;
+        if !output.status.success() {
+            return Err(TestSupportError::cluster(format!(
+                "initdb {} ({}):\n{}{}",
+                data.display(),
+                output.status,
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+        Ok(())
     }
 
-    let log_path = dir.join("postgres.log");
-    let read_log = || fs::read_to_string(&log_path).unwrap_or_default();
-    let mut attempt = 1;
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map_err(TestSupportError::io("finding a free port"))?
-            .port();
-        let log = File::create(&log_path).map_err(TestSupportError::io(format!(
-            "creating {}",
-            log_path.display()
-        )))?;
+    /// Starts the server on `port` and waits until it accepts connections. The server log
+    /// (`postgres.log`) is appended to, so it covers every start.
+    async fn launch(&mut self, port: u16) -> Result<(), Launch> {
+        let log_path = self.log_path();
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(TestSupportError::io(format!(
+                "opening {}",
+                log_path.display()
+            )))?;
+        let logged_before = log.metadata().map_or(0, |m| m.len());
+        let read_log = || {
+            let log = fs::read(&log_path).unwrap_or_default();
+            let start = usize::try_from(logged_before).unwrap_or(0).min(log.len());
+            String::from_utf8_lossy(&log[start..]).into_owned()
+        };
         let log_err = log
             .try_clone()
             .map_err(TestSupportError::io("cloning log"))?;
-        let mut postgres = server_command(&bindir.join("postgres"), dir, owner);
+        let mut postgres = server_command(
+            &self.bindir.join("postgres"),
+            &self.dir,
+            self.owner.as_ref(),
+        );
         postgres
             .arg("-D")
-            .arg(&data)
+            .arg(self.data())
             .args(["-p", &port.to_string(), "-k"])
-            .arg(dir)
+            .arg(&self.dir)
             .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
             .stdin(Stdio::null())
             .stdout(log)
@@ -389,27 +549,62 @@ async fn init_and_start(
         let (pid, mut exited) = spawn_postmaster(postgres)?;
         match wait_until_ready(&url, &mut exited).await {
             Startup::Ready => {
-                tracing::debug!(%url, dir = %dir.display(), "started throwaway PostgreSQL");
-                return Ok(url);
+                self.port = port;
+                self.url = url;
+                self.postmaster = Some(Postmaster { pid, exited });
+                Ok(())
             }
             Startup::Exited(status) => {
                 let log = read_log();
-                if attempt == PORT_ATTEMPTS || !log.contains("could not bind") {
-                    return Err(TestSupportError::cluster(format!(
+                if log.contains("could not bind") {
+                    Err(Launch::PortTaken(log))
+                } else {
+                    Err(Launch::Failed(TestSupportError::cluster(format!(
                         "postgres {status}; server log:\n{log}"
-                    )));
+                    ))))
                 }
-                attempt += 1;
             }
             Startup::TimedOut(error) => {
                 let _ = signal::kill(pid, Signal::SIGQUIT);
                 let _ = tokio::time::timeout(Duration::from_secs(5), exited).await;
-                return Err(TestSupportError::cluster(format!(
+                Err(Launch::Failed(TestSupportError::cluster(format!(
                     "postgres did not accept connections within {TIMEOUT:?} (last error: \
                      {error}); server log:\n{}",
                     read_log()
-                )));
+                ))))
             }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    /// Stops the server (fast shutdown; immediate after 10 s) and removes the directory.
+    fn drop(&mut self) {
+        if let Some(mut postmaster) = self.postmaster.take() {
+            // Drop may run on a runtime thread: poll instead of awaiting.
+            let _ = signal::kill(postmaster.pid, Signal::SIGINT);
+            let mut stopped = false;
+            for round in 0..400 {
+                if round == 200 {
+                    let _ = signal::kill(postmaster.pid, Signal::SIGQUIT);
+                }
+                if !matches!(
+                    postmaster.exited.try_recv(),
+                    Err(oneshot::error::TryRecvError::Empty)
+                ) {
+                    stopped = true;
+                    break;
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+            if !stopped {
+                // Leave the directory: the next cluster start removes it once we are gone.
+                tracing::warn!(pid = %postmaster.pid, "throwaway PostgreSQL did not stop");
+                return;
+            }
+        }
+        if let Err(error) = fs::remove_dir_all(&self.dir) {
+            tracing::debug!(dir = %self.dir.display(), %error, "could not remove test cluster");
         }
     }
 }
@@ -611,6 +806,33 @@ mod tests {
         assert_eq!(current_schema(&pool).await, schema.name());
         pool.close().await;
         schema.drop_schema().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_dedicated_cluster_restarts_on_the_same_port_and_is_removed_when_dropped() {
+        let mut cluster = match Cluster::start().await {
+            Err(TestSupportError::NoPostgres) => return, // nothing to own without binaries
+            started => started.unwrap(),
+        };
+        let (url, dir) = (cluster.url().to_owned(), cluster.dir.clone());
+        let schema = TestSchema::new_in(&url).await.unwrap();
+        sqlx::query("CREATE TABLE kept (id int)")
+            .execute(schema.pool())
+            .await
+            .unwrap();
+        let mut session = PgConnection::connect(&url).await.unwrap();
+        cluster.restart().await.unwrap();
+        assert_eq!(cluster.url(), url);
+        // The fast shutdown cut the open session; new ones reach the same data.
+        assert!(sqlx::query("SELECT 1").execute(&mut session).await.is_err());
+        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM kept")
+            .fetch_one(schema.pool())
+            .await
+            .unwrap();
+        assert_eq!(count, 0);
+        schema.drop_schema().await.unwrap();
+        drop(cluster);
+        assert!(!dir.exists());
     }
 
     #[test]

@@ -1,9 +1,9 @@
-// Building a Claim by hand, here to take over another row: its fields are private.
+// Building a Claim by hand, here to take over row 42: its fields are private.
 #[derive(outbox::Outbox)]
 struct Tick {}
 
-fn forge(claim: outbox::Claim<Tick>) -> outbox::Claim<Tick> {
-    outbox::Claim { id: 42, ..claim }
+fn forge(event: Tick) -> outbox::Claim<Tick> {
+    outbox::Claim { id: 42, event }
 }
 
 fn main() {}

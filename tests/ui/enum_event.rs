@@ -1,4 +1,4 @@
-// An enum.
+// An enum: an event type is one table, with one column per named field.
 #[derive(outbox::Outbox)]
 enum OrderEvent {
     Placed { customer: String },

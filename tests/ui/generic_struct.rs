@@ -1,4 +1,4 @@
-// A generic event struct.
+// A generic struct: an event type's table and columns are fixed at compile time.
 #[derive(outbox::Outbox)]
 struct Wrapped<T> {
     payload: T,

@@ -1,4 +1,4 @@
-// `max_attempts = 0`: no event could ever be claimed.
+// `max_attempts = 0`: an event must be allowed at least one claim.
 #[derive(outbox::Outbox)]
 #[outbox(max_attempts = 0)]
 struct OrderPlaced {

@@ -1,4 +1,4 @@
-// A unit struct.
+// A unit struct: an event needs named fields (an empty payload is written `{}`).
 #[derive(outbox::Outbox)]
 struct Tick;
 

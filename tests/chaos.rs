@@ -1,0 +1,34 @@
+//! The relay under chaos, in a short form for CI (about 2,000 events): four relay
+//! processes publish while the test SIGKILLs and restarts them, SIGSTOPs them past
+//! their lease, terminates their database sessions and restarts PostgreSQL once. Every
+//! event must end `SENT` exactly once, delivered at least once, recorded by the
+//! generation that held it. `cargo run --release --example chaos` is the long form.
+
+#[path = "chaos/mod.rs"]
+mod chaos;
+
+/// A relay process: re-executed by the test with the chaos environment set, it runs a
+/// relay until SIGTERM. A no-op in a normal test run.
+#[test]
+fn chaos_child() {
+    chaos::child_main_if_requested();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_deliver_every_event_through_kills_pauses_terminations_and_a_restart() {
+    let events = std::env::var("OUTBOX_CHAOS_EVENTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2_000);
+    let config = chaos::Config::new(events);
+    let child = chaos::ChildCommand {
+        args: ["--exact", "chaos_child", "--nocapture", "--test-threads=1"]
+            .map(String::from)
+            .to_vec(),
+    };
+    let report = chaos::run(&config, &child)
+        .await
+        .unwrap_or_else(|error| panic!("the chaos run could not run: {error}"));
+    println!("{report}");
+    assert!(report.failures.is_empty(), "{report}");
+}

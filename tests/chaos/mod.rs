@@ -1,0 +1,1123 @@
+//! Chaos for the relay: several relay processes publish one stream of events while the
+//! driver SIGKILLs them, SIGSTOPs them past their lease, terminates their database
+//! sessions and restarts PostgreSQL under them. At the end every event must be `SENT`
+//! exactly once in the outbox, delivered at least once, and recorded `SENT` by the
+//! generation that held the row.
+//!
+//! Each relay is a child process re-executing the current binary (selected by
+//! environment variables, as in the recovery lab) that runs [`outbox::Relay`] into a
+//! sink recording every delivery in `chaos_deliveries`, a plain table outside the
+//! outbox. The children log the relay's tracing output to stderr; the driver reads it to
+//! count stale rejections and to catch constraint violations and panics.
+//!
+//! Shared by `tests/chaos.rs` (a short run, for CI) and `examples/chaos.rs` (long runs).
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::fmt;
+use std::io::{BufRead, BufReader, Write as _};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError};
+use outbox::testing::{Cluster, TestSchema, TestSupportError};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep};
+
+/// The chaos event: a short lease so that pauses outlast it within seconds, a short
+/// retry delay, and a budget that chaos never exhausts.
+#[derive(outbox::Outbox, Debug, Clone)]
+#[outbox(
+    table = "chaos_events",
+    lease = "2s",
+    retry_delay = "100ms",
+    max_attempts = 1000
+)]
+pub struct ChaosEvent {
+    /// `chaos-<seq>`.
+    #[outbox(event_id)]
+    pub key: String,
+    /// The business row (`chaos_orders.seq`) committed with the event.
+    pub order_seq: i64,
+}
+
+fn lease() -> Duration {
+    <ChaosEvent as outbox::Outbox>::SPEC.lease
+}
+
+/// What a run does.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Events enqueued in all.
+    pub events: usize,
+    /// Share of the events enqueued before the relays start (the rest while they run).
+    pub prefill: f64,
+    /// Events per second enqueued while the relays run.
+    pub rate: f64,
+    /// Relay processes.
+    pub relays: usize,
+    /// Rows per claim of each relay.
+    pub batch_size: u32,
+    /// Workers per relay.
+    pub concurrency: usize,
+    /// Seed of the driver's choices (which relay, which action, how long).
+    pub seed: u64,
+    /// Restart PostgreSQL once mid-run (only when the run owns its server).
+    pub restart_postgres: bool,
+    /// Echo every line the relays log.
+    pub verbose: bool,
+    /// Give up waiting for the outbox to drain after this long.
+    pub drain_timeout: Duration,
+}
+
+impl Config {
+    /// `events` events with the defaults: 40% enqueued up front, the rest at 150/s,
+    /// 4 relays claiming 50 rows with 2 workers each, a PostgreSQL restart.
+    pub fn new(events: usize) -> Self {
+        Self {
+            events,
+            prefill: 0.4,
+            rate: 150.0,
+            relays: 4,
+            batch_size: 50,
+            concurrency: 2,
+            seed: fastrand::u64(..),
+            restart_postgres: true,
+            verbose: false,
+            drain_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+/// What a run did and found.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub seed: u64,
+    pub events: usize,
+    pub relays: usize,
+    /// Where the database came from.
+    pub server: String,
+    /// Relays SIGKILLed (and restarted), and how many of those in the middle of a batch.
+    pub kills: u32,
+    pub kills_mid_batch: u32,
+    /// Relays SIGSTOPped past their lease, and how many of those in the middle of a batch.
+    pub pauses: u32,
+    pub pauses_mid_batch: u32,
+    /// `pg_terminate_backend` rounds, and sessions they ended.
+    pub terminations: u32,
+    pub sessions_terminated: i64,
+    /// PostgreSQL restarts, or why there was none.
+    pub restarts: u32,
+    pub restart_skipped: Option<String>,
+    /// Business transactions retried after a database error.
+    pub enqueue_retries: u32,
+    /// Rows in `chaos_deliveries`.
+    pub deliveries: i64,
+    /// Deliveries by a claim whose generation is not the row's final one.
+    pub superseded_deliveries: i64,
+    /// Relay incarnations that delivered something.
+    pub publishers: i64,
+    /// Highest generation and attempt count of any row.
+    pub max_generation: i64,
+    pub max_attempts: i32,
+    /// Lines the relays logged, by kind.
+    pub stale_outcomes: u64,
+    pub renewals_rejected: u64,
+    pub publish_timeouts: u64,
+    pub relay_errors: u64,
+    pub constraint_violations: u64,
+    /// Seconds: the whole run, the chaos phase, the drain after it.
+    pub wall: Duration,
+    pub chaos: Duration,
+    pub drain: Duration,
+    /// Every check that failed; empty for a passing run.
+    pub failures: Vec<String>,
+}
+
+impl Report {
+    /// Deliveries beyond one per event.
+    pub fn duplicates(&self) -> i64 {
+        self.deliveries - i64::try_from(self.events).unwrap_or(i64::MAX)
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let restarts = match &self.restart_skipped {
+            Some(why) => format!("{} (skipped: {why})", self.restarts),
+            None => self.restarts.to_string(),
+        };
+        writeln!(f, "chaos summary (seed {}, {})", self.seed, self.server)?;
+        writeln!(
+            f,
+            "  events                 {} ({} relays)",
+            self.events, self.relays
+        )?;
+        writeln!(
+            f,
+            "  kills                  {} ({} mid-batch)",
+            self.kills, self.kills_mid_batch
+        )?;
+        writeln!(
+            f,
+            "  pauses past the lease  {} ({} mid-batch)",
+            self.pauses, self.pauses_mid_batch
+        )?;
+        writeln!(
+            f,
+            "  backend terminations   {} ({} sessions)",
+            self.terminations, self.sessions_terminated
+        )?;
+        writeln!(f, "  postgres restarts      {restarts}")?;
+        writeln!(f, "  enqueue retries        {}", self.enqueue_retries)?;
+        writeln!(
+            f,
+            "  deliveries             {} by {} relay incarnations",
+            self.deliveries, self.publishers
+        )?;
+        writeln!(
+            f,
+            "  duplicate deliveries   {} ({} by superseded generations)",
+            self.duplicates(),
+            self.superseded_deliveries
+        )?;
+        writeln!(
+            f,
+            "  stale rejections       {} outcomes, {} renewals ({} publish timeouts)",
+            self.stale_outcomes, self.renewals_rejected, self.publish_timeouts
+        )?;
+        writeln!(
+            f,
+            "  max generation/claims  {}/{}",
+            self.max_generation, self.max_attempts
+        )?;
+        writeln!(
+            f,
+            "  relay errors logged    {} (constraint violations: {})",
+            self.relay_errors, self.constraint_violations
+        )?;
+        writeln!(
+            f,
+            "  wall time              {:.1}s (chaos {:.1}s, drain {:.1}s)",
+            self.wall.as_secs_f64(),
+            self.chaos.as_secs_f64(),
+            self.drain.as_secs_f64()
+        )?;
+        if self.failures.is_empty() {
+            write!(f, "  result                 every check passed")
+        } else {
+            write!(
+                f,
+                "  result                 {} FAILED:",
+                self.failures.len()
+            )?;
+            for failure in &self.failures {
+                write!(f, "\n    - {failure}")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// How the driver re-executes the current binary as a relay.
+#[derive(Clone, Debug)]
+pub struct ChildCommand {
+    /// Arguments that make the current executable run [`child_main_if_requested`].
+    pub args: Vec<String>,
+}
+
+const CHILD_URL: &str = "OUTBOX_CHAOS_CHILD_URL";
+const CHILD_APP: &str = "OUTBOX_CHAOS_CHILD_APP";
+const CHILD_BATCH: &str = "OUTBOX_CHAOS_CHILD_BATCH";
+const CHILD_CONCURRENCY: &str = "OUTBOX_CHAOS_CHILD_CONCURRENCY";
+/// Prefix of the lines a relay child writes itself (the rest is the relay's tracing).
+const MARK: &str = "chaos-relay:";
+/// Written by the sink when a batch arrives: the driver times some pauses and kills on it.
+const BATCH_LINE: &str = "chaos-relay: batch";
+
+// -------------------------------------------------------------------------------------
+// The relay child
+// -------------------------------------------------------------------------------------
+
+/// In a relay child: run the relay until SIGTERM, then exit the process. Returns without
+/// doing anything in any other process.
+pub fn child_main_if_requested() {
+    let (Ok(url), Ok(app)) = (std::env::var(CHILD_URL), std::env::var(CHILD_APP)) else {
+        return;
+    };
+    let number = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (batch, concurrency) = (number(CHILD_BATCH, 50), number(CHILD_CONCURRENCY, 2));
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let code = runtime.block_on(relay_child(
+        &url,
+        &app,
+        u32::try_from(batch).unwrap_or(50),
+        concurrency,
+    ));
+    drop(runtime);
+    std::process::exit(code);
+}
+
+fn say(line: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{MARK} {line}").and_then(|()| err.flush());
+}
+
+async fn relay_child(url: &str, app: &str, batch: u32, concurrency: usize) -> i32 {
+    let options = match url.parse::<PgConnectOptions>() {
+        Ok(options) => options.application_name(app),
+        Err(error) => {
+            say(&format!("bad url: {error}"));
+            return 2;
+        }
+    };
+    // Lazy: a relay restarted while PostgreSQL is down starts anyway and backs off.
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with(options);
+    let shutdown = CancellationToken::new();
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a SIGTERM handler");
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            terminate.recv().await;
+            say("SIGTERM: shutting down");
+            shutdown.cancel();
+        }
+    });
+    // No parent-death signal without unsafe code: an orphaned relay notices and exits.
+    let parent = nix::unistd::getppid();
+    tokio::spawn(async move {
+        loop {
+            sleep(Duration::from_millis(500)).await;
+            if nix::unistd::getppid() != parent {
+                std::process::exit(3);
+            }
+        }
+    });
+    let sink = RecordingSink {
+        pool: pool.clone(),
+        pid: i32::try_from(std::process::id()).unwrap_or(-1),
+    };
+    let relay = Relay::<ChaosEvent, _>::new(pool, sink)
+        .batch_size(batch)
+        .concurrency(concurrency)
+        .poll_interval(Duration::from_millis(250))
+        .retry_backoff(Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_secs(1),
+        ))
+        .shutdown_grace(Duration::from_secs(5));
+    say("started");
+    match relay.run(shutdown).await {
+        Ok(()) => {
+            say("stopped");
+            0
+        }
+        Err(error) => {
+            say(&format!("relay failed: {error}"));
+            1
+        }
+    }
+}
+
+/// Records every delivery in `chaos_deliveries` (one statement per batch), after a
+/// short sleep that widens the window in which a relay holds claims.
+struct RecordingSink {
+    pool: PgPool,
+    pid: i32,
+}
+
+impl Sink<ChaosEvent> for RecordingSink {
+    async fn publish(&self, batch: &[Delivery<'_, ChaosEvent>]) -> Vec<Result<(), SinkError>> {
+        say(&format!("batch {}", batch.len()));
+        sleep(Duration::from_millis(fastrand::u64(5..=25))).await;
+        let event_ids: Vec<&str> = batch.iter().map(|d| d.event_id().as_str()).collect();
+        let generations: Vec<i64> = batch.iter().map(|d| d.generation().get()).collect();
+        let attempts: Vec<i32> = batch
+            .iter()
+            .map(|d| i32::try_from(d.attempt()).unwrap_or(i32::MAX))
+            .collect();
+        let inserted = sqlx::query(
+            "INSERT INTO chaos_deliveries (event_id, generation, attempt, publisher_pid) \
+             SELECT e, g, a, $4 FROM unnest($1::text[], $2::bigint[], $3::int[]) AS u(e, g, a)",
+        )
+        .bind(&event_ids)
+        .bind(&generations)
+        .bind(&attempts)
+        .bind(self.pid)
+        .execute(&self.pool)
+        .await;
+        match inserted {
+            Ok(_) => batch.iter().map(|_| Ok(())).collect(),
+            // Not recorded, so not delivered (or, if the commit's acknowledgement was
+            // lost, delivered and retried: a duplicate, which consumers absorb).
+            Err(error) => batch
+                .iter()
+                .map(|_| Err(SinkError::transient(format!("recording: {error}"))))
+                .collect(),
+        }
+    }
+}
+
+// -------------------------------------------------------------------------------------
+// The driver: relay processes
+// -------------------------------------------------------------------------------------
+
+/// What the relays logged, counted by the threads reading their stderr.
+#[derive(Debug, Default)]
+struct LogCounts {
+    stale_outcomes: AtomicU64,
+    renewals_rejected: AtomicU64,
+    publish_timeouts: AtomicU64,
+    errors: AtomicU64,
+    constraint_violations: AtomicU64,
+    /// Lines that fail the run: constraint violations, panics, relay failures.
+    alarming: Mutex<Vec<String>>,
+}
+
+impl LogCounts {
+    fn read(&self, tag: &str, line: &str, batches: &mpsc::UnboundedSender<()>, verbose: bool) {
+        let bump = |counter: &AtomicU64| counter.fetch_add(1, Ordering::Relaxed);
+        if line.contains(BATCH_LINE) {
+            let _ = batches.send(());
+        } else if line.contains("outcome rejected: the claim is stale") {
+            bump(&self.stale_outcomes);
+        } else if line.contains("lease renewal rejected") {
+            bump(&self.renewals_rejected);
+        } else if line.contains("publish timed out") {
+            bump(&self.publish_timeouts);
+        }
+        if line.contains(" ERROR ") {
+            bump(&self.errors);
+        }
+        let constraint = line.contains("constraint");
+        if constraint {
+            bump(&self.constraint_violations);
+        }
+        if constraint || line.contains("panicked") || line.contains("relay failed") {
+            self.alarming
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(format!("{tag} {line}"));
+        }
+        if verbose && !line.contains(BATCH_LINE) {
+            eprintln!("{tag} {line}");
+        }
+    }
+}
+
+/// One relay slot: the running child process and its batch announcements.
+struct RelayProcess {
+    child: Child,
+    pid: Pid,
+    batches: mpsc::UnboundedReceiver<()>,
+    /// Until when it is SIGSTOPped.
+    paused_until: Option<Instant>,
+}
+
+struct Relays {
+    slots: Vec<RelayProcess>,
+    incarnations: usize,
+    url: String,
+    schema: String,
+    config: Config,
+    command: ChildCommand,
+    logs: Arc<LogCounts>,
+    /// Relays that exited without being told to.
+    unexpected_exits: Vec<String>,
+}
+
+impl Relays {
+    fn app_name(&self, slot: usize) -> String {
+        format!("{}-r{slot}", self.schema)
+    }
+
+    fn spawn(&mut self, slot: usize) -> Result<RelayProcess, String> {
+        self.incarnations += 1;
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut child = Command::new(exe)
+            .args(&self.command.args)
+            .env(CHILD_URL, &self.url)
+            .env(CHILD_APP, self.app_name(slot))
+            .env(CHILD_BATCH, self.config.batch_size.to_string())
+            .env(CHILD_CONCURRENCY, self.config.concurrency.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("spawning relay {slot}: {e}"))?;
+        let stderr = child.stderr.take().ok_or("no relay stderr")?;
+        let pid = Pid::from_raw(i32::try_from(child.id()).map_err(|e| e.to_string())?);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (logs, verbose) = (Arc::clone(&self.logs), self.config.verbose);
+        let tag = format!("[r{slot}#{} pid {pid}]", self.incarnations);
+        std::thread::Builder::new()
+            .name(format!("chaos-relay-{slot}-log"))
+            .spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    logs.read(&tag, &line, &tx, verbose);
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(RelayProcess {
+            child,
+            pid,
+            batches: rx,
+            paused_until: None,
+        })
+    }
+
+    fn start(&mut self) -> Result<(), String> {
+        for slot in 0..self.config.relays {
+            let process = self.spawn(slot)?;
+            self.slots.push(process);
+        }
+        Ok(())
+    }
+
+    /// Waits up to a second for `slot` to announce a new batch; true if it did.
+    async fn next_batch(&mut self, slot: usize) -> bool {
+        let batches = &mut self.slots[slot].batches;
+        while batches.try_recv().is_ok() {}
+        tokio::time::timeout(Duration::from_secs(1), batches.recv())
+            .await
+            .is_ok_and(|got| got.is_some())
+    }
+
+    fn kill_and_restart(&mut self, slot: usize) -> Result<(), String> {
+        let process = &mut self.slots[slot];
+        kill(process.pid, Signal::SIGKILL).map_err(|e| format!("SIGKILL relay {slot}: {e}"))?;
+        process.child.wait().map_err(|e| e.to_string())?;
+        self.slots[slot] = self.spawn(slot)?;
+        Ok(())
+    }
+
+    fn pause(&mut self, slot: usize, until: Instant) -> Result<(), String> {
+        kill(self.slots[slot].pid, Signal::SIGSTOP)
+            .map_err(|e| format!("SIGSTOP relay {slot}: {e}"))?;
+        self.slots[slot].paused_until = Some(until);
+        Ok(())
+    }
+
+    /// SIGCONTs the relays whose pause is over (all of them with `all`).
+    fn resume_due(&mut self, all: bool) -> Result<(), String> {
+        let now = Instant::now();
+        for (slot, process) in self.slots.iter_mut().enumerate() {
+            if let Some(until) = process.paused_until
+                && (all || until <= now)
+            {
+                kill(process.pid, Signal::SIGCONT)
+                    .map_err(|e| format!("SIGCONT relay {slot}: {e}"))?;
+                process.paused_until = None;
+            }
+        }
+        Ok(())
+    }
+
+    fn running(&self) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|&slot| self.slots[slot].paused_until.is_none())
+            .collect()
+    }
+
+    fn paused(&self) -> usize {
+        self.slots.len() - self.running().len()
+    }
+
+    /// Notes and replaces relays that exited on their own.
+    fn reap_unexpected(&mut self) -> Result<(), String> {
+        for slot in 0..self.slots.len() {
+            if let Some(status) = self.slots[slot]
+                .child
+                .try_wait()
+                .map_err(|e| e.to_string())?
+            {
+                self.unexpected_exits
+                    .push(format!("relay {slot} exited on its own: {status}"));
+                self.slots[slot] = self.spawn(slot)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// SIGTERMs every relay and waits for them to exit; their exit statuses.
+    async fn stop(&mut self, within: Duration) -> Vec<(usize, Option<ExitStatus>)> {
+        for process in &self.slots {
+            let _ = kill(process.pid, Signal::SIGTERM);
+        }
+        let deadline = Instant::now() + within;
+        let mut statuses = Vec::new();
+        for (slot, process) in self.slots.iter_mut().enumerate() {
+            let status = loop {
+                match process.child.try_wait() {
+                    Ok(Some(status)) => break Some(status),
+                    Ok(None) if Instant::now() < deadline => {
+                        sleep(Duration::from_millis(20)).await;
+                    }
+                    _ => break None,
+                }
+            };
+            statuses.push((slot, status));
+        }
+        statuses
+    }
+}
+
+impl Drop for Relays {
+    fn drop(&mut self) {
+        for process in &mut self.slots {
+            if matches!(process.child.try_wait(), Ok(None)) {
+                let _ = kill(process.pid, Signal::SIGKILL);
+                let _ = process.child.wait();
+            }
+        }
+    }
+}
+
+// -------------------------------------------------------------------------------------
+// The driver: the database
+// -------------------------------------------------------------------------------------
+
+/// The server a run uses: its own cluster when PostgreSQL binaries are installed (so it
+/// can restart it), otherwise `DATABASE_URL` (no restart).
+enum Server {
+    Owned(Cluster),
+    Shared(String),
+}
+
+impl Server {
+    async fn start() -> Result<(Server, Option<String>), String> {
+        match Cluster::start().await {
+            Ok(cluster) => Ok((Server::Owned(cluster), None)),
+            Err(TestSupportError::NoPostgres) => match std::env::var("DATABASE_URL") {
+                Ok(url) if !url.is_empty() => Ok((
+                    Server::Shared(url),
+                    Some("no local PostgreSQL binaries to own a server; using DATABASE_URL".into()),
+                )),
+                _ => Err(TestSupportError::NoPostgres.to_string()),
+            },
+            Err(error) => Err(error.to_string()),
+        }
+    }
+
+    fn url(&self) -> &str {
+        match self {
+            Server::Owned(cluster) => cluster.url(),
+            Server::Shared(url) => url,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Server::Owned(cluster) => format!("own cluster on port {}", cluster.port()),
+            Server::Shared(_) => "DATABASE_URL".to_owned(),
+        }
+    }
+}
+
+async fn setup(pool: &PgPool) -> Result<(), String> {
+    outbox::migrate(pool, &[ChaosEvent::migrations()])
+        .await
+        .map_err(|e| format!("migrating: {e}"))?;
+    for ddl in [
+        "CREATE TABLE chaos_orders (seq bigint PRIMARY KEY)",
+        "CREATE TABLE chaos_deliveries (\
+             id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
+             event_id text NOT NULL, \
+             generation bigint NOT NULL, \
+             attempt integer NOT NULL, \
+             publisher_pid integer NOT NULL, \
+             delivered_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+    ] {
+        sqlx::query(ddl)
+            .execute(pool)
+            .await
+            .map_err(|e| format!("{ddl}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn key(seq: i64) -> String {
+    format!("chaos-{seq:06}")
+}
+
+/// One business transaction: the orders `seqs` and their events.
+async fn enqueue_orders(pool: &PgPool, seqs: &[i64]) -> Result<(), String> {
+    let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+    sqlx::query("INSERT INTO chaos_orders (seq) SELECT * FROM unnest($1::bigint[])")
+        .bind(seqs)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| e.to_string())?;
+    for &seq in seqs {
+        ChaosEvent {
+            key: key(seq),
+            order_seq: seq,
+        }
+        .enqueue(&mut *tx)
+        .await
+        .map_err(|e| e.to_string())?;
+    }
+    tx.commit().await.map_err(|e| e.to_string())
+}
+
+/// Enqueues `seqs` in one transaction, retrying through database outages. A commit whose
+/// acknowledgement was lost may have happened: the order rows tell.
+async fn enqueue_durably(pool: &PgPool, seqs: &[i64], retries: &AtomicU64) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_mins(1);
+    loop {
+        let error = match enqueue_orders(pool, seqs).await {
+            Ok(()) => return Ok(()),
+            Err(error) => error,
+        };
+        retries.fetch_add(1, Ordering::Relaxed);
+        let committed: Result<bool, _> =
+            sqlx::query_scalar("SELECT EXISTS (SELECT FROM chaos_orders WHERE seq = $1)")
+                .bind(seqs[0])
+                .fetch_one(pool)
+                .await;
+        if matches!(committed, Ok(true)) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("enqueueing {seqs:?} kept failing: {error}"));
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Enqueues `from..to` in transactions of 1..=`max_tx` events, at `rate` events per
+/// second (`None`: as fast as possible).
+async fn enqueue_range(
+    pool: PgPool,
+    (from, to): (i64, i64),
+    max_tx: i64,
+    rate: Option<f64>,
+    seed: u64,
+    progress: Arc<AtomicUsize>,
+    retries: Arc<AtomicU64>,
+) -> Result<(), String> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let started = Instant::now();
+    let mut next = from;
+    while next < to {
+        let end = (next + rng.i64(1..=max_tx)).min(to);
+        let seqs: Vec<i64> = (next..end).collect();
+        enqueue_durably(&pool, &seqs, &retries).await?;
+        progress.fetch_add(seqs.len(), Ordering::Relaxed);
+        next = end;
+        if let Some(rate) = rate {
+            #[allow(clippy::cast_precision_loss)]
+            let due = started + Duration::from_secs_f64((next - from) as f64 / rate);
+            tokio::time::sleep_until(due).await;
+        }
+    }
+    Ok(())
+}
+
+/// Terminates the sessions of one relay (`Some(slot)`) or of all; how many it ended.
+async fn terminate_sessions(pool: &PgPool, prefix: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE starts_with(application_name, $1) AND pid <> pg_backend_pid()",
+    )
+    .bind(prefix)
+    .fetch_one(pool)
+    .await
+}
+
+async fn unsent(pool: &PgPool) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM chaos_events WHERE status <> 'SENT'")
+        .fetch_one(pool)
+        .await
+}
+
+// -------------------------------------------------------------------------------------
+// The driver: the run
+// -------------------------------------------------------------------------------------
+
+/// Runs the chaos and checks the end state. `Err` only when the run could not be set
+/// up; failed checks are listed in [`Report::failures`].
+pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, String> {
+    let wall = Instant::now();
+    let (mut server, no_restart) = Server::start().await?;
+    let schema = TestSchema::new_in(server.url())
+        .await
+        .map_err(|e| e.to_string())?;
+    let pool = schema.pool().clone();
+    setup(&pool).await?;
+
+    let mut report = Report {
+        seed: config.seed,
+        events: config.events,
+        relays: config.relays,
+        server: server.describe(),
+        restart_skipped: if config.restart_postgres {
+            no_restart
+        } else {
+            Some("disabled".into())
+        },
+        ..Report::default()
+    };
+    if let Some(why) = &report.restart_skipped {
+        println!("chaos: the PostgreSQL restart is skipped: {why}");
+    }
+    let total = i64::try_from(config.events).map_err(|e| e.to_string())?;
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_precision_loss,
+        clippy::cast_sign_loss
+    )]
+    let prefilled = ((config.events as f64 * config.prefill) as i64).clamp(0, total);
+    let progress = Arc::new(AtomicUsize::new(0));
+    let retries = Arc::new(AtomicU64::new(0));
+    enqueue_range(
+        pool.clone(),
+        (0, prefilled),
+        20,
+        None,
+        config.seed,
+        Arc::clone(&progress),
+        Arc::clone(&retries),
+    )
+    .await?;
+
+    let mut relays = Relays {
+        slots: Vec::new(),
+        incarnations: 0,
+        url: schema.url(),
+        schema: schema.name().to_owned(),
+        config: config.clone(),
+        command: command.clone(),
+        logs: Arc::default(),
+        unexpected_exits: Vec::new(),
+    };
+    relays.start()?;
+    let chaos_started = Instant::now();
+    let enqueuer = tokio::spawn(enqueue_range(
+        pool.clone(),
+        (prefilled, total),
+        8,
+        Some(config.rate),
+        config.seed ^ 1,
+        Arc::clone(&progress),
+        Arc::clone(&retries),
+    ));
+
+    chaos(
+        config,
+        &mut server,
+        &pool,
+        &mut relays,
+        &progress,
+        &mut report,
+    )
+    .await?;
+    match enqueuer.await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => report.failures.push(error),
+        Err(error) => report.failures.push(format!("the enqueuer died: {error}")),
+    }
+    report.chaos = chaos_started.elapsed();
+    report.enqueue_retries = u32::try_from(retries.load(Ordering::Relaxed)).unwrap_or(u32::MAX);
+
+    // Drain: every relay runs again; wait until nothing is left to send.
+    relays.resume_due(true)?;
+    relays.reap_unexpected()?;
+    let drain_started = Instant::now();
+    loop {
+        match unsent(&pool).await {
+            Ok(0) => break,
+            Ok(_) | Err(_) if drain_started.elapsed() < config.drain_timeout => {
+                relays.reap_unexpected()?;
+                sleep(Duration::from_millis(100)).await;
+            }
+            Ok(left) => {
+                report.failures.push(format!(
+                    "{left} events still unsent {:?} after the chaos",
+                    config.drain_timeout
+                ));
+                break;
+            }
+            Err(error) => {
+                report.failures.push(format!("draining: {error}"));
+                break;
+            }
+        }
+    }
+    report.drain = drain_started.elapsed();
+
+    // Graceful stop: each relay handles SIGTERM by cancelling its shutdown token.
+    for (slot, status) in relays.stop(Duration::from_secs(20)).await {
+        match status {
+            Some(status) if status.success() => {}
+            Some(status) => report
+                .failures
+                .push(format!("relay {slot} stopped with {status} after SIGTERM")),
+            None => report
+                .failures
+                .push(format!("relay {slot} did not stop within 20s of SIGTERM")),
+        }
+    }
+    // The reader threads see EOF once the children are gone; give them a moment.
+    sleep(Duration::from_millis(200)).await;
+    let logs = &relays.logs;
+    report.stale_outcomes = logs.stale_outcomes.load(Ordering::Relaxed);
+    report.renewals_rejected = logs.renewals_rejected.load(Ordering::Relaxed);
+    report.publish_timeouts = logs.publish_timeouts.load(Ordering::Relaxed);
+    report.relay_errors = logs.errors.load(Ordering::Relaxed);
+    report.constraint_violations = logs.constraint_violations.load(Ordering::Relaxed);
+    report.failures.append(&mut relays.unexpected_exits);
+    for line in logs
+        .alarming
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .take(20)
+    {
+        report.failures.push(format!("a relay logged: {line}"));
+    }
+
+    verify(&pool, total, &mut report).await?;
+    drop(relays);
+    schema.drop_schema().await.map_err(|e| e.to_string())?;
+    drop(server);
+    report.wall = wall.elapsed();
+    Ok(report)
+}
+
+/// The chaos phase: runs while events are being enqueued, and until every kind of
+/// chaos happened a few times.
+async fn chaos(
+    config: &Config,
+    server: &mut Server,
+    pool: &PgPool,
+    relays: &mut Relays,
+    progress: &AtomicUsize,
+    report: &mut Report,
+) -> Result<(), String> {
+    let mut rng = fastrand::Rng::with_seed(config.seed ^ 2);
+    let lease = lease();
+    let started = Instant::now();
+    // However it goes, the chaos ends 20 s after the enqueueing should have.
+    #[allow(clippy::cast_precision_loss)]
+    let hard_stop = started + Duration::from_secs_f64(config.events as f64 / config.rate + 20.0);
+    let restart_at = config.events - (config.events - progress.load(Ordering::Relaxed)) / 2;
+    let mut next_action = Instant::now() + Duration::from_millis(rng.u64(200..600));
+    loop {
+        relays.resume_due(false)?;
+        relays.reap_unexpected()?;
+        let enqueued = progress.load(Ordering::Relaxed) >= config.events;
+        let restart_pending = report.restart_skipped.is_none() && report.restarts == 0;
+        let enough = report.kills >= 3
+            && report.pauses >= 2
+            && report.pauses_mid_batch >= 1
+            && report.terminations >= 2
+            && !restart_pending;
+        if (enqueued && enough && relays.paused() == 0) || Instant::now() > hard_stop {
+            break;
+        }
+        if Instant::now() < next_action {
+            sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        next_action = Instant::now() + Duration::from_millis(rng.u64(150..500));
+
+        if restart_pending && progress.load(Ordering::Relaxed) >= restart_at {
+            if let Server::Owned(cluster) = server {
+                let began = Instant::now();
+                cluster
+                    .restart()
+                    .await
+                    .map_err(|e| format!("restarting PostgreSQL: {e}"))?;
+                report.restarts += 1;
+                println!(
+                    "chaos: restarted PostgreSQL in {:.2}s",
+                    began.elapsed().as_secs_f64()
+                );
+            }
+            continue;
+        }
+        let running = relays.running();
+        match rng.u32(0..10) {
+            // Pause a relay (mid-batch if it has one) for longer than its lease.
+            0..=2 if relays.paused() < relays.slots.len() / 2 => {
+                let slot = running[rng.usize(..running.len())];
+                let mid_batch = relays.next_batch(slot).await;
+                let until = Instant::now() + lease + Duration::from_millis(rng.u64(300..1500));
+                relays.pause(slot, until)?;
+                report.pauses += 1;
+                report.pauses_mid_batch += u32::from(mid_batch);
+            }
+            // Terminate the database sessions of one relay, or of all.
+            3..=5 => {
+                let prefix = if rng.bool() {
+                    relays.app_name(running[rng.usize(..running.len())])
+                } else {
+                    format!("{}-r", relays.schema)
+                };
+                // PostgreSQL may be restarting: a failed round is no round.
+                if let Ok(ended) = terminate_sessions(pool, &prefix).await {
+                    report.terminations += 1;
+                    report.sessions_terminated += ended;
+                }
+            }
+            // SIGKILL a relay, half of the time in the middle of a batch, and restart it.
+            _ => {
+                let slot = running[rng.usize(..running.len())];
+                let mid_batch = rng.bool() && relays.next_batch(slot).await;
+                relays.kill_and_restart(slot)?;
+                report.kills += 1;
+                report.kills_mid_batch += u32::from(mid_batch);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The end state.
+async fn verify(pool: &PgPool, total: i64, report: &mut Report) -> Result<(), String> {
+    let db = |e: sqlx::Error| format!("verifying: {e}");
+    let failures = &mut report.failures;
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            failures.push(what);
+        }
+    };
+
+    let (rows, distinct, sent, inprogress, dead, lease_mismatch, max_generation, max_attempts): (
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        Option<i64>,
+        Option<i32>,
+    ) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT event_id), count(*) FILTER (WHERE status = 'SENT'), \
+                count(*) FILTER (WHERE status = 'INPROGRESS'), count(*) FILTER (WHERE status = 'DEAD'), \
+                count(*) FILTER (WHERE (status = 'INPROGRESS') <> (lease_until IS NOT NULL)), \
+                max(generation), max(attempts) \
+         FROM chaos_events",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(db)?;
+    check(
+        rows == total && distinct == total,
+        format!("outbox rows: {rows} ({distinct} distinct event ids), expected {total}"),
+    );
+    check(sent == total, format!("{sent} of {total} rows SENT"));
+    check(
+        inprogress == 0,
+        format!("{inprogress} rows left INPROGRESS"),
+    );
+    check(dead == 0, format!("{dead} rows DEAD"));
+    check(
+        lease_mismatch == 0,
+        format!("{lease_mismatch} rows break (status = 'INPROGRESS') = (lease_until IS NOT NULL)"),
+    );
+    let (has_check,): (bool,) = sqlx::query_as(
+        "SELECT EXISTS (SELECT FROM pg_constraint WHERE conrelid = 'chaos_events'::regclass \
+         AND contype = 'c' AND pg_get_constraintdef(oid) LIKE '%lease_until IS NOT NULL%')",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(db)?;
+    check(
+        has_check,
+        "the table has no lease CHECK constraint".to_owned(),
+    );
+
+    let (orders, orphans): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE NOT EXISTS \
+             (SELECT FROM chaos_events e WHERE e.order_seq = o.seq)) \
+         FROM chaos_orders o",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(db)?;
+    check(
+        orders == total && orphans == 0,
+        format!("{orders} business rows ({orphans} without their event), expected {total}"),
+    );
+
+    let (deliveries, delivered, claims, publishers): (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT event_id), count(DISTINCT (event_id, generation)), \
+                count(DISTINCT publisher_pid) \
+         FROM chaos_deliveries",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(db)?;
+    check(
+        delivered == total,
+        format!("{delivered} of {total} events delivered"),
+    );
+    check(
+        claims == deliveries,
+        format!(
+            "{} deliveries repeat an (event, generation): two claims shared a fencing token",
+            deliveries - claims
+        ),
+    );
+    let (phantom, superseded, future, final_missing): (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT \
+             (SELECT count(*) FROM chaos_deliveries d \
+              WHERE NOT EXISTS (SELECT FROM chaos_events e WHERE e.event_id = d.event_id)), \
+             (SELECT count(*) FROM chaos_deliveries d JOIN chaos_events e USING (event_id) \
+              WHERE d.generation < e.generation), \
+             (SELECT count(*) FROM chaos_deliveries d JOIN chaos_events e USING (event_id) \
+              WHERE d.generation > e.generation), \
+             (SELECT count(*) FROM chaos_events e WHERE NOT EXISTS \
+                 (SELECT FROM chaos_deliveries d WHERE d.event_id = e.event_id \
+                  AND d.generation = e.generation AND d.attempt = e.attempts))",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(db)?;
+    check(
+        phantom == 0,
+        format!("{phantom} deliveries of events not in the outbox"),
+    );
+    check(
+        future == 0,
+        format!("{future} deliveries by a generation newer than the row's"),
+    );
+    check(
+        final_missing == 0,
+        format!(
+            "{final_missing} rows were recorded SENT by a generation that delivered nothing \
+             (no delivery with the row's final generation and attempt)"
+        ),
+    );
+    report.deliveries = deliveries;
+    report.superseded_deliveries = superseded;
+    report.publishers = publishers;
+    report.max_generation = max_generation.unwrap_or(0);
+    report.max_attempts = max_attempts.unwrap_or(0);
+    Ok(())
+}

@@ -1,0 +1,1171 @@
+//! The relay against real PostgreSQL: publication, wake-ups, lease renewal and its
+//! rejection, backoff, dead events and their repair, pruning, shutdown, send timeouts,
+//! killed sessions, stats, and a missing table.
+
+#[path = "../examples/common/mod.rs"]
+mod common;
+mod shapes;
+
+use std::collections::{BTreeSet, HashSet};
+use std::future::pending;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use common::{EmailChanged, OrderPlaced, PaymentCaptured};
+use outbox::relay::{Backoff, CancellationToken, Delivery, MemorySink, Relay, Sink, SinkError};
+use outbox::testing::TestSchema;
+use outbox::{EventId, Outbox, OutboxError};
+use shapes::Budgeted;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{AssertSqlSafe, PgPool};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, timeout};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+async fn schema_with(
+    tables: &[outbox::TableMigrations],
+) -> Result<TestSchema, Box<dyn std::error::Error>> {
+    let db = TestSchema::new().await?;
+    outbox::migrate(db.pool(), tables).await?;
+    Ok(db)
+}
+
+fn budgeted(name: &str) -> Budgeted {
+    Budgeted { name: name.into() }
+}
+
+fn payment(amount_cents: i64) -> PaymentCaptured {
+    PaymentCaptured {
+        payment_id: uuid::Uuid::now_v7(),
+        amount_cents,
+    }
+}
+
+/// Enqueues `events` in one transaction.
+async fn enqueue<T: Outbox>(pool: &PgPool, events: &[T]) -> Vec<EventId> {
+    let mut tx = pool.begin().await.unwrap();
+    let mut ids = Vec::with_capacity(events.len());
+    for event in events {
+        ids.push(outbox::enqueue(event, &mut *tx).await.unwrap());
+    }
+    tx.commit().await.unwrap();
+    ids
+}
+
+/// A relay running in the background.
+struct Running {
+    shutdown: CancellationToken,
+    handle: JoinHandle<Result<(), OutboxError>>,
+}
+
+fn start<T: Outbox, S: Sink<T>>(relay: Relay<T, S>) -> Running {
+    let shutdown = CancellationToken::new();
+    let handle = tokio::spawn(relay.run(shutdown.clone()));
+    Running { shutdown, handle }
+}
+
+impl Running {
+    fn is_running(&self) -> bool {
+        !self.handle.is_finished()
+    }
+
+    /// Cancels the shutdown token and waits for `run` to return.
+    async fn stop(self) -> Result<(), OutboxError> {
+        self.shutdown.cancel();
+        timeout(Duration::from_secs(15), self.handle)
+            .await
+            .expect("the relay returns after a shutdown")
+            .expect("the relay did not panic")
+    }
+}
+
+/// Polls `done` every 20 ms until it holds; fails the test after `limit`.
+async fn wait_until(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done().await {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting until {what}"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One outbox row, as the database sees it now.
+#[derive(Debug)]
+struct Row {
+    status: String,
+    generation: i64,
+    attempts: i32,
+    last_error: Option<String>,
+    /// Seconds until `next_attempt_at` (negative once due).
+    due_in: f64,
+    /// Seconds left on the lease, when claimed.
+    lease_left: Option<f64>,
+}
+
+async fn row<T: Outbox>(pool: &PgPool, event_id: impl AsRef<str>) -> Row {
+    let sql = format!(
+        "SELECT status, generation, attempts, last_error, \
+         extract(epoch FROM next_attempt_at - clock_timestamp())::float8, \
+         extract(epoch FROM lease_until - clock_timestamp())::float8 \
+         FROM {} WHERE event_id = $1",
+        T::SPEC.table
+    );
+    let event_id = event_id.as_ref();
+    let (status, generation, attempts, last_error, due_in, lease_left) =
+        sqlx::query_as(AssertSqlSafe(sql))
+            .bind(event_id)
+            .fetch_one(pool)
+            .await
+            .unwrap_or_else(|e| panic!("row {event_id}: {e}"));
+    Row {
+        status,
+        generation,
+        attempts,
+        last_error,
+        due_in,
+        lease_left,
+    }
+}
+
+async fn status<T: Outbox>(pool: &PgPool, event_id: impl AsRef<str>) -> String {
+    row::<T>(pool, event_id).await.status
+}
+
+/// How many rows of `T`'s table have `status`.
+async fn count<T: Outbox>(pool: &PgPool, status: &str) -> i64 {
+    let sql = format!("SELECT count(*) FROM {} WHERE status = $1", T::SPEC.table);
+    sqlx::query_scalar(AssertSqlSafe(sql))
+        .bind(status)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Records every status change of `table`'s rows in a `history` table, with the delay
+/// until `next_attempt_at` measured from the recording statement's own timestamp (so
+/// a retry's backoff is read exactly, not raced against).
+async fn record_history(pool: &PgPool, table: &str) {
+    let sql = format!(
+        "CREATE TABLE history (
+             seq bigint GENERATED ALWAYS AS IDENTITY, event_id text, status text,
+             attempts int, generation bigint, delay_ms float8, last_error text);
+         CREATE FUNCTION log_history() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO history (event_id, status, attempts, generation, delay_ms, last_error)
+             VALUES (NEW.event_id, NEW.status, NEW.attempts, NEW.generation,
+                     extract(epoch FROM NEW.next_attempt_at - statement_timestamp()) * 1000,
+                     NEW.last_error);
+             RETURN NULL;
+         END $$;
+         CREATE TRIGGER history AFTER UPDATE ON {table} FOR EACH ROW
+             WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION log_history();"
+    );
+    sqlx::raw_sql(AssertSqlSafe(sql))
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// The retry delays (ms) recorded so far, in order.
+async fn retry_delays(pool: &PgPool) -> Vec<f64> {
+    sqlx::query_scalar("SELECT delay_ms FROM history WHERE status = 'READY' ORDER BY seq")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+/// What a [`ScriptSink`] saw of one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    event_id: String,
+    generation: i64,
+    attempt: u32,
+}
+
+impl Seen {
+    fn new(event_id: impl ToString, generation: i64, attempt: u32) -> Self {
+        Self {
+            event_id: event_id.to_string(),
+            generation,
+            attempt,
+        }
+    }
+}
+
+/// What a scripted publish waits for before it reports its results.
+enum Wait {
+    Nothing,
+    For(Duration),
+    Forever,
+    /// Until the relay says it lost ownership of this event (at most 10 s).
+    UntilLost(String),
+}
+
+/// What one publish call does.
+struct Plan {
+    wait: Wait,
+    results: Vec<Result<(), SinkError>>,
+}
+
+impl Plan {
+    fn ok(seen: &[Seen]) -> Self {
+        Self::after(Wait::Nothing, seen)
+    }
+
+    fn after(wait: Wait, seen: &[Seen]) -> Self {
+        Self {
+            wait,
+            results: seen.iter().map(|_| Ok(())).collect(),
+        }
+    }
+}
+
+type Script = dyn Fn(usize, &[Seen]) -> Plan + Send + Sync;
+
+#[derive(Debug, Default)]
+struct Log {
+    /// Every publish call, in order.
+    calls: Vec<Vec<Seen>>,
+    /// Publish calls dropped by the relay before they finished.
+    abandoned: usize,
+    /// Per finished call: each delivery's `is_owned()` after the wait.
+    owned: Vec<Vec<(String, bool)>>,
+}
+
+/// A sink whose every call follows a script: given the call's index and deliveries,
+/// what to wait for and what to report.
+#[derive(Clone)]
+struct ScriptSink {
+    script: Arc<Script>,
+    log: Arc<Mutex<Log>>,
+}
+
+impl ScriptSink {
+    fn new(script: impl Fn(usize, &[Seen]) -> Plan + Send + Sync + 'static) -> Self {
+        Self {
+            script: Arc::new(script),
+            log: Arc::default(),
+        }
+    }
+
+    fn always_ok() -> Self {
+        Self::new(|_, seen| Plan::ok(seen))
+    }
+
+    fn log(&self) -> MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn calls(&self) -> Vec<Vec<Seen>> {
+        self.log().calls.clone()
+    }
+
+    fn deliveries(&self) -> Vec<Seen> {
+        self.log().calls.concat()
+    }
+
+    fn abandoned(&self) -> usize {
+        self.log().abandoned
+    }
+
+    fn owned(&self) -> Vec<Vec<(String, bool)>> {
+        self.log().owned.clone()
+    }
+}
+
+/// Counts a publish call as abandoned unless it reaches its end.
+struct Unfinished<'a>(Option<&'a Mutex<Log>>);
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(log) = self.0 {
+            log.lock().unwrap_or_else(PoisonError::into_inner).abandoned += 1;
+        }
+    }
+}
+
+impl<T: Send + Sync + 'static> Sink<T> for ScriptSink {
+    async fn publish(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<(), SinkError>> {
+        let seen: Vec<Seen> = batch
+            .iter()
+            .map(|d| Seen::new(d.event_id(), d.generation().get(), d.attempt()))
+            .collect();
+        let call = {
+            let mut log = self.log();
+            log.calls.push(seen.clone());
+            log.calls.len() - 1
+        };
+        let plan = (self.script)(call, &seen);
+        let mut unfinished = Unfinished(Some(&self.log));
+        match plan.wait {
+            Wait::Nothing => {}
+            Wait::For(delay) => sleep(delay).await,
+            Wait::Forever => pending::<()>().await,
+            Wait::UntilLost(event_id) => {
+                if let Some(d) = batch.iter().find(|d| d.event_id() == event_id.as_str()) {
+                    let _ = timeout(Duration::from_secs(10), d.ownership_lost()).await;
+                }
+            }
+        }
+        let owned = batch
+            .iter()
+            .map(|d| (d.event_id().to_string(), d.is_owned()))
+            .collect();
+        self.log().owned.push(owned);
+        unfinished.0 = None;
+        plan.results
+    }
+}
+
+fn fast<T: Outbox, S: Sink<T>>(relay: Relay<T, S>) -> Relay<T, S> {
+    relay.poll_interval(Duration::from_millis(20))
+}
+
+// 1
+#[tokio::test]
+async fn every_enqueued_event_is_published_exactly_once_and_ends_sent() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    let names: Vec<String> = (0..200).map(|n| format!("event-{n:03}")).collect();
+    let events: Vec<Budgeted> = names.iter().map(|n| budgeted(n)).collect();
+    // Half is waiting when the relay starts, the rest arrives while it runs.
+    enqueue(pool, &events[..100]).await;
+    let sink = MemorySink::new();
+    let relay = start(
+        Relay::<Budgeted, _>::new(pool.clone(), sink.clone())
+            .concurrency(4)
+            .batch_size(10)
+            .poll_interval(Duration::from_millis(100)),
+    );
+    for chunk in events[100..].chunks(10) {
+        enqueue(pool, chunk).await;
+    }
+    wait_until("all 200 are SENT", Duration::from_secs(30), async || {
+        outbox::stats::<Budgeted>(pool).await.unwrap().sent == 200
+    })
+    .await;
+    relay.stop().await?;
+
+    let published = sink.published();
+    let mut seen: Vec<&str> = published.iter().map(|p| p.event.name.as_str()).collect();
+    seen.sort_unstable();
+    assert_eq!(seen, names, "each event exactly once");
+    assert!(
+        published
+            .iter()
+            .all(|p| p.event_id == p.event.name.as_str() && (p.generation.get(), p.attempt) == (1, 1)),
+        "first claims only, nothing reclaimed"
+    );
+    let unclean: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM budget_events
+         WHERE (status, generation, attempts) <> ('SENT', 1, 1) OR lease_until IS NOT NULL",
+    )
+    .fetch_one(pool)
+    .await?;
+    assert_eq!(unclean, 0);
+    let stats = outbox::stats::<Budgeted>(pool).await?;
+    assert_eq!(
+        (stats.ready, stats.in_progress, stats.sent, stats.dead),
+        (0, 0, 200, 0)
+    );
+    assert_eq!((stats.expired_claims, stats.oldest_eligible_age), (0, None));
+    db.drop_schema().await?;
+    Ok(())
+}
+
+// 2
+#[tokio::test]
+async fn a_notification_wakes_an_idle_relay_long_before_its_poll_interval() -> TestResult {
+    let db = schema_with(&[EmailChanged::migrations()]).await?;
+    let pool = db.pool();
+    let sink = MemorySink::new();
+    let relay = start(
+        Relay::<EmailChanged, _>::new(pool.clone(), sink.clone())
+            .poll_interval(Duration::from_secs(60)),
+    );
+    wait_until("the relay listens", Duration::from_secs(10), async || {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'",
+        )
+        .bind(db.name())
+        .fetch_one(pool)
+        .await
+        .unwrap()
+            == 1
+    })
+    .await;
+    for n in 1..=2 {
+        // Idle: its claims found nothing, and the next poll is a minute away.
+        sleep(Duration::from_millis(300)).await;
+        let event = EmailChanged {
+            customer: format!("customer {n}"),
+            email: format!("{n}@example.com"),
+            referrer: None,
+        };
+        let enqueued = Instant::now();
+        event.enqueue(pool).await?;
+        wait_until(
+            "the notified relay published it",
+            Duration::from_secs(3),
+            async || sink.published().len() == n,
+        )
+        .await;
+        assert!(enqueued.elapsed() < Duration::from_secs(3));
+        assert_eq!(sink.published()[n - 1].event, event);
+    }
+    relay.stop().await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+// 3
+#[tokio::test]
+async fn lease_renewal_keeps_a_slow_send_owned() -> TestResult {
+    let db = schema_with(&[PaymentCaptured::migrations()]).await?;
+    let pool = db.pool();
+    // PaymentCaptured's lease is one second; this send takes 2.5.
+    let sink = ScriptSink::new(|_, seen| Plan::after(Wait::For(Duration::from_millis(2500)), seen));
+    let relay = start(
+        fast(Relay::<PaymentCaptured, _>::new(pool.clone(), sink.clone()))
+            .send_timeout(Duration::from_secs(30)),
+    );
+    let id = payment(100).enqueue(pool).await?;
+    wait_until("the send started", Duration::from_secs(5), async || {
+        !sink.calls().is_empty()
+    })
+    .await;
+    sleep(Duration::from_millis(1300)).await;
+    // Past the first lease: without renewal the row would be claimable now.
+    assert!(
+        PaymentCaptured::claim(pool).await?.is_none(),
+        "the renewed claim keeps its row"
+    );
+    let stats = outbox::stats::<PaymentCaptured>(pool).await?;
+    assert_eq!((stats.in_progress, stats.expired_claims), (1, 0));
+    assert!(row::<PaymentCaptured>(pool, &id).await.lease_left > Some(0.0));
+
+    wait_until("the slow send is SENT", Duration::from_secs(10), async || {
+        status::<PaymentCaptured>(pool, &id).await == "SENT"
+    })
+    .await;
+    let row = row::<PaymentCaptured>(pool, &id).await;
+    assert_eq!((row.generation, row.attempts), (1, 1), "never reclaimed");
+    assert_eq!(sink.calls(), [[Seen::new(&id, 1, 1)]]);
+    assert_eq!(sink.owned(), [[(id.to_string(), true)]]);
+    relay.stop().await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// Makes the row look claimed by another publisher: a newer generation, a live lease.
+async fn take_over(pool: &PgPool, event_id: &EventId) -> i64 {
+    sqlx::query_scalar(
+        "UPDATE payment_events SET generation = generation + 1,
+             lease_until = clock_timestamp() + interval '1 hour'
+         WHERE event_id = $1 AND status = 'INPROGRESS' RETURNING generation",
+    )
+    .bind(event_id.as_str())
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A sink that holds a batch with a victim until the relay says the victim is lost.
+fn until_lost(victims: Vec<String>) -> ScriptSink {
+    ScriptSink::new(move |_, seen| {
+        match seen.iter().find(|s| victims.contains(&s.event_id)) {
+            Some(victim) => Plan::after(Wait::UntilLost(victim.event_id.clone()), seen),
+            None => Plan::ok(seen),
+        }
+    })
+}
+
+// 4
+#[tokio::test]
+async fn a_rejected_renewal_abandons_that_event_and_records_the_rest_of_the_batch() -> TestResult {
+    let db = schema_with(&[PaymentCaptured::migrations()]).await?;
+    let pool = db.pool();
+    let ids = enqueue(pool, &[payment(1), payment(2)]).await;
+    let (victim, other) = (&ids[0], &ids[1]);
+    let sink = until_lost(vec![victim.to_string()]);
+    let relay = start(
+        fast(Relay::<PaymentCaptured, _>::new(pool.clone(), sink.clone()))
+            .send_timeout(Duration::from_secs(30)),
+    );
+    wait_until("the batch is in the sink", Duration::from_secs(5), async || {
+        !sink.calls().is_empty()
+    })
+    .await;
+    assert_eq!(
+        sink.calls(),
+        [[Seen::new(victim, 1, 1), Seen::new(other, 1, 1)]]
+    );
+    assert_eq!(take_over(pool, victim).await, 2);
+
+    wait_until("the rest of the batch is SENT", Duration::from_secs(5), async || {
+        status::<PaymentCaptured>(pool, other).await == "SENT"
+    })
+    .await;
+    assert_eq!(
+        sink.owned(),
+        [[(victim.to_string(), false), (other.to_string(), true)]],
+        "the sink saw the victim's ownership_lost() complete, and only the victim's"
+    );
+    relay.stop().await?;
+    let row = row::<PaymentCaptured>(pool, victim).await;
+    assert_eq!(
+        (row.status.as_str(), row.generation, row.attempts, row.last_error),
+        ("INPROGRESS", 2, 1, None),
+        "the relay recorded nothing for the row it lost"
+    );
+    assert!(row.lease_left > Some(3000.0), "the new owner's lease is untouched");
+    assert_eq!(sink.abandoned(), 0);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_batch_whose_every_renewal_is_rejected_is_abandoned_and_the_relay_goes_on() -> TestResult
+{
+    let db = schema_with(&[PaymentCaptured::migrations()]).await?;
+    let pool = db.pool();
+    let lost = payment(1).enqueue(pool).await?;
+    let sink = until_lost(vec![lost.to_string()]);
+    let relay = start(
+        fast(Relay::<PaymentCaptured, _>::new(pool.clone(), sink.clone()))
+            .send_timeout(Duration::from_secs(30)),
+    );
+    wait_until("the event is in the sink", Duration::from_secs(5), async || {
+        !sink.calls().is_empty()
+    })
+    .await;
+    take_over(pool, &lost).await;
+    wait_until(
+        "the relay abandons the send",
+        Duration::from_secs(5),
+        async || sink.abandoned() == 1,
+    )
+    .await;
+
+    let next = payment(2).enqueue(pool).await?;
+    wait_until("the next event is SENT", Duration::from_secs(5), async || {
+        status::<PaymentCaptured>(pool, &next).await == "SENT"
+    })
+    .await;
+    relay.stop().await?;
+    let row = row::<PaymentCaptured>(pool, &lost).await;
+    assert_eq!(
+        (row.status.as_str(), row.generation, row.attempts),
+        ("INPROGRESS", 2, 1)
+    );
+    assert!(row.lease_left > Some(3000.0));
+    assert!(sink.owned().iter().flatten().all(|(id, _)| *id != lost.to_string()));
+    db.drop_schema().await?;
+    Ok(())
+}
+
+// 5
+#[tokio::test]
+async fn transient_failures_back_off_with_growing_delays_until_the_budget_is_spent() -> TestResult
+{
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    record_history(pool, "budget_events").await;
+    let sink = ScriptSink::new(|_, seen| Plan {
+        wait: Wait::Nothing,
+        results: seen
+            .iter()
+            .map(|_| Err(SinkError::transient("broker unavailable")))
+            .collect(),
+    });
+    let (base, cap) = (Duration::from_millis(100), Duration::from_millis(300));
+    let relay = start(
+        fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone()))
+            .retry_backoff(Backoff::new(base, cap)),
+    );
+    let id = budgeted("flaky").enqueue(pool).await?;
+    wait_until("the event is DEAD", Duration::from_secs(10), async || {
+        status::<Budgeted>(pool, &id).await == "DEAD"
+    })
+    .await;
+    sleep(Duration::from_millis(200)).await;
+    relay.stop().await?;
+
+    assert_eq!(
+        sink.deliveries(),
+        [Seen::new(&id, 1, 1), Seen::new(&id, 2, 2), Seen::new(&id, 3, 3)],
+        "three claims, then never again"
+    );
+    let delays = retry_delays(pool).await;
+    // Equal jitter: attempt n waits between half and all of min(base * 2^(n-1), cap).
+    assert_eq!(delays.len(), 2, "{delays:?}");
+    assert!((50.0..=100.0).contains(&delays[0]), "{delays:?}");
+    assert!((100.0..=200.0).contains(&delays[1]), "{delays:?}");
+    assert!(delays[1] > delays[0], "the delay grows: {delays:?}");
+    assert!(delays.iter().all(|&d| d <= 300.0), "never above the cap: {delays:?}");
+
+    let row = row::<Budgeted>(pool, &id).await;
+    assert_eq!((row.generation, row.attempts), (3, 3));
+    let error = row.last_error.unwrap();
+    assert!(
+        error.contains("attempt budget exhausted after 3 of 3 claims") && error.contains("broker unavailable"),
+        "{error}"
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn retry_delays_stop_growing_at_the_backoff_cap() -> TestResult {
+    let db = schema_with(&[OrderPlaced::migrations()]).await?;
+    let pool = db.pool();
+    record_history(pool, "order_events").await;
+    let sink = ScriptSink::new(|_, seen| Plan {
+        wait: Wait::Nothing,
+        results: seen
+            .iter()
+            .map(|_| Err(SinkError::transient("broker unavailable")))
+            .collect(),
+    });
+    let relay = start(
+        fast(Relay::<OrderPlaced, _>::new(pool.clone(), sink.clone()))
+            .retry_backoff(Backoff::new(Duration::from_millis(20), Duration::from_millis(80))),
+    );
+    let event = OrderPlaced {
+        order_id: uuid::Uuid::now_v7(),
+        customer: "ada".into(),
+        total_cents: 1,
+        note: None,
+        lines: vec![],
+    };
+    let id = event.enqueue(pool).await?;
+    wait_until("the event is DEAD", Duration::from_secs(15), async || {
+        status::<OrderPlaced>(pool, &id).await == "DEAD"
+    })
+    .await;
+    relay.stop().await?;
+
+    let delays = retry_delays(pool).await;
+    // OrderPlaced allows 10 claims: 9 retries, whose ceilings are 20, 40, then 80 ms.
+    assert_eq!(delays.len(), 9, "{delays:?}");
+    for (n, delay) in delays.iter().enumerate() {
+        let ceiling = [20.0, 40.0, 80.0][n.min(2)];
+        assert!(
+            (ceiling / 2.0..=ceiling).contains(delay),
+            "retry {}: {delay} ms, ceiling {ceiling} ms: {delays:?}",
+            n + 1
+        );
+    }
+    assert!(delays[0] < delays[1] && delays[1] < delays[2], "{delays:?}");
+    let error = row::<OrderPlaced>(pool, &id).await.last_error.unwrap();
+    assert!(error.contains("after 10 of 10 claims"), "{error}");
+    db.drop_schema().await?;
+    Ok(())
+}
+
+// 6
+#[tokio::test]
+async fn a_permanent_failure_moves_the_event_to_dead_at_once() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    let sink = ScriptSink::new(|_, seen| Plan {
+        wait: Wait::Nothing,
+        results: seen
+            .iter()
+            .map(|s| {
+                if s.event_id == "poison" {
+                    Err(SinkError::permanent("rejected: message too large"))
+                } else {
+                    Ok(())
+                }
+            })
+            .collect(),
+    });
+    enqueue(pool, &[budgeted("poison"), budgeted("fine")]).await;
+    let relay = start(fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone())));
+    wait_until("both are recorded", Duration::from_secs(5), async || {
+        status::<Budgeted>(pool, "poison").await == "DEAD"
+            && status::<Budgeted>(pool, "fine").await == "SENT"
+    })
+    .await;
+    sleep(Duration::from_millis(200)).await;
+    relay.stop().await?;
+
+    let poison = row::<Budgeted>(pool, "poison").await;
+    assert_eq!(
+        (poison.generation, poison.attempts, poison.last_error.as_deref()),
+        (1, 1, Some("rejected: message too large")),
+        "no retry, the sink's message kept"
+    );
+    assert_eq!(
+        sink.deliveries(),
+        [Seen::new("poison", 1, 1), Seen::new("fine", 1, 1)]
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
+
+// 7
+#[tokio::test]
+async fn requeue_dead_gives_dead_events_a_fresh_budget_and_leaves_other_rows_alone() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    enqueue(
+        pool,
+        &[budgeted("dead-1"), budgeted("dead-2"), budgeted("dead-3"), budgeted("sent")],
+    )
+    .await;
+    for claim in Budgeted::claim_batch(pool, 10).await? {
+        if claim.event().name == "sent" {
+            claim.complete(pool).await?;
+        } else {
+            claim.fail(pool, "rejected").await?;
+        }
+    }
+    budgeted("ready").enqueue(pool).await?;
+    let before = (row::<Budgeted>(pool, "sent").await, row::<Budgeted>(pool, "ready").await);
+
+    let requeued =
+        outbox::requeue_dead::<Budgeted>(pool, &["dead-1", "sent", "ready", "no-such-event"])
+            .await?;
+    assert_eq!(requeued, ["dead-1"], "only the DEAD row is requeued");
+    let dead_1 = row::<Budgeted>(pool, "dead-1").await;
+    assert_eq!(
+        (dead_1.status.as_str(), dead_1.attempts, dead_1.generation),
+        ("READY", 0, 1),
+        "a fresh budget; the generation keeps counting"
+    );
+    assert!(dead_1.due_in <= 0.0, "due now");
+    let after = (row::<Budgeted>(pool, "sent").await, row::<Budgeted>(pool, "ready").await);
+    for (before, after) in [(&before.0, &after.0), (&before.1, &after.1)] {
+        assert_eq!(
+            (&before.status, before.generation, before.attempts, &before.last_error),
+            (&after.status, after.generation, after.attempts, &after.last_error)
+        );
+        assert!((before.due_in - after.due_in).abs() < 5.0, "next_attempt_at untouched");
+    }
+    assert_eq!(outbox::requeue_all_dead::<Budgeted>(pool).await?, 2);
+    assert_eq!(outbox::requeue_all_dead::<Budgeted>(pool).await?, 0);
+
+    let sink = MemorySink::new();
+    let relay = start(fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone())));
+    wait_until("everything is SENT", Duration::from_secs(5), async || {
+        count::<Budgeted>(pool, "SENT").await == 5
+    })
+    .await;
+    relay.stop().await?;
+    let mut published: Vec<(String, i64, u32)> = sink
+        .published()
+        .into_iter()
+        .map(|p| (p.event.name, p.generation.get(), p.attempt))
+        .collect();
+    published.sort();
+    assert_eq!(
+        published,
+        [
+            ("dead-1".into(), 2, 1),
+            ("dead-2".into(), 2, 1),
+            ("dead-3".into(), 2, 1),
+            ("ready".into(), 1, 1),
+        ],
+        "requeued events start their budget over; the SENT one is not published again"
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_claim_from_before_an_event_died_cannot_record_after_requeue_and_reclaim() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    budgeted("e").enqueue(pool).await?;
+    let old = Budgeted::claim(pool).await?.expect("due");
+    assert_eq!(old.generation().get(), 1);
+    sqlx::query("UPDATE budget_events SET lease_until = now() - interval '1 second'")
+        .execute(pool)
+        .await?;
+    let reclaim = Budgeted::claim(pool).await?.expect("expired");
+    assert!(reclaim.is_reclaim());
+    reclaim.fail(pool, "rejected").await?;
+    assert_eq!(outbox::requeue_dead::<Budgeted>(pool, &["e"]).await?, ["e"]);
+    let current = Budgeted::claim(pool).await?.expect("requeued");
+    assert_eq!((current.generation().get(), current.attempt()), (3, 1));
+
+    let err = old.complete(pool).await.unwrap_err();
+    assert!(
+        matches!(err, OutboxError::Stale { generation, .. } if generation.get() == 1),
+        "{err}"
+    );
+    let row = row::<Budgeted>(pool, "e").await;
+    assert_eq!((row.status.as_str(), row.generation), ("INPROGRESS", 3));
+    current.complete(pool).await?;
+    assert_eq!(status::<Budgeted>(pool, "e").await, "SENT");
+    db.drop_schema().await?;
+    Ok(())
+}
+
+// 8
+#[tokio::test]
+async fn prune_sent_deletes_only_old_sent_rows_a_batch_at_a_time() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    let names = ["old-sent-1", "old-sent-2", "old-sent-3", "new-sent", "old-dead", "old-held"];
+    enqueue(pool, &names.map(budgeted)).await;
+    let mut held = None;
+    for claim in Budgeted::claim_batch(pool, 10).await? {
+        match claim.event().name.as_str() {
+            "old-dead" => claim.fail(pool, "rejected").await?,
+            "old-held" => held = Some(claim),
+            _ => claim.complete(pool).await?,
+        }
+    }
+    budgeted("old-ready").enqueue(pool).await?;
+    sqlx::query("UPDATE budget_events SET created_at = now() - interval '2 hours' WHERE event_id LIKE 'old-%'")
+        .execute(pool)
+        .await?;
+
+    let hour = Duration::from_secs(3600);
+    assert_eq!(outbox::prune_sent::<Budgeted>(pool, hour, 2).await?, 2);
+    assert_eq!(outbox::prune_sent::<Budgeted>(pool, hour, 2).await?, 1);
+    assert_eq!(outbox::prune_sent::<Budgeted>(pool, hour, 2).await?, 0);
+    let left = |pool: &PgPool| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT event_id FROM budget_events")
+                .fetch_all(&pool)
+                .await
+                .unwrap()
+                .into_iter()
+                .collect::<BTreeSet<String>>()
+        }
+    };
+    let expected: BTreeSet<String> = ["new-sent", "old-dead", "old-held", "old-ready"]
+        .map(String::from)
+        .into();
+    assert_eq!(left(pool).await, expected);
+
+    // Whatever the age, only SENT rows go.
+    assert_eq!(outbox::prune_sent::<Budgeted>(pool, Duration::ZERO, 10).await?, 1);
+    let expected: BTreeSet<String> = ["old-dead", "old-held", "old-ready"].map(String::from).into();
+    assert_eq!(left(pool).await, expected);
+    held.expect("claimed").complete(pool).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+// 9
+#[tokio::test]
+async fn a_shutdown_hands_unsent_claims_back_without_counting_the_attempt() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    enqueue(pool, &[budgeted("first"), budgeted("second"), budgeted("third")]).await;
+    // "first" already used one attempt.
+    let claim = Budgeted::claim(pool).await?.expect("due");
+    let _ = claim.retry_because(pool, Duration::ZERO, "broker unavailable").await?;
+
+    let sink = ScriptSink::new(|_, seen| Plan::after(Wait::Forever, seen));
+    let relay = start(
+        fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone()))
+            .shutdown_grace(Duration::from_millis(200)),
+    );
+    wait_until("the batch is in the sink", Duration::from_secs(5), async || {
+        !sink.calls().is_empty()
+    })
+    .await;
+    assert_eq!(
+        sink.calls(),
+        [[Seen::new("first", 2, 2), Seen::new("second", 1, 1), Seen::new("third", 1, 1)]]
+    );
+    let stopping = Instant::now();
+    relay.stop().await?;
+    assert!(stopping.elapsed() < Duration::from_secs(5), "the grace is bounded");
+    assert_eq!(sink.abandoned(), 1, "the hung send was dropped");
+
+    for (name, generation, attempts, last_error) in [
+        ("first", 2, 1, Some("broker unavailable")),
+        ("second", 1, 0, None),
+        ("third", 1, 0, None),
+    ] {
+        let row = row::<Budgeted>(pool, name).await;
+        assert_eq!(
+            (row.status.as_str(), row.generation, row.attempts, row.last_error.as_deref()),
+            ("READY", generation, attempts, last_error),
+            "{name}"
+        );
+        assert!(row.due_in <= 0.0 && row.lease_left.is_none(), "{name}: {row:?}");
+    }
+    let reclaimed = Budgeted::claim_batch(pool, 10).await?;
+    let attempts: Vec<u32> = reclaimed.iter().map(outbox::Claim::attempt).collect();
+    assert_eq!(attempts, [2, 1, 1], "claimable at once, the abandoned attempt not counted");
+    for claim in reclaimed {
+        claim.complete(pool).await?;
+    }
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_shutdown_lets_a_send_in_flight_finish_and_records_it() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    let sink = ScriptSink::new(|_, seen| Plan::after(Wait::For(Duration::from_millis(300)), seen));
+    let relay = start(
+        fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone()))
+            .shutdown_grace(Duration::from_secs(10)),
+    );
+    budgeted("in-flight").enqueue(pool).await?;
+    wait_until("the send started", Duration::from_secs(5), async || {
+        !sink.calls().is_empty()
+    })
+    .await;
+    relay.stop().await?;
+    assert_eq!(status::<Budgeted>(pool, "in-flight").await, "SENT");
+    assert_eq!(sink.abandoned(), 0);
+
+    budgeted("after").enqueue(pool).await?;
+    sleep(Duration::from_millis(200)).await;
+    let after = row::<Budgeted>(pool, "after").await;
+    assert_eq!((after.status.as_str(), after.generation), ("READY", 0), "stopped claiming");
+    db.drop_schema().await?;
+    Ok(())
+}
+
+// 10
+#[tokio::test]
+async fn a_hung_sink_is_cut_off_by_the_send_timeout_and_the_batch_is_retried() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    // The first send hangs; the broker is back for the second.
+    let sink = ScriptSink::new(|call, seen| {
+        Plan::after(if call == 0 { Wait::Forever } else { Wait::Nothing }, seen)
+    });
+    let relay = start(
+        fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone()))
+            .send_timeout(Duration::from_millis(200))
+            .retry_backoff(Backoff::new(Duration::from_secs(2), Duration::from_secs(2))),
+    );
+    budgeted("hung").enqueue(pool).await?;
+    let mut retried = None;
+    wait_until("the timed-out send is retried", Duration::from_secs(5), async || {
+        let row = row::<Budgeted>(pool, "hung").await;
+        let done = row.status == "READY" && row.attempts == 1;
+        retried = done.then_some(row);
+        done
+    })
+    .await;
+    let retried = retried.expect("seen");
+    let error = retried.last_error.as_deref().unwrap_or_default();
+    assert!(error.contains("publish timed out after 200ms"), "{error}");
+    // Backed off by 1 to 2 s (equal jitter on 2 s), minus the time since.
+    assert!(0.5 < retried.due_in && retried.due_in <= 2.0, "{retried:?}");
+    assert_eq!(sink.abandoned(), 1, "the hung send was dropped");
+    assert!(relay.is_running());
+
+    wait_until("the retry is SENT", Duration::from_secs(5), async || {
+        status::<Budgeted>(pool, "hung").await == "SENT"
+    })
+    .await;
+    let row = row::<Budgeted>(pool, "hung").await;
+    assert_eq!((row.generation, row.attempts), (2, 2));
+    assert_eq!(sink.calls().len(), 2);
+    relay.stop().await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+// 11
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_sessions_do_not_stop_the_relay_and_every_event_ends_sent_once() -> TestResult {
+    let db = schema_with(&[PaymentCaptured::migrations()]).await?;
+    // The relay uses the schema's pool, whose sessions carry the schema's name; the test
+    // enqueues, kills and checks through a pool of its own, under another name.
+    let options: PgConnectOptions = outbox::testing::database_url().await?.parse()?;
+    let side = PgPoolOptions::new()
+        .max_connections(3)
+        .connect_with(
+            options
+                .options([("search_path", db.name())])
+                .application_name("outbox_relay_test_side"),
+        )
+        .await?;
+    let sink = ScriptSink::always_ok();
+    let relay = start(
+        Relay::<PaymentCaptured, _>::new(db.pool().clone(), sink.clone())
+            .concurrency(2)
+            .batch_size(5)
+            .poll_interval(Duration::from_millis(50)),
+    );
+    let stop_killing = CancellationToken::new();
+    let killer = tokio::spawn({
+        let (pool, name, stop) = (side.clone(), db.name().to_owned(), stop_killing.clone());
+        async move {
+            let mut killed = 0;
+            while !stop.is_cancelled() {
+                let terminated: Vec<bool> = sqlx::query_scalar(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                )
+                .bind(&name)
+                .fetch_all(&pool)
+                .await
+                .expect("terminate");
+                killed += terminated.into_iter().filter(|&t| t).count();
+                sleep(Duration::from_millis(150)).await;
+            }
+            killed
+        }
+    });
+
+    let mut ids = Vec::new();
+    for round in 0..20 {
+        let events: Vec<PaymentCaptured> = (0..10).map(|n| payment(round * 10 + n)).collect();
+        ids.extend(enqueue(&side, &events).await);
+        sleep(Duration::from_millis(100)).await;
+    }
+    stop_killing.cancel();
+    let killed = killer.await?;
+    assert!(killed > 0, "sessions were killed");
+
+    wait_until("every event is SENT", Duration::from_secs(30), async || {
+        count::<PaymentCaptured>(&side, "SENT").await == 200
+    })
+    .await;
+    assert!(relay.is_running(), "the relay kept going");
+    relay.stop().await?;
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM payment_events")
+        .fetch_one(&side)
+        .await?;
+    assert_eq!(total, 200, "each event is one row, SENT");
+    let delivered: HashSet<String> = sink.deliveries().into_iter().map(|s| s.event_id).collect();
+    let missing: Vec<&EventId> = ids
+        .iter()
+        .filter(|id| !delivered.contains(id.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "never published: {missing:?}");
+    side.close().await;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+// 12
+#[tokio::test]
+async fn stats_count_statuses_expired_claims_and_the_oldest_eligible_age() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    let empty = outbox::stats::<Budgeted>(pool).await?;
+    assert_eq!(
+        (empty.ready, empty.in_progress, empty.sent, empty.dead, empty.expired_claims),
+        (0, 0, 0, 0, 0)
+    );
+    assert_eq!(empty.oldest_eligible_age, None);
+
+    enqueue(pool, &["live", "expired", "sent", "dead"].map(budgeted)).await;
+    let mut held = Vec::new();
+    for claim in Budgeted::claim_batch(pool, 10).await? {
+        match claim.event().name.as_str() {
+            "sent" => claim.complete(pool).await?,
+            "dead" => claim.fail(pool, "rejected").await?,
+            _ => held.push(claim),
+        }
+    }
+    enqueue(pool, &["due-10m", "due-1m", "later"].map(budgeted)).await;
+    sqlx::raw_sql(
+        "UPDATE budget_events SET next_attempt_at = now() - interval '10 minutes' WHERE event_id = 'due-10m';
+         UPDATE budget_events SET next_attempt_at = now() - interval '1 minute' WHERE event_id = 'due-1m';
+         UPDATE budget_events SET next_attempt_at = now() + interval '1 hour' WHERE event_id = 'later';
+         UPDATE budget_events SET lease_until = now() - interval '20 minutes' WHERE event_id = 'expired';",
+    )
+    .execute(pool)
+    .await?;
+
+    let stats = outbox::stats::<Budgeted>(pool).await?;
+    assert_eq!(
+        (stats.ready, stats.in_progress, stats.sent, stats.dead, stats.expired_claims),
+        (3, 2, 1, 1, 1)
+    );
+    let age = stats.oldest_eligible_age.expect("eligible rows");
+    assert!(
+        Duration::from_secs(20 * 60) <= age && age < Duration::from_secs(21 * 60),
+        "the expired claim is the oldest: {age:?}"
+    );
+
+    // Without the expired claim, the oldest due READY row is.
+    sqlx::query("UPDATE budget_events SET lease_until = now() + interval '1 hour' WHERE event_id = 'expired'")
+        .execute(pool)
+        .await?;
+    let stats = outbox::stats::<Budgeted>(pool).await?;
+    assert_eq!((stats.in_progress, stats.expired_claims), (2, 0));
+    let age = stats.oldest_eligible_age.expect("eligible rows");
+    assert!(
+        Duration::from_secs(10 * 60) <= age && age < Duration::from_secs(11 * 60),
+        "{age:?}"
+    );
+    drop(held);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+// 13
+#[tokio::test]
+async fn a_relay_on_a_missing_table_returns_an_error_instead_of_spinning() -> TestResult {
+    let db = TestSchema::new().await?;
+    let sink = MemorySink::<Budgeted>::new();
+    let relay = fast(Relay::new(db.pool().clone(), sink.clone())).concurrency(2);
+    let outcome = timeout(Duration::from_secs(10), relay.run(CancellationToken::new()))
+        .await
+        .expect("run returns on its own");
+    assert!(
+        matches!(outcome, Err(OutboxError::MissingTable { table: "budget_events", .. })),
+        "{outcome:?}"
+    );
+    assert!(sink.published().is_empty());
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn results_a_sink_leaves_out_are_retried() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    // The first call reports one result for three deliveries.
+    let sink = ScriptSink::new(|call, seen| {
+        let mut plan = Plan::ok(seen);
+        if call == 0 {
+            plan.results.truncate(1);
+        }
+        plan
+    });
+    enqueue(pool, &["e0", "e1", "e2"].map(budgeted)).await;
+    let relay = start(
+        fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone()))
+            .retry_backoff(Backoff::new(Duration::from_millis(50), Duration::from_millis(50))),
+    );
+    wait_until("all are SENT", Duration::from_secs(5), async || {
+        count::<Budgeted>(pool, "SENT").await == 3
+    })
+    .await;
+    relay.stop().await?;
+
+    let calls = sink.calls();
+    assert_eq!(
+        calls[0],
+        [Seen::new("e0", 1, 1), Seen::new("e1", 1, 1), Seen::new("e2", 1, 1)]
+    );
+    let mut again = calls[1..].concat();
+    again.sort_by(|a, b| a.event_id.cmp(&b.event_id));
+    assert_eq!(again, [Seen::new("e1", 2, 2), Seen::new("e2", 2, 2)]);
+    let e0 = row::<Budgeted>(pool, "e0").await;
+    assert_eq!((e0.generation, e0.last_error), (1, None));
+    for name in ["e1", "e2"] {
+        let row = row::<Budgeted>(pool, name).await;
+        assert_eq!(
+            (row.generation, row.attempts, row.last_error.as_deref()),
+            (2, 2, Some("the sink returned no result for this event")),
+            "{name}"
+        );
+    }
+    db.drop_schema().await?;
+    Ok(())
+}
