@@ -20,7 +20,8 @@ async fn relays_deliver_every_event_through_kills_pauses_terminations_and_a_rest
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(2_000);
-    let config = chaos::Config::new(events);
+    let mut config = chaos::Config::new(events);
+    config.verbose = std::env::var_os("OUTBOX_CHAOS_VERBOSE").is_some();
     let child = chaos::ChildCommand {
         args: ["--exact", "chaos_child", "--nocapture", "--test-threads=1"]
             .map(String::from)

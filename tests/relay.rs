@@ -105,7 +105,7 @@ struct Row {
     lease_left: Option<f64>,
 }
 
-async fn row<T: Outbox>(pool: &PgPool, event_id: impl AsRef<str>) -> Row {
+async fn row_of<T: Outbox>(pool: &PgPool, event_id: impl AsRef<str>) -> Row {
     let sql = format!(
         "SELECT status, generation, attempts, last_error, \
          extract(epoch FROM next_attempt_at - clock_timestamp())::float8, \
@@ -131,7 +131,7 @@ async fn row<T: Outbox>(pool: &PgPool, event_id: impl AsRef<str>) -> Row {
 }
 
 async fn status<T: Outbox>(pool: &PgPool, event_id: impl AsRef<str>) -> String {
-    row::<T>(pool, event_id).await.status
+    row_of::<T>(pool, event_id).await.status
 }
 
 /// How many rows of `T`'s table have `status`.
@@ -299,7 +299,7 @@ impl<T: Send + Sync + 'static> Sink<T> for ScriptSink {
             log.calls.len() - 1
         };
         let plan = (self.script)(call, &seen);
-        let mut unfinished = Unfinished(Some(&self.log));
+        let mut unfinished = Unfinished(Some(&*self.log));
         match plan.wait {
             Wait::Nothing => {}
             Wait::For(delay) => sleep(delay).await,
@@ -356,7 +356,8 @@ async fn every_enqueued_event_is_published_exactly_once_and_ends_sent() -> TestR
     assert!(
         published
             .iter()
-            .all(|p| p.event_id == p.event.name.as_str() && (p.generation.get(), p.attempt) == (1, 1)),
+            .all(|p| p.event_id == p.event.name.as_str()
+                && (p.generation.get(), p.attempt) == (1, 1)),
         "first claims only, nothing reclaimed"
     );
     let unclean: i64 = sqlx::query_scalar(
@@ -445,13 +446,15 @@ async fn lease_renewal_keeps_a_slow_send_owned() -> TestResult {
     );
     let stats = outbox::stats::<PaymentCaptured>(pool).await?;
     assert_eq!((stats.in_progress, stats.expired_claims), (1, 0));
-    assert!(row::<PaymentCaptured>(pool, &id).await.lease_left > Some(0.0));
+    assert!(row_of::<PaymentCaptured>(pool, &id).await.lease_left > Some(0.0));
 
-    wait_until("the slow send is SENT", Duration::from_secs(10), async || {
-        status::<PaymentCaptured>(pool, &id).await == "SENT"
-    })
+    wait_until(
+        "the slow send is SENT",
+        Duration::from_secs(10),
+        async || status::<PaymentCaptured>(pool, &id).await == "SENT",
+    )
     .await;
-    let row = row::<PaymentCaptured>(pool, &id).await;
+    let row = row_of::<PaymentCaptured>(pool, &id).await;
     assert_eq!((row.generation, row.attempts), (1, 1), "never reclaimed");
     assert_eq!(sink.calls(), [[Seen::new(&id, 1, 1)]]);
     assert_eq!(sink.owned(), [[(id.to_string(), true)]]);
@@ -475,12 +478,12 @@ async fn take_over(pool: &PgPool, event_id: &EventId) -> i64 {
 
 /// A sink that holds a batch with a victim until the relay says the victim is lost.
 fn until_lost(victims: Vec<String>) -> ScriptSink {
-    ScriptSink::new(move |_, seen| {
-        match seen.iter().find(|s| victims.contains(&s.event_id)) {
+    ScriptSink::new(
+        move |_, seen| match seen.iter().find(|s| victims.contains(&s.event_id)) {
             Some(victim) => Plan::after(Wait::UntilLost(victim.event_id.clone()), seen),
             None => Plan::ok(seen),
-        }
-    })
+        },
+    )
 }
 
 // 4
@@ -495,9 +498,11 @@ async fn a_rejected_renewal_abandons_that_event_and_records_the_rest_of_the_batc
         fast(Relay::<PaymentCaptured, _>::new(pool.clone(), sink.clone()))
             .send_timeout(Duration::from_secs(30)),
     );
-    wait_until("the batch is in the sink", Duration::from_secs(5), async || {
-        !sink.calls().is_empty()
-    })
+    wait_until(
+        "the batch is in the sink",
+        Duration::from_secs(5),
+        async || !sink.calls().is_empty(),
+    )
     .await;
     assert_eq!(
         sink.calls(),
@@ -505,9 +510,11 @@ async fn a_rejected_renewal_abandons_that_event_and_records_the_rest_of_the_batc
     );
     assert_eq!(take_over(pool, victim).await, 2);
 
-    wait_until("the rest of the batch is SENT", Duration::from_secs(5), async || {
-        status::<PaymentCaptured>(pool, other).await == "SENT"
-    })
+    wait_until(
+        "the rest of the batch is SENT",
+        Duration::from_secs(5),
+        async || status::<PaymentCaptured>(pool, other).await == "SENT",
+    )
     .await;
     assert_eq!(
         sink.owned(),
@@ -515,13 +522,21 @@ async fn a_rejected_renewal_abandons_that_event_and_records_the_rest_of_the_batc
         "the sink saw the victim's ownership_lost() complete, and only the victim's"
     );
     relay.stop().await?;
-    let row = row::<PaymentCaptured>(pool, victim).await;
+    let row = row_of::<PaymentCaptured>(pool, victim).await;
     assert_eq!(
-        (row.status.as_str(), row.generation, row.attempts, row.last_error),
+        (
+            row.status.as_str(),
+            row.generation,
+            row.attempts,
+            row.last_error
+        ),
         ("INPROGRESS", 2, 1, None),
         "the relay recorded nothing for the row it lost"
     );
-    assert!(row.lease_left > Some(3000.0), "the new owner's lease is untouched");
+    assert!(
+        row.lease_left > Some(3000.0),
+        "the new owner's lease is untouched"
+    );
     assert_eq!(sink.abandoned(), 0);
     db.drop_schema().await?;
     Ok(())
@@ -538,9 +553,11 @@ async fn a_batch_whose_every_renewal_is_rejected_is_abandoned_and_the_relay_goes
         fast(Relay::<PaymentCaptured, _>::new(pool.clone(), sink.clone()))
             .send_timeout(Duration::from_secs(30)),
     );
-    wait_until("the event is in the sink", Duration::from_secs(5), async || {
-        !sink.calls().is_empty()
-    })
+    wait_until(
+        "the event is in the sink",
+        Duration::from_secs(5),
+        async || !sink.calls().is_empty(),
+    )
     .await;
     take_over(pool, &lost).await;
     wait_until(
@@ -551,26 +568,32 @@ async fn a_batch_whose_every_renewal_is_rejected_is_abandoned_and_the_relay_goes
     .await;
 
     let next = payment(2).enqueue(pool).await?;
-    wait_until("the next event is SENT", Duration::from_secs(5), async || {
-        status::<PaymentCaptured>(pool, &next).await == "SENT"
-    })
+    wait_until(
+        "the next event is SENT",
+        Duration::from_secs(5),
+        async || status::<PaymentCaptured>(pool, &next).await == "SENT",
+    )
     .await;
     relay.stop().await?;
-    let row = row::<PaymentCaptured>(pool, &lost).await;
+    let row = row_of::<PaymentCaptured>(pool, &lost).await;
     assert_eq!(
         (row.status.as_str(), row.generation, row.attempts),
         ("INPROGRESS", 2, 1)
     );
     assert!(row.lease_left > Some(3000.0));
-    assert!(sink.owned().iter().flatten().all(|(id, _)| *id != lost.to_string()));
+    assert!(
+        sink.owned()
+            .iter()
+            .flatten()
+            .all(|(id, _)| *id != lost.to_string())
+    );
     db.drop_schema().await?;
     Ok(())
 }
 
 // 5
 #[tokio::test]
-async fn transient_failures_back_off_with_growing_delays_until_the_budget_is_spent() -> TestResult
-{
+async fn transient_failures_back_off_with_growing_delays_until_the_budget_is_spent() -> TestResult {
     let db = schema_with(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     record_history(pool, "budget_events").await;
@@ -596,7 +619,11 @@ async fn transient_failures_back_off_with_growing_delays_until_the_budget_is_spe
 
     assert_eq!(
         sink.deliveries(),
-        [Seen::new(&id, 1, 1), Seen::new(&id, 2, 2), Seen::new(&id, 3, 3)],
+        [
+            Seen::new(&id, 1, 1),
+            Seen::new(&id, 2, 2),
+            Seen::new(&id, 3, 3)
+        ],
         "three claims, then never again"
     );
     let delays = retry_delays(pool).await;
@@ -605,13 +632,17 @@ async fn transient_failures_back_off_with_growing_delays_until_the_budget_is_spe
     assert!((50.0..=100.0).contains(&delays[0]), "{delays:?}");
     assert!((100.0..=200.0).contains(&delays[1]), "{delays:?}");
     assert!(delays[1] > delays[0], "the delay grows: {delays:?}");
-    assert!(delays.iter().all(|&d| d <= 300.0), "never above the cap: {delays:?}");
+    assert!(
+        delays.iter().all(|&d| d <= 300.0),
+        "never above the cap: {delays:?}"
+    );
 
-    let row = row::<Budgeted>(pool, &id).await;
+    let row = row_of::<Budgeted>(pool, &id).await;
     assert_eq!((row.generation, row.attempts), (3, 3));
     let error = row.last_error.unwrap();
     assert!(
-        error.contains("attempt budget exhausted after 3 of 3 claims") && error.contains("broker unavailable"),
+        error.contains("attempt budget exhausted after 3 of 3 claims")
+            && error.contains("broker unavailable"),
         "{error}"
     );
     db.drop_schema().await?;
@@ -631,8 +662,10 @@ async fn retry_delays_stop_growing_at_the_backoff_cap() -> TestResult {
             .collect(),
     });
     let relay = start(
-        fast(Relay::<OrderPlaced, _>::new(pool.clone(), sink.clone()))
-            .retry_backoff(Backoff::new(Duration::from_millis(20), Duration::from_millis(80))),
+        fast(Relay::<OrderPlaced, _>::new(pool.clone(), sink.clone())).retry_backoff(Backoff::new(
+            Duration::from_millis(20),
+            Duration::from_millis(80),
+        )),
     );
     let event = OrderPlaced {
         order_id: uuid::Uuid::now_v7(),
@@ -660,7 +693,7 @@ async fn retry_delays_stop_growing_at_the_backoff_cap() -> TestResult {
         );
     }
     assert!(delays[0] < delays[1] && delays[1] < delays[2], "{delays:?}");
-    let error = row::<OrderPlaced>(pool, &id).await.last_error.unwrap();
+    let error = row_of::<OrderPlaced>(pool, &id).await.last_error.unwrap();
     assert!(error.contains("after 10 of 10 claims"), "{error}");
     db.drop_schema().await?;
     Ok(())
@@ -694,9 +727,13 @@ async fn a_permanent_failure_moves_the_event_to_dead_at_once() -> TestResult {
     sleep(Duration::from_millis(200)).await;
     relay.stop().await?;
 
-    let poison = row::<Budgeted>(pool, "poison").await;
+    let poison = row_of::<Budgeted>(pool, "poison").await;
     assert_eq!(
-        (poison.generation, poison.attempts, poison.last_error.as_deref()),
+        (
+            poison.generation,
+            poison.attempts,
+            poison.last_error.as_deref()
+        ),
         (1, 1, Some("rejected: message too large")),
         "no retry, the sink's message kept"
     );
@@ -715,7 +752,12 @@ async fn requeue_dead_gives_dead_events_a_fresh_budget_and_leaves_other_rows_alo
     let pool = db.pool();
     enqueue(
         pool,
-        &[budgeted("dead-1"), budgeted("dead-2"), budgeted("dead-3"), budgeted("sent")],
+        &[
+            budgeted("dead-1"),
+            budgeted("dead-2"),
+            budgeted("dead-3"),
+            budgeted("sent"),
+        ],
     )
     .await;
     for claim in Budgeted::claim_batch(pool, 10).await? {
@@ -726,26 +768,45 @@ async fn requeue_dead_gives_dead_events_a_fresh_budget_and_leaves_other_rows_alo
         }
     }
     budgeted("ready").enqueue(pool).await?;
-    let before = (row::<Budgeted>(pool, "sent").await, row::<Budgeted>(pool, "ready").await);
+    let before = (
+        row_of::<Budgeted>(pool, "sent").await,
+        row_of::<Budgeted>(pool, "ready").await,
+    );
 
     let requeued =
         outbox::requeue_dead::<Budgeted>(pool, &["dead-1", "sent", "ready", "no-such-event"])
             .await?;
     assert_eq!(requeued, ["dead-1"], "only the DEAD row is requeued");
-    let dead_1 = row::<Budgeted>(pool, "dead-1").await;
+    let dead_1 = row_of::<Budgeted>(pool, "dead-1").await;
     assert_eq!(
         (dead_1.status.as_str(), dead_1.attempts, dead_1.generation),
         ("READY", 0, 1),
         "a fresh budget; the generation keeps counting"
     );
     assert!(dead_1.due_in <= 0.0, "due now");
-    let after = (row::<Budgeted>(pool, "sent").await, row::<Budgeted>(pool, "ready").await);
+    let after = (
+        row_of::<Budgeted>(pool, "sent").await,
+        row_of::<Budgeted>(pool, "ready").await,
+    );
     for (before, after) in [(&before.0, &after.0), (&before.1, &after.1)] {
         assert_eq!(
-            (&before.status, before.generation, before.attempts, &before.last_error),
-            (&after.status, after.generation, after.attempts, &after.last_error)
+            (
+                &before.status,
+                before.generation,
+                before.attempts,
+                &before.last_error
+            ),
+            (
+                &after.status,
+                after.generation,
+                after.attempts,
+                &after.last_error
+            )
         );
-        assert!((before.due_in - after.due_in).abs() < 5.0, "next_attempt_at untouched");
+        assert!(
+            (before.due_in - after.due_in).abs() < 5.0,
+            "next_attempt_at untouched"
+        );
     }
     assert_eq!(outbox::requeue_all_dead::<Budgeted>(pool).await?, 2);
     assert_eq!(outbox::requeue_all_dead::<Budgeted>(pool).await?, 0);
@@ -799,7 +860,7 @@ async fn a_claim_from_before_an_event_died_cannot_record_after_requeue_and_recla
         matches!(err, OutboxError::Stale { generation, .. } if generation.get() == 1),
         "{err}"
     );
-    let row = row::<Budgeted>(pool, "e").await;
+    let row = row_of::<Budgeted>(pool, "e").await;
     assert_eq!((row.status.as_str(), row.generation), ("INPROGRESS", 3));
     current.complete(pool).await?;
     assert_eq!(status::<Budgeted>(pool, "e").await, "SENT");
@@ -812,7 +873,14 @@ async fn a_claim_from_before_an_event_died_cannot_record_after_requeue_and_recla
 async fn prune_sent_deletes_only_old_sent_rows_a_batch_at_a_time() -> TestResult {
     let db = schema_with(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
-    let names = ["old-sent-1", "old-sent-2", "old-sent-3", "new-sent", "old-dead", "old-held"];
+    let names = [
+        "old-sent-1",
+        "old-sent-2",
+        "old-sent-3",
+        "new-sent",
+        "old-dead",
+        "old-held",
+    ];
     enqueue(pool, &names.map(budgeted)).await;
     let mut held = None;
     for claim in Budgeted::claim_batch(pool, 10).await? {
@@ -848,8 +916,13 @@ async fn prune_sent_deletes_only_old_sent_rows_a_batch_at_a_time() -> TestResult
     assert_eq!(left(pool).await, expected);
 
     // Whatever the age, only SENT rows go.
-    assert_eq!(outbox::prune_sent::<Budgeted>(pool, Duration::ZERO, 10).await?, 1);
-    let expected: BTreeSet<String> = ["old-dead", "old-held", "old-ready"].map(String::from).into();
+    assert_eq!(
+        outbox::prune_sent::<Budgeted>(pool, Duration::ZERO, 10).await?,
+        1
+    );
+    let expected: BTreeSet<String> = ["old-dead", "old-held", "old-ready"]
+        .map(String::from)
+        .into();
     assert_eq!(left(pool).await, expected);
     held.expect("claimed").complete(pool).await?;
     db.drop_schema().await?;
@@ -861,27 +934,42 @@ async fn prune_sent_deletes_only_old_sent_rows_a_batch_at_a_time() -> TestResult
 async fn a_shutdown_hands_unsent_claims_back_without_counting_the_attempt() -> TestResult {
     let db = schema_with(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
-    enqueue(pool, &[budgeted("first"), budgeted("second"), budgeted("third")]).await;
+    enqueue(
+        pool,
+        &[budgeted("first"), budgeted("second"), budgeted("third")],
+    )
+    .await;
     // "first" already used one attempt.
     let claim = Budgeted::claim(pool).await?.expect("due");
-    let _ = claim.retry_because(pool, Duration::ZERO, "broker unavailable").await?;
+    let _ = claim
+        .retry_because(pool, Duration::ZERO, "broker unavailable")
+        .await?;
 
     let sink = ScriptSink::new(|_, seen| Plan::after(Wait::Forever, seen));
     let relay = start(
         fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone()))
             .shutdown_grace(Duration::from_millis(200)),
     );
-    wait_until("the batch is in the sink", Duration::from_secs(5), async || {
-        !sink.calls().is_empty()
-    })
+    wait_until(
+        "the batch is in the sink",
+        Duration::from_secs(5),
+        async || !sink.calls().is_empty(),
+    )
     .await;
     assert_eq!(
         sink.calls(),
-        [[Seen::new("first", 2, 2), Seen::new("second", 1, 1), Seen::new("third", 1, 1)]]
+        [[
+            Seen::new("first", 2, 2),
+            Seen::new("second", 1, 1),
+            Seen::new("third", 1, 1)
+        ]]
     );
     let stopping = Instant::now();
     relay.stop().await?;
-    assert!(stopping.elapsed() < Duration::from_secs(5), "the grace is bounded");
+    assert!(
+        stopping.elapsed() < Duration::from_secs(5),
+        "the grace is bounded"
+    );
     assert_eq!(sink.abandoned(), 1, "the hung send was dropped");
 
     for (name, generation, attempts, last_error) in [
@@ -889,17 +977,29 @@ async fn a_shutdown_hands_unsent_claims_back_without_counting_the_attempt() -> T
         ("second", 1, 0, None),
         ("third", 1, 0, None),
     ] {
-        let row = row::<Budgeted>(pool, name).await;
+        let row = row_of::<Budgeted>(pool, name).await;
         assert_eq!(
-            (row.status.as_str(), row.generation, row.attempts, row.last_error.as_deref()),
+            (
+                row.status.as_str(),
+                row.generation,
+                row.attempts,
+                row.last_error.as_deref()
+            ),
             ("READY", generation, attempts, last_error),
             "{name}"
         );
-        assert!(row.due_in <= 0.0 && row.lease_left.is_none(), "{name}: {row:?}");
+        assert!(
+            row.due_in <= 0.0 && row.lease_left.is_none(),
+            "{name}: {row:?}"
+        );
     }
     let reclaimed = Budgeted::claim_batch(pool, 10).await?;
     let attempts: Vec<u32> = reclaimed.iter().map(outbox::Claim::attempt).collect();
-    assert_eq!(attempts, [2, 1, 1], "claimable at once, the abandoned attempt not counted");
+    assert_eq!(
+        attempts,
+        [2, 1, 1],
+        "claimable at once, the abandoned attempt not counted"
+    );
     for claim in reclaimed {
         claim.complete(pool).await?;
     }
@@ -927,8 +1027,12 @@ async fn a_shutdown_lets_a_send_in_flight_finish_and_records_it() -> TestResult 
 
     budgeted("after").enqueue(pool).await?;
     sleep(Duration::from_millis(200)).await;
-    let after = row::<Budgeted>(pool, "after").await;
-    assert_eq!((after.status.as_str(), after.generation), ("READY", 0), "stopped claiming");
+    let after = row_of::<Budgeted>(pool, "after").await;
+    assert_eq!(
+        (after.status.as_str(), after.generation),
+        ("READY", 0),
+        "stopped claiming"
+    );
     db.drop_schema().await?;
     Ok(())
 }
@@ -940,7 +1044,14 @@ async fn a_hung_sink_is_cut_off_by_the_send_timeout_and_the_batch_is_retried() -
     let pool = db.pool();
     // The first send hangs; the broker is back for the second.
     let sink = ScriptSink::new(|call, seen| {
-        Plan::after(if call == 0 { Wait::Forever } else { Wait::Nothing }, seen)
+        Plan::after(
+            if call == 0 {
+                Wait::Forever
+            } else {
+                Wait::Nothing
+            },
+            seen,
+        )
     });
     let relay = start(
         fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone()))
@@ -949,12 +1060,16 @@ async fn a_hung_sink_is_cut_off_by_the_send_timeout_and_the_batch_is_retried() -
     );
     budgeted("hung").enqueue(pool).await?;
     let mut retried = None;
-    wait_until("the timed-out send is retried", Duration::from_secs(5), async || {
-        let row = row::<Budgeted>(pool, "hung").await;
-        let done = row.status == "READY" && row.attempts == 1;
-        retried = done.then_some(row);
-        done
-    })
+    wait_until(
+        "the timed-out send is retried",
+        Duration::from_secs(5),
+        async || {
+            let row = row_of::<Budgeted>(pool, "hung").await;
+            let done = row.status == "READY" && row.attempts == 1;
+            retried = done.then_some(row);
+            done
+        },
+    )
     .await;
     let retried = retried.expect("seen");
     let error = retried.last_error.as_deref().unwrap_or_default();
@@ -968,7 +1083,7 @@ async fn a_hung_sink_is_cut_off_by_the_send_timeout_and_the_batch_is_retried() -
         status::<Budgeted>(pool, "hung").await == "SENT"
     })
     .await;
-    let row = row::<Budgeted>(pool, "hung").await;
+    let row = row_of::<Budgeted>(pool, "hung").await;
     assert_eq!((row.generation, row.attempts), (2, 2));
     assert_eq!(sink.calls().len(), 2);
     relay.stop().await?;
@@ -1056,7 +1171,13 @@ async fn stats_count_statuses_expired_claims_and_the_oldest_eligible_age() -> Te
     let pool = db.pool();
     let empty = outbox::stats::<Budgeted>(pool).await?;
     assert_eq!(
-        (empty.ready, empty.in_progress, empty.sent, empty.dead, empty.expired_claims),
+        (
+            empty.ready,
+            empty.in_progress,
+            empty.sent,
+            empty.dead,
+            empty.expired_claims
+        ),
         (0, 0, 0, 0, 0)
     );
     assert_eq!(empty.oldest_eligible_age, None);
@@ -1082,7 +1203,13 @@ async fn stats_count_statuses_expired_claims_and_the_oldest_eligible_age() -> Te
 
     let stats = outbox::stats::<Budgeted>(pool).await?;
     assert_eq!(
-        (stats.ready, stats.in_progress, stats.sent, stats.dead, stats.expired_claims),
+        (
+            stats.ready,
+            stats.in_progress,
+            stats.sent,
+            stats.dead,
+            stats.expired_claims
+        ),
         (3, 2, 1, 1, 1)
     );
     let age = stats.oldest_eligible_age.expect("eligible rows");
@@ -1112,12 +1239,18 @@ async fn stats_count_statuses_expired_claims_and_the_oldest_eligible_age() -> Te
 async fn a_relay_on_a_missing_table_returns_an_error_instead_of_spinning() -> TestResult {
     let db = TestSchema::new().await?;
     let sink = MemorySink::<Budgeted>::new();
-    let relay = fast(Relay::new(db.pool().clone(), sink.clone())).concurrency(2);
+    let relay = fast(Relay::<Budgeted, _>::new(db.pool().clone(), sink.clone())).concurrency(2);
     let outcome = timeout(Duration::from_secs(10), relay.run(CancellationToken::new()))
         .await
         .expect("run returns on its own");
     assert!(
-        matches!(outcome, Err(OutboxError::MissingTable { table: "budget_events", .. })),
+        matches!(
+            outcome,
+            Err(OutboxError::MissingTable {
+                table: "budget_events",
+                ..
+            })
+        ),
         "{outcome:?}"
     );
     assert!(sink.published().is_empty());
@@ -1139,8 +1272,10 @@ async fn results_a_sink_leaves_out_are_retried() -> TestResult {
     });
     enqueue(pool, &["e0", "e1", "e2"].map(budgeted)).await;
     let relay = start(
-        fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone()))
-            .retry_backoff(Backoff::new(Duration::from_millis(50), Duration::from_millis(50))),
+        fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone())).retry_backoff(Backoff::new(
+            Duration::from_millis(50),
+            Duration::from_millis(50),
+        )),
     );
     wait_until("all are SENT", Duration::from_secs(5), async || {
         count::<Budgeted>(pool, "SENT").await == 3
@@ -1151,15 +1286,19 @@ async fn results_a_sink_leaves_out_are_retried() -> TestResult {
     let calls = sink.calls();
     assert_eq!(
         calls[0],
-        [Seen::new("e0", 1, 1), Seen::new("e1", 1, 1), Seen::new("e2", 1, 1)]
+        [
+            Seen::new("e0", 1, 1),
+            Seen::new("e1", 1, 1),
+            Seen::new("e2", 1, 1)
+        ]
     );
     let mut again = calls[1..].concat();
     again.sort_by(|a, b| a.event_id.cmp(&b.event_id));
     assert_eq!(again, [Seen::new("e1", 2, 2), Seen::new("e2", 2, 2)]);
-    let e0 = row::<Budgeted>(pool, "e0").await;
+    let e0 = row_of::<Budgeted>(pool, "e0").await;
     assert_eq!((e0.generation, e0.last_error), (1, None));
     for name in ["e1", "e2"] {
-        let row = row::<Budgeted>(pool, name).await;
+        let row = row_of::<Budgeted>(pool, name).await;
         assert_eq!(
             (row.generation, row.attempts, row.last_error.as_deref()),
             (2, 2, Some("the sink returned no result for this event")),

@@ -254,32 +254,31 @@ impl Batch {
 fn claim(t: &str, max: i32, lease: &str, returning: &str) -> String {
     // Each eligibility path reads its own partial index in its own order and locks
     // with SKIP LOCKED (a locking clause cannot sit on the UNION), so claim cost
-    // stays flat however many SENT or DEAD rows pile up. Expired claims that used
-    // the whole attempt budget are moved to DEAD by the same statement.
+    // stays flat however many SENT, DEAD or expired rows pile up. An expired claim
+    // that used the whole attempt budget is moved to DEAD instead of claimed (its
+    // lease_until comes back NULL, and the runtime claims again in its place).
     format!(
-        "WITH exhausted AS (\n\
-         \x20   UPDATE {t} SET status = 'DEAD', lease_until = NULL,\n\
-         \x20       last_error = 'lease expired on claim ' || attempts || ' of {max}: attempt budget exhausted'\n\
-         \x20   WHERE id IN (\n\
-         \x20       SELECT id FROM {t}\n\
-         \x20       WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp() AND attempts >= {max}\n\
-         \x20       ORDER BY lease_until, id LIMIT $1 FOR UPDATE SKIP LOCKED)\n\
-         ), ready AS (\n\
+        "WITH ready AS (\n\
          \x20   SELECT id FROM {t}\n\
          \x20   WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()\n\
          \x20   ORDER BY next_attempt_at, id LIMIT $1 FOR UPDATE SKIP LOCKED\n\
          ), expired AS (\n\
          \x20   SELECT id FROM {t}\n\
-         \x20   WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp() AND attempts < {max}\n\
+         \x20   WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()\n\
          \x20   ORDER BY lease_until, id LIMIT $1 FOR UPDATE SKIP LOCKED\n\
          ), candidate AS (\n\
          \x20   SELECT id, false AS reclaimed FROM ready\n\
          \x20   UNION ALL SELECT id, true FROM expired\n\
          \x20   ORDER BY id LIMIT $1\n\
          )\n\
-         UPDATE {t} AS o\n\
-         SET status = 'INPROGRESS', generation = o.generation + 1, attempts = o.attempts + 1,\n\
-         \x20   lease_until = statement_timestamp() + {lease}\n\
+         UPDATE {t} AS o SET\n\
+         \x20   status = CASE WHEN o.attempts >= {max} THEN 'DEAD' ELSE 'INPROGRESS' END,\n\
+         \x20   generation = CASE WHEN o.attempts >= {max} THEN o.generation ELSE o.generation + 1 END,\n\
+         \x20   attempts = CASE WHEN o.attempts >= {max} THEN o.attempts ELSE o.attempts + 1 END,\n\
+         \x20   lease_until = CASE WHEN o.attempts >= {max} THEN NULL ELSE statement_timestamp() + {lease} END,\n\
+         \x20   last_error = CASE WHEN o.attempts >= {max}\n\
+         \x20       THEN 'lease expired on claim ' || o.attempts || ' of {max}: attempt budget exhausted'\n\
+         \x20       ELSE o.last_error END\n\
          FROM candidate AS c\n\
          WHERE o.id = c.id\n\
          RETURNING {returning}"

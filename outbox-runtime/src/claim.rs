@@ -190,8 +190,21 @@ struct Undecodable {
     source: sqlx::Error,
 }
 
+/// What one row returned by the claim statement turned out to be.
+enum Claimed<T: Outbox> {
+    Claim(Claim<T>),
+    /// An expired claim that had used the whole budget: the statement moved it to DEAD.
+    Exhausted {
+        id: i64,
+        event_id: String,
+    },
+    Undecodable(Undecodable),
+}
+
 /// Claims up to `limit` rows and decodes them. Rows whose payload cannot be decoded
 /// are moved to `DEAD` (guarded by their generation) with the error in `last_error`.
+/// Rows the statement moved to `DEAD` (a spent budget) are claimed again in their
+/// place, so a caller only gets fewer rows than `limit` when fewer are due.
 async fn claim_rows<'a, T: Outbox>(
     conn: impl Acquire<'a, Database = Postgres>,
     limit: u32,
@@ -199,19 +212,29 @@ async fn claim_rows<'a, T: Outbox>(
     let spec = T::SPEC;
     let db = |e| OutboxError::from_sqlx(spec.table, e);
     let mut conn = conn.acquire().await.map_err(db)?;
-    let rows = sqlx::query(spec.sql.claim)
-        .bind(i64::from(limit))
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db)?;
-
-    let mut claims = Vec::with_capacity(rows.len());
+    let mut claims = Vec::new();
     let mut undecodable = Vec::new();
-    for row in &rows {
-        match decode_claim(row) {
-            Ok(Ok(claim)) => claims.push(claim),
-            Ok(Err(bad)) => undecodable.push(bad),
-            Err(e) => return Err(db(e)),
+    loop {
+        let wanted = limit.saturating_sub(u32::try_from(claims.len()).unwrap_or(u32::MAX));
+        let rows = sqlx::query(spec.sql.claim)
+            .bind(i64::from(wanted))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db)?;
+        let mut exhausted = false;
+        for row in &rows {
+            match decode_claim(row).map_err(db)? {
+                Claimed::Claim(claim) => claims.push(claim),
+                Claimed::Undecodable(bad) => undecodable.push(bad),
+                Claimed::Exhausted { id, event_id } => {
+                    exhausted = true;
+                    tracing::warn!(table = spec.table, id, %event_id,
+                        "an expired claim used the whole attempt budget; moved to DEAD");
+                }
+            }
+        }
+        if !exhausted || wanted == 0 {
+            break;
         }
     }
     let mut errors = Vec::with_capacity(undecodable.len());
@@ -239,17 +262,18 @@ async fn claim_rows<'a, T: Outbox>(
     Ok((claims, errors))
 }
 
-/// Decodes a claimed row. The outer error is a broken header (drift); the inner one a
-/// payload that does not decode.
-fn decode_claim<T: Outbox>(row: &PgRow) -> Result<Result<Claim<T>, Undecodable>, sqlx::Error> {
+/// Decodes a row returned by the claim statement; an error is a broken header (drift).
+fn decode_claim<T: Outbox>(row: &PgRow) -> Result<Claimed<T>, sqlx::Error> {
     let id: i64 = row.try_get(0)?;
     let event_id: String = row.try_get(1)?;
     let generation: i64 = row.try_get(2)?;
     let attempt: i32 = row.try_get(3)?;
-    let lease_until: DateTime<Utc> = row.try_get(4)?;
+    let Some(lease_until) = row.try_get::<Option<DateTime<Utc>>, _>(4)? else {
+        return Ok(Claimed::Exhausted { id, event_id });
+    };
     let reclaimed: bool = row.try_get(5)?;
     Ok(match T::decode(row, &event_id) {
-        Ok(event) => Ok(Claim {
+        Ok(event) => Claimed::Claim(Claim {
             id,
             event_id: EventId::from_column(event_id),
             generation: Generation::new(generation),
@@ -258,7 +282,7 @@ fn decode_claim<T: Outbox>(row: &PgRow) -> Result<Result<Claim<T>, Undecodable>,
             reclaimed,
             event,
         }),
-        Err(source) => Err(Undecodable {
+        Err(source) => Claimed::Undecodable(Undecodable {
             id,
             generation,
             event_id,
