@@ -4,6 +4,8 @@
 //! `OUTBOX_BLESS=1 cargo test --test golden`. (Once released, a table's applied
 //! migrations must never change: refinery would report them as edited.)
 
+#[path = "chaos/mod.rs"]
+mod chaos;
 #[path = "../examples/common/mod.rs"]
 mod common;
 #[path = "lab/mod.rs"]
@@ -49,7 +51,9 @@ fn generated_migrations_match_the_golden_files() {
         common::OrderPlaced::migrations(),
         common::EmailChanged::migrations(),
         common::PaymentCaptured::migrations(),
+        common::BenchEvent::migrations(),
         lab::LabEvent::migrations(),
+        chaos::ChaosEvent::migrations(),
         shapes::EveryType::migrations(),
         shapes::Tick::migrations(),
         shapes::Budgeted::migrations(),

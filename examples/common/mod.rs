@@ -63,6 +63,13 @@ pub struct PaymentCaptured {
     pub amount_cents: i64,
 }
 
+/// The benchmark's event: a 100-byte payload, as in `../shared/notes/batch-costs.md`.
+#[derive(outbox::Outbox, Debug, Clone)]
+#[outbox(table = "bench_events", lease = "30s", retry_delay = "1s")]
+pub struct BenchEvent {
+    pub payload: String,
+}
+
 /// The application's own refinery migrations (business tables), next to the outbox's.
 pub fn app_migrations() -> Vec<outbox::refinery::Migration> {
     [(

@@ -1,0 +1,659 @@
+//! The outbox against the raw-SQL floor, measured in one run.
+//!
+//! ```text
+//! cargo run --release --example bench                       # defaults: about two minutes on 2 cores
+//! cargo run --release --example bench -- --events 100000 --runs 5 --out BENCHMARKS.md
+//! cargo run --release --example bench -- --endurance        # adds the 5-minute steady-load run
+//! ```
+//!
+//! Runs against `DATABASE_URL` (or a throwaway cluster), in a schema of its own. Every
+//! figure is the median of `--runs` runs with its spread, and every comparison is a
+//! ratio measured in the same run: absolute figures on shared machines drift.
+
+mod common;
+
+use std::cell::RefCell;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::BenchEvent;
+use outbox::relay::{CancellationToken, Delivery, Sink, SinkError};
+use outbox::{Outbox, Relay};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+type Result<T = (), E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
+
+/// The seed's claim: one OR predicate, ORDER BY id, generation + 1, a lease.
+const FLOOR_CLAIM: &str = "WITH candidate AS (\
+     SELECT id FROM bench_events \
+     WHERE (status = 'READY' AND next_attempt_at <= statement_timestamp()) \
+        OR (status = 'INPROGRESS' AND lease_until <= statement_timestamp()) \
+     ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) \
+     UPDATE bench_events AS o SET status = 'INPROGRESS', generation = o.generation + 1, \
+     lease_until = statement_timestamp() + interval '30 seconds' \
+     FROM candidate AS c WHERE o.id = c.id RETURNING o.id, o.event_id, o.generation, o.payload";
+/// The floor's completion: no guard at all.
+const FLOOR_COMPLETE: &str =
+    "UPDATE bench_events SET status = 'SENT', lease_until = NULL WHERE id = ANY($1)";
+const RAW_INSERT: &str = "INSERT INTO bench_events (event_id, payload) VALUES ($1, $2)";
+const RAW_INSERT_MANY: &str =
+    "INSERT INTO bench_events (event_id, payload) SELECT * FROM unnest($1::text[], $2::text[])";
+
+struct Args {
+    events: usize,
+    runs: usize,
+    batches: Vec<u32>,
+    concurrency: Vec<usize>,
+    endurance: bool,
+    out: Option<String>,
+}
+
+impl Args {
+    fn parse() -> Result<Self> {
+        let mut args = Self {
+            events: 20_000,
+            runs: 3,
+            batches: vec![1, 10, 100],
+            concurrency: vec![1, 4, 8],
+            endurance: false,
+            out: None,
+        };
+        let mut it = std::env::args().skip(1);
+        while let Some(flag) = it.next() {
+            let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+            match flag.as_str() {
+                "--events" => args.events = value()?.parse()?,
+                "--runs" => args.runs = value()?.parse()?,
+                "--batches" => args.batches = list(&value()?)?,
+                "--concurrency" => args.concurrency = list(&value()?)?,
+                "--out" => args.out = Some(value()?),
+                "--endurance" => args.endurance = true,
+                _ => {
+                    return Err(format!(
+                        "unknown argument {flag}; see the header of examples/bench.rs"
+                    )
+                    .into());
+                }
+            }
+        }
+        Ok(args)
+    }
+
+    /// Small batches drain slowly (a commit each): scale the backlog with the batch.
+    fn backlog(&self, batch: u32) -> usize {
+        self.events.min(batch as usize * 500).max(200)
+    }
+}
+
+fn list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    Ok(s.split(',').map(str::parse).collect::<Result<_, _>>()?)
+}
+
+/// Median and spread of repeated measurements.
+#[derive(Clone, Copy)]
+struct Figure {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Figure {
+    fn of(mut samples: Vec<f64>) -> Self {
+        samples.sort_by(f64::total_cmp);
+        Self {
+            median: samples[samples.len() / 2],
+            min: samples[0],
+            max: samples[samples.len() - 1],
+        }
+    }
+
+    fn spread(self) -> f64 {
+        (self.max - self.min) / self.median * 50.0
+    }
+
+    fn show(self, unit: &str) -> String {
+        format!("{:.0}{unit} ±{:.0}%", self.median, self.spread())
+    }
+}
+
+fn payload(i: usize) -> BenchEvent {
+    BenchEvent {
+        payload: format!("{i:0>100}"),
+    }
+}
+
+struct Bench {
+    pool: PgPool,
+    url: String,
+    report: RefCell<String>,
+}
+
+impl Bench {
+    async fn reset(&self) -> Result {
+        sqlx::query("TRUNCATE bench_events RESTART IDENTITY")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn fill(&self, n: usize) -> Result {
+        self.reset().await?;
+        let events: Vec<BenchEvent> = (0..n).map(payload).collect();
+        for chunk in events.chunks(10_000) {
+            BenchEvent::enqueue_all(chunk, &self.pool).await?;
+        }
+        sqlx::query("VACUUM ANALYZE bench_events")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn pool(&self, connections: usize) -> Result<PgPool> {
+        let size = u32::try_from(connections)?;
+        Ok(PgPoolOptions::new()
+            .max_connections(size)
+            .min_connections(size)
+            .connect(&self.url)
+            .await?)
+    }
+
+    async fn pending(&self) -> Result<i64> {
+        Ok(sqlx::query_scalar(
+            "SELECT count(*) FROM bench_events WHERE status IN ('READY', 'INPROGRESS')",
+        )
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// Events/s of the relay draining `n` events with a no-op sink.
+    async fn drain_relay(&self, n: usize, batch: u32, workers: usize) -> Result<f64> {
+        self.fill(n).await?;
+        let pool = self.pool(workers + 1).await?;
+        let sink = CountingSink::default();
+        let published = Arc::clone(&sink.published);
+        let stop = CancellationToken::new();
+        let relay = Relay::<BenchEvent, _>::new(pool.clone(), sink)
+            .batch_size(batch)
+            .concurrency(workers);
+        let started = Instant::now();
+        let running = tokio::spawn(relay.run(stop.clone()));
+        while published.load(Ordering::Relaxed) < n {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        while self.pending().await? > 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let elapsed = started.elapsed();
+        stop.cancel();
+        running.await??;
+        pool.close().await;
+        Ok(n as f64 / elapsed.as_secs_f64())
+    }
+
+    /// Events/s of the floor: the seed's claim and an unguarded `= ANY` completion.
+    async fn drain_floor(&self, n: usize, batch: u32, workers: usize) -> Result<f64> {
+        self.fill(n).await?;
+        let pool = self.pool(workers).await?;
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..workers {
+            let pool = pool.clone();
+            tasks.spawn(async move {
+                loop {
+                    let rows: Vec<(i64, String, i64, String)> = sqlx::query_as(FLOOR_CLAIM)
+                        .bind(i64::from(batch))
+                        .fetch_all(&pool)
+                        .await?;
+                    if rows.is_empty() {
+                        return Ok::<_, sqlx::Error>(());
+                    }
+                    let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+                    sqlx::query(FLOOR_COMPLETE).bind(ids).execute(&pool).await?;
+                }
+            });
+        }
+        for done in tasks.join_all().await {
+            done?;
+        }
+        let elapsed = started.elapsed();
+        pool.close().await;
+        Ok(n as f64 / elapsed.as_secs_f64())
+    }
+
+    async fn drain(&self, args: &Args) -> Result {
+        self.heading("1. Drain a backlog: relay (no-op sink) vs the raw-SQL floor");
+        self.line(
+            "| batch | concurrency | events | relay events/s | floor events/s | relay / floor |",
+        );
+        self.line("|---|---|---|---|---|---|");
+        for &batch in &args.batches {
+            for &workers in &args.concurrency {
+                let n = args.backlog(batch);
+                let (mut relay, mut floor, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+                for _ in 0..args.runs {
+                    let r = self.drain_relay(n, batch, workers).await?;
+                    let f = self.drain_floor(n, batch, workers).await?;
+                    relay.push(r);
+                    floor.push(f);
+                    ratios.push(r / f);
+                }
+                let ratio = Figure::of(ratios);
+                self.line(&format!(
+                    "| {batch} | {workers} | {n} | {} | {} | **{:.2}** ({:.2}–{:.2}) |",
+                    Figure::of(relay).show(""),
+                    Figure::of(floor).show(""),
+                    ratio.median,
+                    ratio.min,
+                    ratio.max
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Events/s of `claim` + `complete` one at a time, typed vs the same SQL raw.
+    async fn per_event(&self, args: &Args) -> Result {
+        self.heading("2. Per-event path: claim + complete, one at a time");
+        let n = 1_000;
+        let (mut typed, mut raw) = (Vec::new(), Vec::new());
+        for _ in 0..args.runs {
+            self.fill(n).await?;
+            let started = Instant::now();
+            while let Some(claim) = BenchEvent::claim(&self.pool).await? {
+                claim.complete(&self.pool).await?;
+            }
+            typed.push(n as f64 / started.elapsed().as_secs_f64());
+
+            self.fill(n).await?;
+            let sql = &BenchEvent::SPEC.sql;
+            let started = Instant::now();
+            loop {
+                let row: Option<sqlx::postgres::PgRow> = sqlx::query(sql.claim)
+                    .bind(1_i64)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                let Some(row) = row else { break };
+                let (id, generation): (i64, i64) =
+                    (sqlx::Row::get(&row, 0), sqlx::Row::get(&row, 2));
+                sqlx::query(sql.complete)
+                    .bind(id)
+                    .bind(generation)
+                    .execute(&self.pool)
+                    .await?;
+            }
+            raw.push(n as f64 / started.elapsed().as_secs_f64());
+        }
+        self.ratio_table("typed API", "same SQL, raw sqlx", typed, raw);
+        Ok(())
+    }
+
+    async fn enqueue(&self, args: &Args) -> Result {
+        self.heading("3. Enqueue: one event per business transaction, and in bulk");
+        let n = 1_000;
+        let (mut typed, mut raw) = (Vec::new(), Vec::new());
+        for _ in 0..args.runs {
+            self.reset().await?;
+            let started = Instant::now();
+            for i in 0..n {
+                let mut tx = self.pool.begin().await?;
+                payload(i).enqueue(&mut *tx).await?;
+                tx.commit().await?;
+            }
+            typed.push(n as f64 / started.elapsed().as_secs_f64());
+            self.reset().await?;
+            let started = Instant::now();
+            for i in 0..n {
+                let mut tx = self.pool.begin().await?;
+                let event = payload(i);
+                sqlx::query(RAW_INSERT)
+                    .bind(uuid::Uuid::now_v7().to_string())
+                    .bind(&event.payload)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+            }
+            raw.push(n as f64 / started.elapsed().as_secs_f64());
+        }
+        self.ratio_table("enqueue (with NOTIFY)", "raw INSERT", typed, raw);
+
+        let n = 10_000;
+        let (mut typed, mut raw) = (Vec::new(), Vec::new());
+        let events: Vec<BenchEvent> = (0..n).map(payload).collect();
+        for _ in 0..args.runs {
+            self.reset().await?;
+            let started = Instant::now();
+            BenchEvent::enqueue_all(&events, &self.pool).await?;
+            typed.push(n as f64 / started.elapsed().as_secs_f64());
+            self.reset().await?;
+            let started = Instant::now();
+            let ids: Vec<String> = (0..n).map(|_| uuid::Uuid::now_v7().to_string()).collect();
+            let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
+            sqlx::query(RAW_INSERT_MANY)
+                .bind(ids)
+                .bind(payloads)
+                .execute(&self.pool)
+                .await?;
+            raw.push(n as f64 / started.elapsed().as_secs_f64());
+        }
+        self.ratio_table("enqueue_all of 10,000", "raw multi-row INSERT", typed, raw);
+        Ok(())
+    }
+
+    /// Claim latency beside few vs many SENT, DEAD and expired rows.
+    async fn scale(&self) -> Result {
+        self.heading("4. Claim cost as the table grows (claims of 100, rolled back)");
+        let mut figures = Vec::new();
+        for (label, sent, dead, expired) in [
+            ("1,000 READY + 10,000 SENT", 10_000, 0, 0),
+            (
+                "1,000 READY + 1,000,000 SENT + 100,000 DEAD + 100,000 expired",
+                1_000_000,
+                100_000,
+                100_000,
+            ),
+        ] {
+            self.reset().await?;
+            sqlx::query(
+                "INSERT INTO bench_events (event_id, payload, status, generation, attempts, lease_until) \
+                 SELECT 'x' || i, repeat('x', 100), \
+                        CASE WHEN i <= $1 THEN 'SENT' WHEN i <= $1 + $2 THEN 'DEAD' ELSE 'INPROGRESS' END, \
+                        1, 1, CASE WHEN i > $1 + $2 THEN now() - interval '1 hour' END \
+                 FROM generate_series(1, $1 + $2 + $3) AS i",
+            )
+            .bind(sent)
+            .bind(dead)
+            .bind(expired)
+            .execute(&self.pool)
+            .await?;
+            let events: Vec<BenchEvent> = (0..1_000).map(payload).collect();
+            BenchEvent::enqueue_all(&events, &self.pool).await?;
+            sqlx::query("VACUUM ANALYZE bench_events")
+                .execute(&self.pool)
+                .await?;
+
+            let mut latencies = Vec::new();
+            for _ in 0..200 {
+                let mut tx = self.pool.begin().await?;
+                let started = Instant::now();
+                let claims = BenchEvent::claim_batch(&mut *tx, 100).await?;
+                latencies.push(started.elapsed().as_secs_f64() * 1e3);
+                assert_eq!(claims.len(), 100);
+                tx.rollback().await?;
+            }
+            latencies.sort_by(f64::total_cmp);
+            let (p50, p99) = (
+                latencies[latencies.len() / 2],
+                latencies[latencies.len() * 99 / 100],
+            );
+            figures.push((label, p50, p99, self.explain_claim().await?));
+        }
+        self.line("| table | claim p50 | claim p99 |");
+        self.line("|---|---|---|");
+        for (label, p50, p99, _) in &figures {
+            self.line(&format!("| {label} | {p50:.2} ms | {p99:.2} ms |"));
+        }
+        let (small, big) = (&figures[0], &figures[1]);
+        self.line(&format!(
+            "\nRatio big / small: p50 **{:.2}**, p99 **{:.2}**.",
+            big.1 / small.1,
+            big.2 / small.2
+        ));
+        let plan = &big.3;
+        let verdict = if plan.contains("Seq Scan") {
+            "a sequential scan: investigate"
+        } else {
+            "no sequential scan"
+        };
+        self.line(&format!(
+            "\nThe claim's plan on the big table ({verdict}):\n\n```text\n{plan}```"
+        ));
+        Ok(())
+    }
+
+    async fn explain_claim(&self) -> Result<String> {
+        let mut tx = self.pool.begin().await?;
+        let prepare = format!(
+            "PREPARE bench_claim(bigint) AS {}",
+            BenchEvent::SPEC.sql.claim
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(prepare))
+            .execute(&mut *tx)
+            .await?;
+        let lines: Vec<String> = sqlx::query_scalar(
+            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE bench_claim(100)",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        // Prepared statements belong to the session, not the transaction.
+        sqlx::query("DEALLOCATE bench_claim").execute(&mut *tx).await?;
+        tx.rollback().await?;
+        Ok(lines.iter().fold(String::new(), |mut out, l| {
+            let _ = writeln!(out, "{l}");
+            out
+        }))
+    }
+
+    /// Peak RSS of a relay process (batch 100, concurrency 8) draining a backlog.
+    async fn memory(&self, args: &Args) -> Result {
+        self.heading("6. Memory: peak RSS of a relay process (batch 100, concurrency 8)");
+        self.fill(args.events).await?;
+        let output = tokio::process::Command::new(std::env::current_exe()?)
+            .env(RSS_CHILD, &self.url)
+            .env(RSS_EVENTS, args.events.to_string())
+            .output()
+            .await?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let peak = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .map_or("unknown".into(), |v| v.trim().to_owned());
+        self.line(&format!(
+            "Peak RSS after draining {} events: **{peak}** (target < 64 MiB).",
+            args.events
+        ));
+        Ok(())
+    }
+
+    /// Steady enqueue + relay for 5 minutes: throughput per minute and dead tuples.
+    async fn endurance(&self) -> Result {
+        self.heading(
+            "5. Endurance: 5 minutes of steady enqueue (2,000 events/s offered) and a relay",
+        );
+        self.reset().await?;
+        let pool = self.pool(10).await?;
+        let sink = CountingSink::default();
+        let published = Arc::clone(&sink.published);
+        let stop = CancellationToken::new();
+        let relay = tokio::spawn(
+            Relay::<BenchEvent, _>::new(pool.clone(), sink)
+                .batch_size(100)
+                .concurrency(4)
+                .run(stop.clone()),
+        );
+        let producer = {
+            let pool = pool.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(50));
+                let mut i = 0;
+                while !stop.is_cancelled() {
+                    tick.tick().await;
+                    let events: Vec<BenchEvent> = (i..i + 100).map(payload).collect();
+                    i += 100;
+                    BenchEvent::enqueue_all(&events, &pool).await?;
+                }
+                Ok::<_, outbox::OutboxError>(())
+            })
+        };
+        let mut per_minute = Vec::new();
+        for _ in 0..5 {
+            let before = published.load(Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_mins(1)).await;
+            per_minute.push((published.load(Ordering::Relaxed) - before) as f64 / 60.0);
+        }
+        stop.cancel();
+        producer.await??;
+        relay.await??;
+        let dead_tuples: i64 =
+            sqlx::query_scalar("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'bench_events' AND schemaname = current_schema()")
+                .fetch_one(&self.pool)
+                .await?;
+        let minutes = per_minute
+            .iter()
+            .map(|f| format!("{f:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        self.line(&format!(
+            "Events/s per minute: {minutes}; last / first **{:.2}**; dead tuples at the end: {dead_tuples}.",
+            per_minute[4] / per_minute[0]
+        ));
+        Ok(())
+    }
+
+    fn ratio_table(&self, ours: &str, baseline: &str, typed: Vec<f64>, raw: Vec<f64>) {
+        let ratios: Vec<f64> = typed.iter().zip(&raw).map(|(t, r)| t / r).collect();
+        let ratio = Figure::of(ratios);
+        self.line(&format!("| {ours} | {baseline} | ratio |\n|---|---|---|"));
+        self.line(&format!(
+            "| {} ev/s | {} ev/s | **{:.2}** ({:.2}–{:.2}) |\n",
+            Figure::of(typed).show(""),
+            Figure::of(raw).show(""),
+            ratio.median,
+            ratio.min,
+            ratio.max
+        ));
+    }
+
+    fn heading(&self, title: &str) {
+        self.line(&format!("\n### {title}\n"));
+    }
+
+    /// Prints a line of the report and keeps it for `--out`.
+    fn line(&self, text: &str) {
+        println!("{text}");
+        let mut report = self.report.borrow_mut();
+        report.push_str(text);
+        report.push('\n');
+    }
+}
+
+/// A sink that publishes nowhere and counts.
+#[derive(Default)]
+struct CountingSink {
+    published: Arc<AtomicUsize>,
+}
+
+impl<T: Send + Sync + 'static> Sink<T> for CountingSink {
+    async fn publish(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<(), SinkError>> {
+        self.published.fetch_add(batch.len(), Ordering::Relaxed);
+        batch.iter().map(|_| Ok(())).collect()
+    }
+}
+
+const RSS_CHILD: &str = "OUTBOX_BENCH_RSS_URL";
+const RSS_EVENTS: &str = "OUTBOX_BENCH_RSS_EVENTS";
+
+/// The memory child: runs a relay until the backlog is drained, then prints its peak RSS.
+async fn rss_child(url: String, events: usize) -> Result {
+    let pool = PgPoolOptions::new()
+        .max_connections(10)
+        .connect(&url)
+        .await?;
+    let sink = CountingSink::default();
+    let published = Arc::clone(&sink.published);
+    let stop = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<BenchEvent, _>::new(pool, sink)
+            .batch_size(100)
+            .concurrency(8)
+            .run(stop.clone()),
+    );
+    while published.load(Ordering::Relaxed) < events {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.cancel();
+    relay.await??;
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    print!(
+        "{}",
+        status
+            .lines()
+            .filter(|l| l.starts_with("VmHWM:"))
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+    );
+    Ok(())
+}
+
+async fn environment(pool: &PgPool) -> Result<String> {
+    let version: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(pool)
+        .await?;
+    let mut settings = Vec::new();
+    for name in [
+        "synchronous_commit",
+        "fsync",
+        "shared_buffers",
+        "max_connections",
+    ] {
+        let value: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SHOW {name}")))
+            .fetch_one(pool)
+            .await?;
+        settings.push(format!("{name}={value}"));
+    }
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    Ok(format!(
+        "Machine: {cores} cores ({cpu}). PostgreSQL {version}: {}.",
+        settings.join(", ")
+    ))
+}
+
+#[tokio::main]
+async fn main() -> Result {
+    if let (Ok(url), Ok(events)) = (std::env::var(RSS_CHILD), std::env::var(RSS_EVENTS)) {
+        return rss_child(url, events.parse()?).await;
+    }
+    let args = Args::parse()?;
+    let schema = outbox::testing::TestSchema::new().await?;
+    outbox::migrate(schema.pool(), &[BenchEvent::migrations()]).await?;
+    let bench = Bench {
+        pool: schema.connect(2).await?,
+        url: schema.url(),
+        report: RefCell::default(),
+    };
+    let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
+    bench.line(&format!(
+        "## Benchmark\n\n`cargo run --release --example bench -- {command}`\n"
+    ));
+    bench.line(&environment(&bench.pool).await?);
+    bench.drain(&args).await?;
+    bench.per_event(&args).await?;
+    bench.enqueue(&args).await?;
+    bench.scale().await?;
+    if args.endurance {
+        bench.endurance().await?;
+    }
+    bench.memory(&args).await?;
+    if let Some(path) = &args.out {
+        std::fs::write(path, bench.report.take())?;
+        println!("\nwrote {path}");
+    }
+    bench.pool.close().await;
+    schema.drop_schema().await?;
+    Ok(())
+}
