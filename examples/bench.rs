@@ -10,6 +10,9 @@
 //! figure is the median of `--runs` runs with its spread, and every comparison is a
 //! ratio measured in the same run: absolute figures on shared machines drift.
 
+// Event counts stay far below 2^52: converting them to f64 for rates is exact.
+#![allow(clippy::cast_precision_loss)]
+
 mod common;
 
 use std::cell::RefCell;
@@ -431,7 +434,9 @@ impl Bench {
         .fetch_all(&mut *tx)
         .await?;
         // Prepared statements belong to the session, not the transaction.
-        sqlx::query("DEALLOCATE bench_claim").execute(&mut *tx).await?;
+        sqlx::query("DEALLOCATE bench_claim")
+            .execute(&mut *tx)
+            .await?;
         tx.rollback().await?;
         Ok(lines.iter().fold(String::new(), |mut out, l| {
             let _ = writeln!(out, "{l}");
@@ -580,14 +585,9 @@ async fn rss_child(url: String, events: usize) -> Result {
     stop.cancel();
     relay.await??;
     let status = std::fs::read_to_string("/proc/self/status")?;
-    print!(
-        "{}",
-        status
-            .lines()
-            .filter(|l| l.starts_with("VmHWM:"))
-            .map(|l| format!("{l}\n"))
-            .collect::<String>()
-    );
+    for line in status.lines().filter(|l| l.starts_with("VmHWM:")) {
+        println!("{line}");
+    }
     Ok(())
 }
 

@@ -25,22 +25,8 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
     let p = quote!(::outbox::__private);
     let ident = &model.ident;
     let sql = Sql::render(model);
-    let Sql {
-        enqueue,
-        enqueue_all,
-        claim,
-        complete,
-        retry,
-        renew,
-        fail,
-        record,
-        renew_batch,
-        requeue_dead,
-        requeue_all_dead,
-        prune_sent,
-        stats,
-        migrations,
-    } = &sql;
+    let statements = statements(&p, &sql);
+    let migrations = &sql.migrations;
     let (table, history_table, max_attempts) =
         (&model.table, &model.history_table, model.max_attempts);
     let lease = micros(model.lease);
@@ -91,21 +77,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
                 lease: #p::Duration::from_micros(#lease),
                 retry_delay: #p::Duration::from_micros(#retry_delay),
                 max_attempts: #max_attempts,
-                sql: #p::Statements {
-                    enqueue: #enqueue,
-                    enqueue_all: #enqueue_all,
-                    claim: #claim,
-                    complete: #complete,
-                    retry: #retry,
-                    renew: #renew,
-                    fail: #fail,
-                    record: #record,
-                    renew_batch: #renew_batch,
-                    requeue_dead: #requeue_dead,
-                    requeue_all_dead: #requeue_all_dead,
-                    prune_sent: #prune_sent,
-                    stats: #stats,
-                },
+                sql: #statements,
                 columns: &[#(#columns),*],
                 migrations: &[#(#steps),*],
             };
@@ -246,6 +218,43 @@ fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
                 #p::TableMigrations::of::<Self>()
             }
         }
+    }
+}
+
+/// The statements, as a `Statements` literal.
+fn statements(p: &TokenStream, sql: &Sql) -> TokenStream {
+    let Sql {
+        enqueue,
+        enqueue_all,
+        claim,
+        complete,
+        retry,
+        renew,
+        fail,
+        record,
+        renew_batch,
+        requeue_dead,
+        requeue_all_dead,
+        prune_sent,
+        stats,
+        ..
+    } = sql;
+    quote! {
+    #p::Statements {
+        enqueue: #enqueue,
+        enqueue_all: #enqueue_all,
+        claim: #claim,
+        complete: #complete,
+        retry: #retry,
+        renew: #renew,
+        fail: #fail,
+        record: #record,
+        renew_batch: #renew_batch,
+        requeue_dead: #requeue_dead,
+        requeue_all_dead: #requeue_all_dead,
+        prune_sent: #prune_sent,
+        stats: #stats,
+    }
     }
 }
 

@@ -50,43 +50,7 @@ impl Sql {
         let lease = interval(model.lease);
         let payload: Vec<String> = model.fields.iter().map(|f| quoted(&f.column)).collect();
 
-        let enqueue = {
-            let columns = std::iter::once("event_id".to_owned())
-                .chain(payload.iter().cloned())
-                .collect::<Vec<_>>();
-            let params = (1..=columns.len())
-                .map(|i| format!("${i}"))
-                .collect::<Vec<_>>();
-            // The notification is sent when the enqueuing transaction commits, waking an
-            // idle relay at once; identical notifications of one transaction are merged.
-            format!(
-                "WITH enqueued AS (INSERT INTO {t} ({}) VALUES ({}) RETURNING id)\n\
-                 SELECT pg_notify('{}', '') FROM enqueued",
-                columns.join(", "),
-                params.join(", "),
-                model.table
-            )
-        };
-
-        // Many events in one statement: one array parameter per column, so the text
-        // stays the same whatever the number of events.
-        let enqueue_all = {
-            let columns = std::iter::once("event_id".to_owned())
-                .chain(payload.iter().cloned())
-                .collect::<Vec<_>>();
-            let arrays = std::iter::once("text")
-                .chain(model.fields.iter().map(|f| f.sql_type.ddl))
-                .enumerate()
-                .map(|(i, ty)| format!("${}::{ty}[]", i + 1))
-                .collect::<Vec<_>>();
-            format!(
-                "WITH enqueued AS (INSERT INTO {t} ({}) SELECT * FROM unnest({}) RETURNING id)\n\
-                 SELECT pg_notify('{}', '') FROM enqueued LIMIT 1",
-                columns.join(", "),
-                arrays.join(", "),
-                model.table
-            )
-        };
+        let (enqueue, enqueue_all) = enqueue(model, &t, &payload);
 
         let returning = ["id", "event_id", "generation", "attempts", "lease_until"]
             .into_iter()
@@ -248,6 +212,48 @@ impl Batch {
             stats,
         }
     }
+}
+
+/// The single and the bulk insert; both notify the relay on commit.
+fn enqueue(model: &Model, t: &str, payload: &[String]) -> (String, String) {
+    let enqueue = {
+        let columns = std::iter::once("event_id".to_owned())
+            .chain(payload.iter().cloned())
+            .collect::<Vec<_>>();
+        let params = (1..=columns.len())
+            .map(|i| format!("${i}"))
+            .collect::<Vec<_>>();
+        // The notification is sent when the enqueuing transaction commits, waking an
+        // idle relay at once; identical notifications of one transaction are merged.
+        format!(
+            "WITH enqueued AS (INSERT INTO {t} ({}) VALUES ({}) RETURNING id)\n\
+             SELECT pg_notify('{}', '') FROM enqueued",
+            columns.join(", "),
+            params.join(", "),
+            model.table
+        )
+    };
+
+    // Many events in one statement: one array parameter per column, so the text
+    // stays the same whatever the number of events.
+    let enqueue_all = {
+        let columns = std::iter::once("event_id".to_owned())
+            .chain(payload.iter().cloned())
+            .collect::<Vec<_>>();
+        let arrays = std::iter::once("text")
+            .chain(model.fields.iter().map(|f| f.sql_type.ddl))
+            .enumerate()
+            .map(|(i, ty)| format!("${}::{ty}[]", i + 1))
+            .collect::<Vec<_>>();
+        format!(
+            "WITH enqueued AS (INSERT INTO {t} ({}) SELECT * FROM unnest({}) RETURNING id)\n\
+             SELECT pg_notify('{}', '') FROM enqueued LIMIT 1",
+            columns.join(", "),
+            arrays.join(", "),
+            model.table
+        )
+    };
+    (enqueue, enqueue_all)
 }
 
 /// The claim of up to `$1` rows.

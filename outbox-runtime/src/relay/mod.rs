@@ -89,8 +89,12 @@ pub struct Relay<T, S> {
 
 impl<T: Outbox, S: Sink<T>> Relay<T, S> {
     /// A relay with one worker claiming batches of 100, polling every 5 s when no
-    /// notification arrives, a send timeout of one lease, a 10 s shutdown grace, and
-    /// retries backing off from the type's `retry_delay` up to an hour.
+    /// notification arrives, a send timeout of 30 s (or one lease, if longer), a 10 s
+    /// shutdown grace, and retries backing off from the type's `retry_delay` up to an
+    /// hour.
+    ///
+    /// The pool needs `concurrency + 1` connections: one per worker and one that the
+    /// relay's `LISTEN` session keeps.
     pub fn new(pool: PgPool, sink: S) -> Self {
         let spec = T::SPEC;
         Self {
@@ -100,7 +104,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             concurrency: 1,
             shutdown_grace: Duration::from_secs(10),
             poll_interval: Duration::from_secs(5),
-            send_timeout: spec.lease,
+            send_timeout: spec.lease.max(Duration::from_secs(30)),
             retry: Backoff::new(spec.retry_delay, Duration::from_hours(1)),
             event: PhantomData,
         }
@@ -150,6 +154,15 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
     /// an error only when it cannot go on (the table is missing or has drifted).
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), OutboxError> {
         let relay = Arc::new(self);
+        let connections = relay.pool.options().get_max_connections() as usize;
+        if connections <= relay.concurrency {
+            tracing::warn!(
+                table = T::SPEC.table,
+                connections,
+                workers = relay.concurrency,
+                "the relay's pool has fewer connections than workers + 1 (the LISTEN session keeps one); workers will wait on each other"
+            );
+        }
         let stop = shutdown.child_token();
         let wake = Arc::new(Notify::new());
         let listener = tokio::spawn(listen::<T>(
@@ -226,10 +239,12 @@ async fn listen_session(pool: &PgPool, channel: &str, wake: &Notify) -> sqlx::Er
     // Anything enqueued while we were not listening is found by this wake-up.
     wake.notify_waiters();
     loop {
-        if let Err(error) = listener.recv().await {
-            return error;
+        match listener.try_recv().await {
+            Err(error) => return error,
+            // `None`: the connection dropped and the next call reconnects; what was
+            // enqueued meanwhile sent its notification to nobody, so wake up anyway.
+            Ok(_) => wake.notify_waiters(),
         }
-        wake.notify_waiters();
     }
 }
 
@@ -377,8 +392,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                         .filter(|(_, owned)| **owned)
                         .map(|(c, _)| Owned { id: c.id(), generation: c.generation().get() })
                         .collect();
-                    match record::renew::<T>(&relay.pool, &rows).await {
-                        Ok(renewed) => {
+                    // Bounded, so an unreachable database cannot hold up the send
+                    // timeout or the shutdown grace for long.
+                    let renewal = tokio::time::timeout(renew_every, record::renew::<T>(&relay.pool, &rows));
+                    match renewal.await {
+                        Ok(Ok(renewed)) => {
                             let still: HashSet<i64> = renewed.iter().map(|(id, _)| *id).collect();
                             for (i, claim) in claims.iter().enumerate() {
                                 if owned[i] && !still.contains(&claim.id()) {
@@ -394,7 +412,8 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                                 break None;
                             }
                         }
-                        Err(error) => tracing::warn!(table, %error, "lease renewal failed; trying again"),
+                        Ok(Err(error)) => tracing::warn!(table, %error, "lease renewal failed; trying again"),
+                        Err(_) => tracing::warn!(table, "lease renewal timed out; trying again"),
                     }
                 }
                 () = self.stop.cancelled(), if grace.is_none() => {
