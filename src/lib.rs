@@ -60,6 +60,27 @@
 //! }
 //! # let _ = id; Ok(()) }
 //! ```
+//!
+//! # Publishing with the relay
+//!
+//! [`Relay`] is the long-running publisher: batch claims, a [`Sink`] per batch, lease
+//! renewal during slow sends, retries with backoff, dead letters, `NOTIFY` wake-ups,
+//! and a graceful shutdown that hands unsent events back.
+//!
+//! ```no_run
+//! # #[derive(outbox::Outbox, Debug, Clone)] struct OrderPlaced { customer: String }
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), outbox::OutboxError> {
+//! use std::time::Duration;
+//! use outbox::relay::{CancellationToken, StdoutSink};
+//!
+//! let shutdown = CancellationToken::new(); // cancel it on SIGTERM
+//! let relay = outbox::Relay::<OrderPlaced, _>::new(pool, StdoutSink)
+//!     .batch_size(100)
+//!     .concurrency(8) // the pool needs 8 + 1 connections
+//!     .shutdown_grace(Duration::from_secs(10));
+//! relay.run(shutdown).await // returns after a graceful shutdown
+//! # }
+//! ```
 
 pub use outbox_derive::Outbox;
 /// The trait `#[derive(Outbox)]` implements (macros and traits live in separate

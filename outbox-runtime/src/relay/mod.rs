@@ -57,22 +57,9 @@ pub mod metric {
     pub const BATCH_SIZE: &str = "outbox_batch_size";
 }
 
-/// The publisher loop for events of type `T`, sending through a sink `S`.
-///
-/// ```no_run
-/// # #[derive(outbox::Outbox, Debug, Clone)] struct OrderPlaced { customer: String }
-/// # async fn run(pool: sqlx::PgPool) -> Result<(), outbox::OutboxError> {
-/// use std::time::Duration;
-/// use outbox::relay::CancellationToken;
-///
-/// let shutdown = CancellationToken::new();
-/// let relay = outbox::relay::Relay::<OrderPlaced, _>::new(pool, outbox::relay::StdoutSink)
-///     .batch_size(100)
-///     .concurrency(8)
-///     .shutdown_grace(Duration::from_secs(10));
-/// relay.run(shutdown).await // returns after a graceful shutdown
-/// # }
-/// ```
+/// The publisher loop for events of type `T`, sending through a sink `S`. Build it
+/// with [`new`](Self::new) and the setters, then [`run`](Self::run) it until shutdown
+/// (the `outbox` crate's documentation has an example).
 #[derive(Debug)]
 #[must_use = "a relay does nothing until `run`"]
 pub struct Relay<T, S> {
