@@ -25,6 +25,8 @@ pub(crate) const RESERVED_COLUMNS: &[&str] = &[
     "next_attempt_at",
     "last_error",
     "created_at",
+    // Not a column: the claim statement returns it beside the payload.
+    "outbox_reclaimed",
 ];
 
 /// PostgreSQL's system columns: `CREATE TABLE` refuses a column with one of these names.

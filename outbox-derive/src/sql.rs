@@ -55,10 +55,8 @@ impl Sql {
         let returning = ["id", "event_id", "generation", "attempts", "lease_until"]
             .into_iter()
             .map(|c| format!("o.{c}"))
-            // Not a plain identifier, so no payload column can share its name.
-            .chain(std::iter::once(
-                "c.reclaimed AS \"outbox.reclaimed\"".to_owned(),
-            ))
+            // A reserved name, so no payload column can share it.
+            .chain(std::iter::once("c.reclaimed AS outbox_reclaimed".to_owned()))
             .chain(payload.iter().map(|c| format!("o.{c}")))
             .collect::<Vec<_>>()
             .join(", ");
@@ -182,7 +180,7 @@ impl Batch {
         );
         let requeue_all_dead = format!(
             "WITH requeued AS (UPDATE {t} {requeue} WHERE status = 'DEAD' RETURNING 1)\n\
-             SELECT count(*) FROM requeued"
+             SELECT count(*) AS requeued FROM requeued"
         );
         let prune_sent = format!(
             "WITH doomed AS (\n\
@@ -193,14 +191,15 @@ impl Batch {
         );
         let stats = format!(
             "SELECT\n\
-             \x20   count(*) FILTER (WHERE status = 'READY'),\n\
-             \x20   count(*) FILTER (WHERE status = 'INPROGRESS'),\n\
-             \x20   count(*) FILTER (WHERE status = 'SENT'),\n\
-             \x20   count(*) FILTER (WHERE status = 'DEAD'),\n\
-             \x20   count(*) FILTER (WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()),\n\
+             \x20   count(*) FILTER (WHERE status = 'READY') AS ready,\n\
+             \x20   count(*) FILTER (WHERE status = 'INPROGRESS') AS in_progress,\n\
+             \x20   count(*) FILTER (WHERE status = 'SENT') AS sent,\n\
+             \x20   count(*) FILTER (WHERE status = 'DEAD') AS dead,\n\
+             \x20   count(*) FILTER (WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()) AS expired_claims,\n\
              \x20   statement_timestamp() - min(CASE\n\
              \x20       WHEN status = 'READY' AND next_attempt_at <= statement_timestamp() THEN next_attempt_at\n\
              \x20       WHEN status = 'INPROGRESS' AND lease_until <= statement_timestamp() THEN lease_until END)\n\
+             \x20       AS oldest_eligible_age\n\
              FROM {t}"
         );
         Self {
