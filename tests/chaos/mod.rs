@@ -7,8 +7,13 @@
 //! Each relay is a child process re-executing the current binary (selected by
 //! environment variables, as in the recovery lab) that runs [`outbox::Relay`] into a
 //! sink recording every delivery in `chaos_deliveries`, a plain table outside the
-//! outbox. The children log the relay's tracing output to stderr; the driver reads it to
-//! count stale rejections and to catch constraint violations and panics.
+//! outbox. A trigger notes every transition to `SENT` in `chaos_sent`, with the
+//! recording session's `application_name`, which names the relay process: the end state
+//! must show each `SENT` recorded by the process that delivered the row's final
+//! generation, after delivering it (a fencing bug that lets a stale owner's outcome
+//! through fails that check even when the new owner delivered too). The children log
+//! the relay's tracing output to stderr; the driver reads it to count stale rejections
+//! and to catch constraint violations and panics.
 //!
 //! Shared by `tests/chaos.rs` (a short run, for CI) and `examples/chaos.rs` (long runs).
 
@@ -17,7 +22,7 @@
 use std::fmt;
 use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -109,6 +114,8 @@ pub struct Report {
     /// Relays SIGSTOPped past their lease, and how many of those in the middle of a batch.
     pub pauses: u32,
     pub pauses_mid_batch: u32,
+    /// Pauses that ended as another relay started a batch (likely the reclaim).
+    pub pauses_into_reclaim: u32,
     /// `pg_terminate_backend` rounds, and sessions they ended.
     pub terminations: u32,
     pub sessions_terminated: i64,
@@ -131,6 +138,7 @@ pub struct Report {
     pub renewals_rejected: u64,
     pub publish_timeouts: u64,
     pub relay_errors: u64,
+    pub relay_error_samples: Vec<String>,
     pub constraint_violations: u64,
     /// Seconds: the whole run, the chaos phase, the drain after it.
     pub wall: Duration,
@@ -166,8 +174,8 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "  pauses past the lease  {} ({} mid-batch)",
-            self.pauses, self.pauses_mid_batch
+            "  pauses past the lease  {} ({} mid-batch, {} woken into another relay's batch)",
+            self.pauses, self.pauses_mid_batch, self.pauses_into_reclaim
         )?;
         writeln!(
             f,
@@ -202,6 +210,9 @@ impl fmt::Display for Report {
             "  relay errors logged    {} (constraint violations: {})",
             self.relay_errors, self.constraint_violations
         )?;
+        for sample in &self.relay_error_samples {
+            writeln!(f, "    e.g. {sample}")?;
+        }
         writeln!(
             f,
             "  wall time              {:.1}s (chaos {:.1}s, drain {:.1}s)",
@@ -240,6 +251,8 @@ const CHILD_CONCURRENCY: &str = "OUTBOX_CHAOS_CHILD_CONCURRENCY";
 const MARK: &str = "chaos-relay:";
 /// Written by the sink when a batch arrives: the driver times some pauses and kills on it.
 const BATCH_LINE: &str = "chaos-relay: batch";
+/// Written once the relay handles SIGTERM.
+const STARTED_LINE: &str = "chaos-relay: started";
 
 // -------------------------------------------------------------------------------------
 // The relay child
@@ -284,7 +297,8 @@ fn say(line: &str) {
 
 async fn relay_child(url: &str, app: &str, batch: u32, concurrency: usize) -> i32 {
     let options = match url.parse::<PgConnectOptions>() {
-        Ok(options) => options.application_name(app),
+        // The pid tells the driver which incarnation recorded each SENT.
+        Ok(options) => options.application_name(&format!("{app}{}", std::process::id())),
         Err(error) => {
             say(&format!("bad url: {error}"));
             return 2;
@@ -328,6 +342,9 @@ async fn relay_child(url: &str, app: &str, batch: u32, concurrency: usize) -> i3
             Duration::from_millis(100),
             Duration::from_secs(1),
         ))
+        // Longer than the lease: a relay woken from a pause finds its sink still sending,
+        // and its renewals (not a timeout) tell it the rows are gone.
+        .send_timeout(Duration::from_secs(10))
         .shutdown_grace(Duration::from_secs(5));
     say("started");
     match relay.run(shutdown).await {
@@ -342,8 +359,10 @@ async fn relay_child(url: &str, app: &str, batch: u32, concurrency: usize) -> i3
     }
 }
 
-/// Records every delivery in `chaos_deliveries` (one statement per batch), after a
-/// short sleep that widens the window in which a relay holds claims.
+/// Records every delivery in `chaos_deliveries` (one statement per batch), between two
+/// short sleeps (the broker's latency) that widen the windows in which a relay holds
+/// claims: a relay paused or killed before the insert has not delivered, one stopped after
+/// it has delivered without recording `SENT`.
 struct RecordingSink {
     pool: PgPool,
     pid: i32,
@@ -352,7 +371,7 @@ struct RecordingSink {
 impl Sink<ChaosEvent> for RecordingSink {
     async fn publish(&self, batch: &[Delivery<'_, ChaosEvent>]) -> Vec<Result<(), SinkError>> {
         say(&format!("batch {}", batch.len()));
-        sleep(Duration::from_millis(fastrand::u64(5..=25))).await;
+        sleep(Duration::from_millis(fastrand::u64(2..=12))).await;
         let event_ids: Vec<&str> = batch.iter().map(|d| d.event_id().as_str()).collect();
         let generations: Vec<i64> = batch.iter().map(|d| d.generation().get()).collect();
         let attempts: Vec<i32> = batch
@@ -369,6 +388,18 @@ impl Sink<ChaosEvent> for RecordingSink {
         .bind(self.pid)
         .execute(&self.pool)
         .await;
+        // Now and then a slow broker: longer than the lease, which renewals must extend.
+        // Redeliveries are slow too, so that a stale owner woken from a pause acts while
+        // the new owner still holds the row: the window in which a fencing bug would
+        // let the stale outcome through.
+        let latency = if fastrand::u32(0..40) == 0 {
+            fastrand::u64(700..=2_500)
+        } else if batch.iter().any(|d| d.generation().get() > 1) {
+            fastrand::u64(100..=300)
+        } else {
+            fastrand::u64(5..=20)
+        };
+        sleep(Duration::from_millis(latency)).await;
         match inserted {
             Ok(_) => batch.iter().map(|_| Ok(())).collect(),
             // Not recorded, so not delivered (or, if the commit's acknowledgement was
@@ -393,6 +424,9 @@ struct LogCounts {
     publish_timeouts: AtomicU64,
     errors: AtomicU64,
     constraint_violations: AtomicU64,
+    /// The first few errors (under chaos, some are expected: outcomes that could not be
+    /// recorded while PostgreSQL restarted).
+    error_samples: Mutex<Vec<String>>,
     /// Lines that fail the run: constraint violations, panics, relay failures.
     alarming: Mutex<Vec<String>>,
 }
@@ -409,8 +443,11 @@ impl LogCounts {
         } else if line.contains("publish timed out") {
             bump(&self.publish_timeouts);
         }
-        if line.contains(" ERROR ") {
-            bump(&self.errors);
+        if line.contains(" ERROR ") && bump(&self.errors) < 5 {
+            self.error_samples
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(format!("{tag} {line}"));
         }
         let constraint = line.contains("constraint");
         if constraint {
@@ -433,8 +470,21 @@ struct RelayProcess {
     child: Child,
     pid: Pid,
     batches: mpsc::UnboundedReceiver<()>,
-    /// Until when it is SIGSTOPped.
-    paused_until: Option<Instant>,
+    /// Whether it said it handles SIGTERM.
+    started: Arc<AtomicBool>,
+    /// Whether it is SIGSTOPped.
+    paused: Arc<AtomicBool>,
+}
+
+/// How a pause ends.
+#[derive(Clone, Copy, Debug)]
+enum Wake {
+    /// This long after the lease ended.
+    After(Duration),
+    /// Just after the lease ended, as soon as another relay starts a batch (most likely
+    /// the reclaim of the paused relay's rows): it wakes while the new owner is sending,
+    /// and must not be able to renew or record anything.
+    IntoReclaim,
 }
 
 struct Relays {
@@ -445,13 +495,21 @@ struct Relays {
     config: Config,
     command: ChildCommand,
     logs: Arc<LogCounts>,
+    /// Woken by every batch any relay starts.
+    announced: Arc<tokio::sync::Notify>,
+    /// The tasks ending the pauses.
+    pauses: Vec<tokio::task::JoinHandle<bool>>,
+    /// The threads reading the relays' stderr.
+    readers: Vec<std::thread::JoinHandle<()>>,
     /// Relays that exited without being told to.
     unexpected_exits: Vec<String>,
 }
 
 impl Relays {
+    /// The prefix of the `application_name` of relay `slot`'s sessions; each
+    /// incarnation appends its pid.
     fn app_name(&self, slot: usize) -> String {
-        format!("{}-r{slot}", self.schema)
+        format!("{}-r{slot}-", self.schema)
     }
 
     fn spawn(&mut self, slot: usize) -> Result<RelayProcess, String> {
@@ -472,20 +530,30 @@ impl Relays {
         let pid = Pid::from_raw(i32::try_from(child.id()).map_err(|e| e.to_string())?);
         let (tx, rx) = mpsc::unbounded_channel();
         let (logs, verbose) = (Arc::clone(&self.logs), self.config.verbose);
+        let started = Arc::new(AtomicBool::new(false));
+        let said_started = Arc::clone(&started);
+        let announced = Arc::clone(&self.announced);
         let tag = format!("[r{slot}#{} pid {pid}]", self.incarnations);
-        std::thread::Builder::new()
+        let reader = std::thread::Builder::new()
             .name(format!("chaos-relay-{slot}-log"))
             .spawn(move || {
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if line.contains(STARTED_LINE) {
+                        said_started.store(true, Ordering::Relaxed);
+                    } else if line.contains(BATCH_LINE) {
+                        announced.notify_waiters();
+                    }
                     logs.read(&tag, &line, &tx, verbose);
                 }
             })
             .map_err(|e| e.to_string())?;
+        self.readers.push(reader);
         Ok(RelayProcess {
             child,
             pid,
             batches: rx,
-            paused_until: None,
+            started,
+            paused: Arc::default(),
         })
     }
 
@@ -497,13 +565,18 @@ impl Relays {
         Ok(())
     }
 
-    /// Waits up to a second for `slot` to announce a new batch; true if it did.
-    async fn next_batch(&mut self, slot: usize) -> bool {
+    /// Waits up to a second for `slot` to announce a new batch, then `jitter` more (which
+    /// lands before or after its sink's insert); true if it announced one.
+    async fn next_batch(&mut self, slot: usize, jitter: Duration) -> bool {
         let batches = &mut self.slots[slot].batches;
         while batches.try_recv().is_ok() {}
-        tokio::time::timeout(Duration::from_secs(1), batches.recv())
+        let announced = tokio::time::timeout(Duration::from_secs(1), batches.recv())
             .await
-            .is_ok_and(|got| got.is_some())
+            .is_ok_and(|got| got.is_some());
+        if announced {
+            sleep(jitter).await;
+        }
+        announced
     }
 
     fn kill_and_restart(&mut self, slot: usize) -> Result<(), String> {
@@ -514,31 +587,52 @@ impl Relays {
         Ok(())
     }
 
-    fn pause(&mut self, slot: usize, until: Instant) -> Result<(), String> {
-        kill(self.slots[slot].pid, Signal::SIGSTOP)
-            .map_err(|e| format!("SIGSTOP relay {slot}: {e}"))?;
-        self.slots[slot].paused_until = Some(until);
+    /// SIGSTOPs `slot` past its lease; a task SIGCONTs it as `wake` says.
+    fn pause(&mut self, slot: usize, wake: Wake) -> Result<(), String> {
+        let process = &self.slots[slot];
+        kill(process.pid, Signal::SIGSTOP).map_err(|e| format!("SIGSTOP relay {slot}: {e}"))?;
+        process.paused.store(true, Ordering::SeqCst);
+        let (pid, paused) = (process.pid, Arc::clone(&process.paused));
+        let announced = Arc::clone(&self.announced);
+        let verbose = self.config.verbose;
+        if verbose {
+            eprintln!("[chaos] SIGSTOP relay {slot} (pid {pid}), waking {wake:?}");
+        }
+        self.pauses.push(tokio::spawn(async move {
+            let into_reclaim = match wake {
+                Wake::After(delay) => {
+                    sleep(lease() + delay).await;
+                    false
+                }
+                Wake::IntoReclaim => {
+                    sleep(lease() + Duration::from_millis(20)).await;
+                    tokio::time::timeout(Duration::from_secs(1), announced.notified())
+                        .await
+                        .is_ok()
+                }
+            };
+            let _ = kill(pid, Signal::SIGCONT);
+            paused.store(false, Ordering::SeqCst);
+            if verbose {
+                eprintln!("[chaos] SIGCONT relay {slot} (pid {pid}); into a batch: {into_reclaim}");
+            }
+            into_reclaim
+        }));
         Ok(())
     }
 
-    /// SIGCONTs the relays whose pause is over (all of them with `all`).
-    fn resume_due(&mut self, all: bool) -> Result<(), String> {
-        let now = Instant::now();
-        for (slot, process) in self.slots.iter_mut().enumerate() {
-            if let Some(until) = process.paused_until
-                && (all || until <= now)
-            {
-                kill(process.pid, Signal::SIGCONT)
-                    .map_err(|e| format!("SIGCONT relay {slot}: {e}"))?;
-                process.paused_until = None;
-            }
+    /// Waits until every pause is over; how many woke into another relay's batch.
+    async fn pauses_over(&mut self) -> u32 {
+        let mut into_reclaim = 0;
+        for pause in self.pauses.drain(..) {
+            into_reclaim += u32::from(pause.await.unwrap_or(false));
         }
-        Ok(())
+        into_reclaim
     }
 
     fn running(&self) -> Vec<usize> {
         (0..self.slots.len())
-            .filter(|&slot| self.slots[slot].paused_until.is_none())
+            .filter(|&slot| !self.slots[slot].paused.load(Ordering::SeqCst))
             .collect()
     }
 
@@ -564,10 +658,16 @@ impl Relays {
 
     /// SIGTERMs every relay and waits for them to exit; their exit statuses.
     async fn stop(&mut self, within: Duration) -> Vec<(usize, Option<ExitStatus>)> {
+        let deadline = Instant::now() + within;
+        // A relay restarted a moment ago may not handle SIGTERM yet.
+        while Instant::now() < deadline
+            && !self.slots.iter().all(|p| p.started.load(Ordering::Relaxed))
+        {
+            sleep(Duration::from_millis(20)).await;
+        }
         for process in &self.slots {
             let _ = kill(process.pid, Signal::SIGTERM);
         }
-        let deadline = Instant::now() + within;
         let mut statuses = Vec::new();
         for (slot, process) in self.slots.iter_mut().enumerate() {
             let status = loop {
@@ -587,6 +687,9 @@ impl Relays {
 
 impl Drop for Relays {
     fn drop(&mut self) {
+        for pause in &self.pauses {
+            pause.abort();
+        }
         for process in &mut self.slots {
             if matches!(process.child.try_wait(), Ok(None)) {
                 let _ = kill(process.pid, Signal::SIGKILL);
@@ -650,6 +753,20 @@ async fn setup(pool: &PgPool) -> Result<(), String> {
              attempt integer NOT NULL, \
              publisher_pid integer NOT NULL, \
              delivered_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+        // Who recorded each SENT, and when: the session's application_name names the
+        // relay process. Written by the recording statement's own transaction.
+        "CREATE TABLE chaos_sent (\
+             event_id text NOT NULL, \
+             generation bigint NOT NULL, \
+             recorder text NOT NULL, \
+             sent_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+        "CREATE FUNCTION chaos_note_sent() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             INSERT INTO chaos_sent (event_id, generation, recorder) \
+             VALUES (NEW.event_id, NEW.generation, current_setting('application_name')); \
+             RETURN NULL; END $$",
+        "CREATE TRIGGER chaos_note_sent AFTER UPDATE ON chaos_events FOR EACH ROW \
+             WHEN (NEW.status = 'SENT' AND OLD.status IS DISTINCT FROM 'SENT') \
+             EXECUTE FUNCTION chaos_note_sent()",
     ] {
         sqlx::query(ddl)
             .execute(pool)
@@ -812,6 +929,9 @@ pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, Stri
         config: config.clone(),
         command: command.clone(),
         logs: Arc::default(),
+        announced: Arc::default(),
+        pauses: Vec::new(),
+        readers: Vec::new(),
         unexpected_exits: Vec::new(),
     };
     relays.start()?;
@@ -843,14 +963,37 @@ pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, Stri
     report.chaos = chaos_started.elapsed();
     report.enqueue_retries = u32::try_from(retries.load(Ordering::Relaxed)).unwrap_or(u32::MAX);
 
-    // Drain: every relay runs again; wait until nothing is left to send.
-    relays.resume_due(true)?;
+    if report.kills == 0 || report.pauses == 0 || report.terminations == 0 {
+        report.failures.push(format!(
+            "too little chaos: {} kills, {} pauses, {} termination rounds",
+            report.kills, report.pauses, report.terminations
+        ));
+    }
+    drain(config, &pool, &mut relays, &mut report).await?;
+    stop(&mut relays, &mut report).await;
+    verify_outbox(&pool, total, &mut report).await?;
+    verify_deliveries(&pool, total, &mut report).await?;
+    drop(relays);
+    schema.drop_schema().await.map_err(|e| e.to_string())?;
+    drop(server);
+    report.wall = wall.elapsed();
+    Ok(report)
+}
+
+/// Every relay runs again; waits until nothing is left to send.
+async fn drain(
+    config: &Config,
+    pool: &PgPool,
+    relays: &mut Relays,
+    report: &mut Report,
+) -> Result<(), String> {
+    report.pauses_into_reclaim = relays.pauses_over().await;
     relays.reap_unexpected()?;
-    let drain_started = Instant::now();
+    let started = Instant::now();
     loop {
-        match unsent(&pool).await {
+        match unsent(pool).await {
             Ok(0) => break,
-            Ok(_) | Err(_) if drain_started.elapsed() < config.drain_timeout => {
+            Ok(_) | Err(_) if started.elapsed() < config.drain_timeout => {
                 relays.reap_unexpected()?;
                 sleep(Duration::from_millis(100)).await;
             }
@@ -867,27 +1010,40 @@ pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, Stri
             }
         }
     }
-    report.drain = drain_started.elapsed();
+    report.drain = started.elapsed();
+    Ok(())
+}
 
-    // Graceful stop: each relay handles SIGTERM by cancelling its shutdown token.
-    for (slot, status) in relays.stop(Duration::from_secs(20)).await {
+/// Stops the relays gracefully (each handles SIGTERM by cancelling its shutdown token)
+/// and collects what they logged.
+async fn stop(relays: &mut Relays, report: &mut Report) {
+    let within = Duration::from_secs(20);
+    for (slot, status) in relays.stop(within).await {
         match status {
             Some(status) if status.success() => {}
             Some(status) => report
                 .failures
                 .push(format!("relay {slot} stopped with {status} after SIGTERM")),
-            None => report
-                .failures
-                .push(format!("relay {slot} did not stop within 20s of SIGTERM")),
+            None => report.failures.push(format!(
+                "relay {slot} did not stop within {within:?} of SIGTERM"
+            )),
         }
     }
-    // The reader threads see EOF once the children are gone; give them a moment.
-    sleep(Duration::from_millis(200)).await;
+    // Every child is gone, so every reader reaches the end of its pipe.
+    for reader in relays.readers.drain(..) {
+        let _ = reader.join();
+    }
     let logs = &relays.logs;
     report.stale_outcomes = logs.stale_outcomes.load(Ordering::Relaxed);
     report.renewals_rejected = logs.renewals_rejected.load(Ordering::Relaxed);
     report.publish_timeouts = logs.publish_timeouts.load(Ordering::Relaxed);
     report.relay_errors = logs.errors.load(Ordering::Relaxed);
+    report.relay_error_samples = std::mem::take(
+        &mut *logs
+            .error_samples
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner),
+    );
     report.constraint_violations = logs.constraint_violations.load(Ordering::Relaxed);
     report.failures.append(&mut relays.unexpected_exits);
     for line in logs
@@ -899,13 +1055,6 @@ pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, Stri
     {
         report.failures.push(format!("a relay logged: {line}"));
     }
-
-    verify(&pool, total, &mut report).await?;
-    drop(relays);
-    schema.drop_schema().await.map_err(|e| e.to_string())?;
-    drop(server);
-    report.wall = wall.elapsed();
-    Ok(report)
 }
 
 /// The chaos phase: runs while events are being enqueued, and until every kind of
@@ -919,7 +1068,6 @@ async fn chaos(
     report: &mut Report,
 ) -> Result<(), String> {
     let mut rng = fastrand::Rng::with_seed(config.seed ^ 2);
-    let lease = lease();
     let started = Instant::now();
     // However it goes, the chaos ends 20 s after the enqueueing should have.
     #[allow(clippy::cast_precision_loss)]
@@ -927,7 +1075,6 @@ async fn chaos(
     let restart_at = config.events - (config.events - progress.load(Ordering::Relaxed)) / 2;
     let mut next_action = Instant::now() + Duration::from_millis(rng.u64(200..600));
     loop {
-        relays.resume_due(false)?;
         relays.reap_unexpected()?;
         let enqueued = progress.load(Ordering::Relaxed) >= config.events;
         let restart_pending = report.restart_skipped.is_none() && report.restarts == 0;
@@ -936,10 +1083,12 @@ async fn chaos(
             && report.pauses_mid_batch >= 1
             && report.terminations >= 2
             && !restart_pending;
+        // Once everything is enqueued and every kind of chaos happened, start nothing new
+        // and end when the last pause does.
         if (enqueued && enough && relays.paused() == 0) || Instant::now() > hard_stop {
             break;
         }
-        if Instant::now() < next_action {
+        if (enqueued && enough) || Instant::now() < next_action {
             sleep(Duration::from_millis(20)).await;
             continue;
         }
@@ -965,9 +1114,15 @@ async fn chaos(
             // Pause a relay (mid-batch if it has one) for longer than its lease.
             0..=2 if relays.paused() < relays.slots.len() / 2 => {
                 let slot = running[rng.usize(..running.len())];
-                let mid_batch = relays.next_batch(slot).await;
-                let until = Instant::now() + lease + Duration::from_millis(rng.u64(300..1500));
-                relays.pause(slot, until)?;
+                let jitter = Duration::from_millis(rng.u64(0..15));
+                let mid_batch = relays.next_batch(slot, jitter).await;
+                // Every other pause ends into the reclaim of the paused relay's rows.
+                let wake = if report.pauses.is_multiple_of(2) {
+                    Wake::IntoReclaim
+                } else {
+                    Wake::After(Duration::from_millis(rng.u64(300..1500)))
+                };
+                relays.pause(slot, wake)?;
                 report.pauses += 1;
                 report.pauses_mid_batch += u32::from(mid_batch);
             }
@@ -987,7 +1142,8 @@ async fn chaos(
             // SIGKILL a relay, half of the time in the middle of a batch, and restart it.
             _ => {
                 let slot = running[rng.usize(..running.len())];
-                let mid_batch = rng.bool() && relays.next_batch(slot).await;
+                let jitter = Duration::from_millis(rng.u64(0..15));
+                let mid_batch = rng.bool() && relays.next_batch(slot, jitter).await;
                 relays.kill_and_restart(slot)?;
                 report.kills += 1;
                 report.kills_mid_batch += u32::from(mid_batch);
@@ -997,8 +1153,8 @@ async fn chaos(
     Ok(())
 }
 
-/// The end state.
-async fn verify(pool: &PgPool, total: i64, report: &mut Report) -> Result<(), String> {
+/// The end state of the outbox and the business rows.
+async fn verify_outbox(pool: &PgPool, total: i64, report: &mut Report) -> Result<(), String> {
     let db = |e: sqlx::Error| format!("verifying: {e}");
     let failures = &mut report.failures;
     let mut check = |ok: bool, what: String| {
@@ -1065,6 +1221,20 @@ async fn verify(pool: &PgPool, total: i64, report: &mut Report) -> Result<(), St
         format!("{orders} business rows ({orphans} without their event), expected {total}"),
     );
 
+    report.max_generation = max_generation.unwrap_or(0);
+    report.max_attempts = max_attempts.unwrap_or(0);
+    Ok(())
+}
+
+/// The deliveries the sinks recorded, against the outbox.
+async fn verify_deliveries(pool: &PgPool, total: i64, report: &mut Report) -> Result<(), String> {
+    let db = |e: sqlx::Error| format!("verifying: {e}");
+    let failures = &mut report.failures;
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            failures.push(what);
+        }
+    };
     let (deliveries, delivered, claims, publishers): (i64, i64, i64, i64) = sqlx::query_as(
         "SELECT count(*), count(DISTINCT event_id), count(DISTINCT (event_id, generation)), \
                 count(DISTINCT publisher_pid) \
@@ -1117,7 +1287,47 @@ async fn verify(pool: &PgPool, total: i64, report: &mut Report) -> Result<(), St
     report.deliveries = deliveries;
     report.superseded_deliveries = superseded;
     report.publishers = publishers;
-    report.max_generation = max_generation.unwrap_or(0);
-    report.max_attempts = max_attempts.unwrap_or(0);
+    verify_recorders(pool, total, &mut report.failures).await
+}
+
+/// Who recorded each SENT: the process that delivered the generation holding the row,
+/// after delivering it. A stale owner's accepted outcome shows up here even when the
+/// current owner delivered too.
+async fn verify_recorders(
+    pool: &PgPool,
+    total: i64,
+    failures: &mut Vec<String>,
+) -> Result<(), String> {
+    let (transitions, events, foreign): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT event_id), count(*) FILTER (WHERE NOT EXISTS \
+             (SELECT FROM chaos_deliveries d WHERE d.event_id = s.event_id \
+              AND d.generation = s.generation AND s.recorder LIKE '%-' || d.publisher_pid \
+              AND d.delivered_at <= s.sent_at)) \
+         FROM chaos_sent s",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(|e| format!("verifying: {e}"))?;
+    if transitions != total || events != total {
+        failures.push(format!(
+            "{transitions} transitions to SENT for {events} events, expected {total} each"
+        ));
+    }
+    if foreign > 0 {
+        let examples: Vec<(String, i64, String)> = sqlx::query_as(
+            "SELECT s.event_id, s.generation, s.recorder FROM chaos_sent s WHERE NOT EXISTS \
+                 (SELECT FROM chaos_deliveries d WHERE d.event_id = s.event_id \
+                  AND d.generation = s.generation AND s.recorder LIKE '%-' || d.publisher_pid \
+                  AND d.delivered_at <= s.sent_at) \
+             ORDER BY s.sent_at LIMIT 3",
+        )
+        .fetch_all(pool)
+        .await
+        .map_err(|e| format!("verifying: {e}"))?;
+        failures.push(format!(
+            "{foreign} SENT recorded by a process that had not delivered the row's generation \
+             (a stale outcome accepted), e.g. {examples:?}"
+        ));
+    }
     Ok(())
 }
