@@ -8,7 +8,7 @@ use sqlx::{Acquire, PgExecutor, Postgres, Row};
 
 use crate::error::OutboxError;
 use crate::id::{EventId, Generation};
-use crate::spec::Outbox;
+use crate::spec::{Outbox, interval};
 
 /// Ownership of one outbox row for the duration of a lease.
 ///
@@ -127,7 +127,7 @@ impl<T: Outbox> Claim<T> {
         let status: Option<String> = sqlx::query_scalar(spec.sql.retry)
             .bind(self.id)
             .bind(self.generation.get())
-            .bind(delay.unwrap_or(spec.retry_delay))
+            .bind(interval(delay.unwrap_or(spec.retry_delay)))
             .bind(reason)
             .fetch_optional(executor)
             .await

@@ -48,6 +48,13 @@ pub struct Statements {
     pub stats: &'static str,
 }
 
+/// `d` truncated to whole microseconds: a PostgreSQL `interval` holds no finer unit,
+/// and sqlx refuses to encode a `Duration` with a sub-microsecond remainder (jittered
+/// backoff delays nearly always have one).
+pub(crate) fn interval(d: Duration) -> Duration {
+    Duration::new(d.as_secs(), d.subsec_micros() * 1_000)
+}
+
 /// One column the event type expects, used to detect a drifted table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Column {

@@ -430,6 +430,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let recorded = loop {
             match record::record::<T>(&self.relay.pool, outcomes).await {
                 Ok(recorded) => break recorded,
+                // Not the database's fault: trying again cannot help.
+                Err(error @ OutboxError::Encode { .. }) => {
+                    tracing::error!(table, %error, "cannot encode the outcomes; the leases will expire and the events be claimed again");
+                    return;
+                }
                 Err(error) => {
                     failures += 1;
                     let delay = backoff.delay(failures);

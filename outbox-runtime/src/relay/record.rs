@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use crate::error::OutboxError;
-use crate::spec::Outbox;
+use crate::spec::{Outbox, interval};
 
 /// What to record for one claimed row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,7 +51,7 @@ pub(crate) async fn record<T: Outbox>(
             Outcome::Release => ("RELEASE", Duration::ZERO, None),
         };
         kinds.push(kind);
-        delays.push(whole_micros(delay));
+        delays.push(interval(delay));
         errors.push(error);
     }
     sqlx::query_as(spec.sql.record)
@@ -63,13 +63,6 @@ pub(crate) async fn record<T: Outbox>(
         .fetch_all(pool)
         .await
         .map_err(|e| OutboxError::from_sqlx(spec.table, e))
-}
-
-/// `delay` truncated to whole microseconds: an `interval` holds no finer unit, and sqlx
-/// refuses to encode a `Duration` with a sub-microsecond remainder, which jittered
-/// backoff delays nearly always have.
-fn whole_micros(delay: Duration) -> Duration {
-    Duration::new(delay.as_secs(), delay.subsec_micros() * 1_000)
 }
 
 /// Extends the leases of `rows`; returns the rows still owned, with their new lease.
@@ -95,17 +88,14 @@ mod tests {
     #[test]
     fn retry_delays_are_truncated_to_what_an_interval_holds() {
         assert_eq!(
-            whole_micros(Duration::new(1, 123_456_789)),
+            interval(Duration::new(1, 123_456_789)),
             Duration::new(1, 123_456_000)
         );
-        assert_eq!(whole_micros(Duration::ZERO), Duration::ZERO);
+        assert_eq!(interval(Duration::ZERO), Duration::ZERO);
         let jittered =
             crate::relay::Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
         for attempt in 1..20 {
-            assert_eq!(
-                whole_micros(jittered.delay(attempt)).subsec_nanos() % 1_000,
-                0
-            );
+            assert_eq!(interval(jittered.delay(attempt)).subsec_nanos() % 1_000, 0);
         }
     }
 }
