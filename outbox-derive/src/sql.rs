@@ -56,7 +56,9 @@ impl Sql {
             .into_iter()
             .map(|c| format!("o.{c}"))
             // A reserved name, so no payload column can share it.
-            .chain(std::iter::once("c.reclaimed AS outbox_reclaimed".to_owned()))
+            .chain(std::iter::once(
+                "c.reclaimed AS outbox_reclaimed".to_owned(),
+            ))
             .chain(payload.iter().map(|c| format!("o.{c}")))
             .collect::<Vec<_>>()
             .join(", ");
