@@ -20,7 +20,7 @@ pub(crate) struct Sql {
     pub(crate) retry: String,
     pub(crate) renew: String,
     pub(crate) fail: String,
-    pub(crate) record: String,
+    pub(crate) record_and_claim: String,
     pub(crate) renew_batch: String,
     pub(crate) requeue_dead: String,
     pub(crate) requeue_all_dead: String,
@@ -62,7 +62,11 @@ impl Sql {
             .chain(payload.iter().map(|c| format!("o.{c}")))
             .collect::<Vec<_>>()
             .join(", ");
-        let claim = claim(&t, max, &lease, &returning);
+        let claim = format!(
+            "WITH {}\n{}",
+            candidates(&t, 1),
+            claim_candidates(&t, max, &lease, &returning)
+        );
         let complete = format!(
             "UPDATE {t} SET status = 'SENT', lease_until = NULL WHERE {OWNED} RETURNING id"
         );
@@ -84,7 +88,7 @@ impl Sql {
             "UPDATE {t} SET status = 'DEAD', lease_until = NULL, last_error = $3 WHERE {OWNED} RETURNING id"
         );
 
-        let batch = Batch::render(&t, max, &lease);
+        let batch = Batch::render(&t, max, &lease, &returning, payload.len());
 
         let mut migrations = vec![(
             1,
@@ -118,7 +122,7 @@ impl Sql {
             retry,
             renew,
             fail,
-            record: batch.record,
+            record_and_claim: batch.record_and_claim,
             renew_batch: batch.renew,
             requeue_dead: batch.requeue_dead,
             requeue_all_dead: batch.requeue_all_dead,
@@ -131,7 +135,7 @@ impl Sql {
 
 /// The statements of the relay and of operations: one statement per batch.
 struct Batch {
-    record: String,
+    record_and_claim: String,
     renew: String,
     requeue_dead: String,
     requeue_all_dead: String,
@@ -140,7 +144,7 @@ struct Batch {
 }
 
 impl Batch {
-    fn render(t: &str, max: i32, lease: &str) -> Self {
+    fn render(t: &str, max: i32, lease: &str, returning: &str, payload_columns: usize) -> Self {
         // The same guard as OWNED, per row of the batch: each stale row is rejected on
         // its own, and RETURNING says which rows were recorded.
         const OWNED_EACH: &str = "o.id = u.id AND o.status = 'INPROGRESS' AND o.generation = u.generation \
@@ -163,10 +167,23 @@ impl Batch {
              \x20           THEN 'attempt budget exhausted after ' || o.attempts || ' of {max} claims' || coalesce(': ' || u.error, '')\n\
              \x20       WHEN u.outcome IN ('RETRY', 'DEAD') THEN coalesce(u.error, o.last_error)\n\
              \x20       ELSE o.last_error END\n\
-             FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[])\n\
+             FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::interval[], $6::text[])\n\
              \x20   AS u(id, generation, outcome, delay, error)\n\
              WHERE {OWNED_EACH}\n\
              RETURNING o.id, o.status"
+        );
+        // The relay's one round trip per batch: the outcomes of the batch it published
+        // and the claim of its next batch ($1 rows), in one statement and one commit.
+        // Rows being recorded hold live leases, so the claim cannot take them; each
+        // guard is exactly the one it has on its own.
+        let nulls = ", NULL".repeat(5 + payload_columns);
+        let record_and_claim = format!(
+            "WITH recorded AS (\n{record}\n), {},\n\
+             claimed AS (\n{}\n)\n\
+             SELECT *, NULL::text AS outbox_recorded FROM claimed\n\
+             UNION ALL SELECT id{nulls}, status FROM recorded",
+            candidates(t, 1),
+            claim_candidates(t, max, lease, returning)
         );
         let renew = format!(
             "UPDATE {t} AS o SET lease_until = statement_timestamp() + {lease}\n\
@@ -205,7 +222,7 @@ impl Batch {
              FROM {t}"
         );
         Self {
-            record,
+            record_and_claim,
             renew,
             requeue_dead,
             requeue_all_dead,
@@ -257,28 +274,33 @@ fn enqueue(model: &Model, t: &str, payload: &[String]) -> (String, String) {
     (enqueue, enqueue_all)
 }
 
-/// The claim of up to `$1` rows.
-fn claim(t: &str, max: i32, lease: &str, returning: &str) -> String {
-    // Each eligibility path reads its own partial index in its own order and locks
-    // with SKIP LOCKED (a locking clause cannot sit on the UNION), so claim cost
-    // stays flat however many SENT, DEAD or expired rows pile up. An expired claim
-    // that used the whole attempt budget is moved to DEAD instead of claimed (its
-    // lease_until comes back NULL, and the runtime claims again in its place).
+/// The claim's candidates: up to `${limit}` rows. Each eligibility path reads its own
+/// partial index in its own order and locks with SKIP LOCKED (a locking clause cannot
+/// sit on the UNION), so claim cost stays flat however many SENT, DEAD or expired rows
+/// pile up.
+fn candidates(t: &str, limit: usize) -> String {
     format!(
-        "WITH ready AS (\n\
+        "ready AS (\n\
          \x20   SELECT id FROM {t}\n\
          \x20   WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()\n\
-         \x20   ORDER BY next_attempt_at, id LIMIT $1 FOR UPDATE SKIP LOCKED\n\
+         \x20   ORDER BY next_attempt_at, id LIMIT ${limit} FOR UPDATE SKIP LOCKED\n\
          ), expired AS (\n\
          \x20   SELECT id FROM {t}\n\
          \x20   WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()\n\
-         \x20   ORDER BY lease_until, id LIMIT $1 FOR UPDATE SKIP LOCKED\n\
+         \x20   ORDER BY lease_until, id LIMIT ${limit} FOR UPDATE SKIP LOCKED\n\
          ), candidate AS (\n\
          \x20   SELECT id, false AS reclaimed FROM ready\n\
          \x20   UNION ALL SELECT id, true FROM expired\n\
-         \x20   ORDER BY id LIMIT $1\n\
-         )\n\
-         UPDATE {t} AS o SET\n\
+         \x20   ORDER BY id LIMIT ${limit}\n\
+         )"
+    )
+}
+
+/// Claims the candidates: generation + 1 and a fresh lease. An expired claim that used
+/// the whole attempt budget is moved to DEAD instead (its lease_until comes back NULL).
+fn claim_candidates(t: &str, max: i32, lease: &str, returning: &str) -> String {
+    format!(
+        "UPDATE {t} AS o SET\n\
          \x20   status = CASE WHEN o.attempts >= {max} THEN 'DEAD' ELSE 'INPROGRESS' END,\n\
          \x20   generation = CASE WHEN o.attempts >= {max} THEN o.generation ELSE o.generation + 1 END,\n\
          \x20   attempts = CASE WHEN o.attempts >= {max} THEN o.attempts ELSE o.attempts + 1 END,\n\

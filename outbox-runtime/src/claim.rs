@@ -183,7 +183,7 @@ impl<T: Outbox> Claim<T> {
 }
 
 /// A claimed row whose payload did not decode.
-struct Undecodable {
+pub(crate) struct Undecodable {
     id: i64,
     generation: i64,
     event_id: String,
@@ -191,7 +191,7 @@ struct Undecodable {
 }
 
 /// What one row returned by the claim statement turned out to be.
-enum Claimed<T: Outbox> {
+pub(crate) enum Claimed<T: Outbox> {
     Claim(Claim<T>),
     /// An expired claim that had used the whole budget: the statement moved it to DEAD.
     Exhausted {
@@ -239,31 +239,41 @@ async fn claim_rows<'a, T: Outbox>(
     }
     let mut errors = Vec::with_capacity(undecodable.len());
     for bad in undecodable {
-        tracing::error!(
-            table = spec.table, id = bad.id, event_id = %bad.event_id, error = %bad.source,
-            "claimed an event that cannot be decoded; moving it to DEAD"
-        );
-        sqlx::query(spec.sql.fail)
-            .bind(bad.id)
-            .bind(bad.generation)
-            .bind(format!("cannot decode payload: {}", bad.source))
-            .execute(&mut *conn)
-            .await
-            .map_err(db)?;
-        errors.push(OutboxError::Decode {
-            table: spec.table,
-            id: bad.id,
-            event_id: bad.event_id,
-            source: bad.source,
-        });
+        errors.push(dead_letter::<T>(&mut conn, bad).await?);
     }
     // UPDATE .. RETURNING does not promise an order; publish in id order.
     claims.sort_unstable_by_key(|c| c.id);
     Ok((claims, errors))
 }
 
+/// Moves a claimed row whose payload does not decode to `DEAD` (guarded by its
+/// generation), and returns the error that says so.
+pub(crate) async fn dead_letter<T: Outbox>(
+    conn: &mut sqlx::PgConnection,
+    bad: Undecodable,
+) -> Result<OutboxError, OutboxError> {
+    let spec = T::SPEC;
+    tracing::error!(
+        table = spec.table, id = bad.id, event_id = %bad.event_id, error = %bad.source,
+        "claimed an event that cannot be decoded; moving it to DEAD"
+    );
+    sqlx::query(spec.sql.fail)
+        .bind(bad.id)
+        .bind(bad.generation)
+        .bind(format!("cannot decode payload: {}", bad.source))
+        .execute(conn)
+        .await
+        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+    Ok(OutboxError::Decode {
+        table: spec.table,
+        id: bad.id,
+        event_id: bad.event_id,
+        source: bad.source,
+    })
+}
+
 /// Decodes a row returned by the claim statement; an error is a broken header (drift).
-fn decode_claim<T: Outbox>(row: &PgRow) -> Result<Claimed<T>, sqlx::Error> {
+pub(crate) fn decode_claim<T: Outbox>(row: &PgRow) -> Result<Claimed<T>, sqlx::Error> {
     let id: i64 = row.try_get(0)?;
     let event_id: String = row.try_get(1)?;
     let generation: i64 = row.try_get(2)?;

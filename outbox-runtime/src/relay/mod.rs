@@ -12,7 +12,7 @@ mod backoff;
 mod record;
 mod sink;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
 use std::pin::pin;
 use std::sync::Arc;
@@ -31,7 +31,7 @@ pub use sink::{BoxError, Delivery, MemorySink, Published, Sink, SinkError, Stdou
 /// The shutdown signal [`Relay::run`] takes (re-exported from tokio-util).
 pub use tokio_util::sync::CancellationToken;
 
-use crate::claim::{Claim, claim_batch};
+use crate::claim::Claim;
 use crate::error::OutboxError;
 use crate::spec::Outbox;
 
@@ -241,42 +241,75 @@ struct Worker<T, S> {
     stop: CancellationToken,
 }
 
+/// The outcomes of a published batch, recorded together with the next claim.
+#[derive(Default)]
+struct Pending {
+    outcomes: Vec<(Owned, Outcome)>,
+    /// When the earliest of their leases ends: recording after that cannot succeed.
+    lease_deadline: Option<Instant>,
+}
+
 impl<T: Outbox, S: Sink<T>> Worker<T, S> {
+    /// Claim, publish, then record the outcomes *and* claim the next batch in one
+    /// statement: one round trip and one commit per batch.
     async fn run(self) -> Result<(), OutboxError> {
         let table = T::SPEC.table;
         let db_backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
         let mut failures = 0;
-        while !self.stop.is_cancelled() {
+        let mut pending = Pending::default();
+        loop {
+            let stopping = self.stop.is_cancelled();
+            if stopping && pending.outcomes.is_empty() {
+                return Ok(());
+            }
             // Registered before the claim, so a notification that arrives while the
             // claim runs is not lost.
             let mut notified = pin!(self.wake.notified());
             notified.as_mut().enable();
-            let claims = match claim_batch::<T>(&self.relay.pool, self.relay.batch_size).await {
-                Ok(claims) => {
+            let limit = if stopping { 0 } else { self.relay.batch_size };
+            match record::record_and_claim::<T>(&self.relay.pool, &pending.outcomes, limit).await {
+                Ok((claims, recorded)) => {
                     failures = 0;
-                    claims
+                    account::<T>(&pending.outcomes, &recorded);
+                    pending = Pending::default();
+                    if !claims.is_empty() {
+                        pending = self.publish(claims).await;
+                    } else if !stopping {
+                        tokio::select! {
+                            () = notified => {}
+                            () = sleep(self.relay.poll_interval) => {}
+                            () = self.stop.cancelled() => {}
+                        }
+                    }
                 }
                 Err(error @ (OutboxError::MissingTable { .. } | OutboxError::Drift { .. })) => {
                     return Err(error);
                 }
                 Err(error) => {
                     failures += 1;
-                    tracing::warn!(table, %error, "claim failed; backing off");
-                    self.pause(db_backoff.delay(failures)).await;
-                    continue;
+                    let delay = db_backoff.delay(failures);
+                    let hopeless = matches!(error, OutboxError::Encode { .. })
+                        || pending
+                            .lease_deadline
+                            .is_some_and(|end| Instant::now() + delay >= end);
+                    if pending.outcomes.is_empty() {
+                        tracing::warn!(table, %error, "claim failed; backing off");
+                    } else if hopeless {
+                        tracing::error!(table, %error, rows = pending.outcomes.len(),
+                            "cannot record outcomes before the leases end; the events will be claimed and published again");
+                        pending = Pending::default();
+                    } else {
+                        tracing::warn!(table, %error, "recording outcomes failed; retrying");
+                    }
+                    if pending.outcomes.is_empty() {
+                        self.pause(delay).await;
+                    } else {
+                        // Outcomes are waiting: retry even while shutting down.
+                        sleep(delay).await;
+                    }
                 }
-            };
-            if claims.is_empty() {
-                tokio::select! {
-                    () = notified => {}
-                    () = sleep(self.relay.poll_interval) => {}
-                    () = self.stop.cancelled() => {}
-                }
-            } else {
-                self.publish(claims).await;
             }
         }
-        Ok(())
     }
 
     async fn pause(&self, delay: Duration) {
@@ -286,8 +319,8 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         }
     }
 
-    /// Publishes one claimed batch and records its outcomes.
-    async fn publish(&self, claims: Vec<Claim<T>>) {
+    /// Publishes one claimed batch; returns the outcomes to record.
+    async fn publish(&self, claims: Vec<Claim<T>>) -> Pending {
         let table = T::SPEC.table;
         let span = tracing::info_span!(
             "outbox.batch",
@@ -326,10 +359,10 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     (row, outcome)
                 })
                 .collect();
-            self.record(&outcomes, lease_deadline).await;
+            Pending { outcomes, lease_deadline: Some(lease_deadline) }
         }
         .instrument(span)
-        .await;
+        .await
     }
 
     /// Runs the sink on `claims`, renewing their leases meanwhile. Returns the sink's
@@ -417,67 +450,42 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             .record(started.elapsed().as_secs_f64());
         (results, owned, lease_deadline)
     }
+}
 
-    /// Records `outcomes` in one statement, retrying database errors while the leases
-    /// last; after that the rows are recovered by lease expiry.
-    async fn record(&self, outcomes: &[(Owned, Outcome)], lease_deadline: Instant) {
-        let table = T::SPEC.table;
-        if outcomes.is_empty() {
-            return;
+/// Counts what happened to recorded outcomes; a row missing from `recorded` was stale.
+fn account<T: Outbox>(outcomes: &[(Owned, Outcome)], recorded: &[(i64, String)]) {
+    let table = T::SPEC.table;
+    let statuses: HashMap<i64, &str> = recorded
+        .iter()
+        .map(|(id, status)| (*id, status.as_str()))
+        .collect();
+    let (mut sent, mut retried, mut dead, mut released, mut stale) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    for (row, outcome) in outcomes {
+        match (statuses.get(&row.id), outcome) {
+            (None, _) => {
+                stale += 1;
+                tracing::warn!(
+                    table,
+                    id = row.id,
+                    generation = row.generation,
+                    "outcome rejected: the claim is stale"
+                );
+            }
+            (Some(&"DEAD"), _) => dead += 1,
+            (Some(_), Outcome::Sent) => sent += 1,
+            (Some(_), Outcome::Release) => released += 1,
+            (Some(_), _) => retried += 1,
         }
-        let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-        let mut failures = 0;
-        let recorded = loop {
-            match record::record::<T>(&self.relay.pool, outcomes).await {
-                Ok(recorded) => break recorded,
-                // Not the database's fault: trying again cannot help.
-                Err(error @ OutboxError::Encode { .. }) => {
-                    tracing::error!(table, %error, "cannot encode the outcomes; the leases will expire and the events be claimed again");
-                    return;
-                }
-                Err(error) => {
-                    failures += 1;
-                    let delay = backoff.delay(failures);
-                    if Instant::now() + delay >= lease_deadline {
-                        tracing::error!(table, %error, rows = outcomes.len(),
-                            "cannot record outcomes before the leases end; the events will be claimed and published again");
-                        return;
-                    }
-                    tracing::warn!(table, %error, "recording outcomes failed; retrying");
-                    sleep(delay).await;
-                }
-            }
-        };
-        let statuses: std::collections::HashMap<i64, String> = recorded.into_iter().collect();
-        let (mut sent, mut retried, mut dead, mut released, mut stale) =
-            (0u64, 0u64, 0u64, 0u64, 0u64);
-        for (row, outcome) in outcomes {
-            match (statuses.get(&row.id).map(String::as_str), outcome) {
-                (None, _) => {
-                    stale += 1;
-                    tracing::warn!(
-                        table,
-                        id = row.id,
-                        generation = row.generation,
-                        "outcome rejected: the claim is stale"
-                    );
-                }
-                (Some("DEAD"), _) => dead += 1,
-                (Some(_), Outcome::Sent) => sent += 1,
-                (Some(_), Outcome::Release) => released += 1,
-                (Some(_), _) => retried += 1,
-            }
-        }
-        for (name, value) in [
-            (metric::SENT, sent),
-            (metric::RETRIED, retried),
-            (metric::DEAD, dead),
-            (metric::RELEASED, released),
-            (metric::STALE, stale),
-        ] {
-            if value > 0 {
-                metrics::counter!(name, "table" => table).increment(value);
-            }
+    }
+    for (name, value) in [
+        (metric::SENT, sent),
+        (metric::RETRIED, retried),
+        (metric::DEAD, dead),
+        (metric::RELEASED, released),
+        (metric::STALE, stale),
+    ] {
+        if value > 0 {
+            metrics::counter!(name, "table" => table).increment(value);
         }
     }
 }

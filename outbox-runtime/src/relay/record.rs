@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use sqlx::{PgPool, Row};
 
+use crate::claim::{Claim, Claimed, dead_letter, decode_claim};
 use crate::error::OutboxError;
 use crate::spec::{Outbox, interval};
 
@@ -28,12 +29,16 @@ pub(crate) struct Owned {
     pub(crate) generation: i64,
 }
 
-/// Statuses the rows were left in, by id; a row missing from the result was stale.
-pub(crate) async fn record<T: Outbox>(
+/// Records `outcomes` and claims up to `limit` more rows, in one statement. Returns the
+/// claims, and the status each recorded row was left in by id (a row missing there was
+/// stale). Rows whose payload does not decode are moved to `DEAD` and not returned.
+pub(crate) async fn record_and_claim<T: Outbox>(
     pool: &PgPool,
     outcomes: &[(Owned, Outcome)],
-) -> Result<Vec<(i64, String)>, OutboxError> {
+    limit: u32,
+) -> Result<(Vec<Claim<T>>, Vec<(i64, String)>), OutboxError> {
     let spec = T::SPEC;
+    let db = |e| OutboxError::from_sqlx(spec.table, e);
     let n = outcomes.len();
     let (mut ids, mut generations) = (Vec::with_capacity(n), Vec::with_capacity(n));
     let (mut kinds, mut delays, mut errors) = (
@@ -54,15 +59,41 @@ pub(crate) async fn record<T: Outbox>(
         delays.push(interval(delay));
         errors.push(error);
     }
-    sqlx::query_as(spec.sql.record)
+    let mut conn = pool.acquire().await.map_err(db)?;
+    let rows = sqlx::query(spec.sql.record_and_claim)
+        .bind(i64::from(limit))
         .bind(ids)
         .bind(generations)
         .bind(kinds)
         .bind(delays)
         .bind(errors)
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await
-        .map_err(|e| OutboxError::from_sqlx(spec.table, e))
+        .map_err(db)?;
+
+    let (mut claims, mut recorded, mut undecodable) =
+        (Vec::with_capacity(rows.len()), Vec::new(), Vec::new());
+    for row in &rows {
+        if let Some(status) = row
+            .try_get::<Option<String>, _>("outbox_recorded")
+            .map_err(db)?
+        {
+            recorded.push((row.try_get(0).map_err(db)?, status));
+            continue;
+        }
+        match decode_claim::<T>(row).map_err(db)? {
+            Claimed::Claim(claim) => claims.push(claim),
+            Claimed::Undecodable(bad) => undecodable.push(bad),
+            Claimed::Exhausted { id, event_id } => {
+                tracing::warn!(table = spec.table, id, %event_id, "an expired claim used the whole attempt budget; moved to DEAD");
+            }
+        }
+    }
+    for bad in undecodable {
+        dead_letter::<T>(&mut conn, bad).await?;
+    }
+    claims.sort_unstable_by_key(Claim::id);
+    Ok((claims, recorded))
 }
 
 /// Extends the leases of `rows`; returns the rows still owned, with their new lease.
