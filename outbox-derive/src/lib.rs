@@ -1,9 +1,9 @@
 //! `#[derive(Outbox)]`: turns an event struct into a typed PostgreSQL outbox table.
 //!
 //! The macro works in stages, each in its own module:
-//! [`attr`] parses `#[outbox(..)]` attributes, [`model`] validates them into a model
-//! of the table, [`sql`] renders every statement and migration as text, and
-//! [`expand`] generates the code. Errors are accumulated, each spanned at the
+//! `attr` parses `#[outbox(..)]` attributes, `model` validates them into a model
+//! of the table, `sql` renders every statement and migration as text, and
+//! `expand` generates the code. Errors are accumulated, each spanned at the
 //! offending token, so one compile shows every mistake.
 //!
 //! Use it through the `outbox` crate, which documents the attributes.
