@@ -9,8 +9,13 @@ use crate::model::{Field, Model};
 
 /// The guard every outcome carries: this row, still claimed, by this generation, with
 /// a live lease by the wall clock (not the statement's start).
+///
+/// `status || ''` is `status`, written so the planner cannot match the INPROGRESS
+/// partial index: its leading column is not `id`, and its row estimate is usually
+/// stale (it was near empty at the last ANALYZE), so the planner would scan all of it
+/// for every row of a batch instead of probing the primary key.
 const OWNED: &str =
-    "id = $1 AND status = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()";
+    "id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()";
 
 pub(crate) struct Sql {
     pub(crate) enqueue: String,
@@ -145,9 +150,10 @@ struct Batch {
 
 impl Batch {
     fn render(t: &str, max: i32, lease: &str, returning: &str, payload_columns: usize) -> Self {
-        // The same guard as OWNED, per row of the batch: each stale row is rejected on
-        // its own, and RETURNING says which rows were recorded.
-        const OWNED_EACH: &str = "o.id = u.id AND o.status = 'INPROGRESS' AND o.generation = u.generation \
+        // The same guard as OWNED (and written the same way, for the same plan), per row
+        // of the batch: each stale row is rejected on its own, and RETURNING says which
+        // rows were recorded.
+        const OWNED_EACH: &str = "o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation \
              AND o.lease_until > clock_timestamp()";
         let record = format!(
             "UPDATE {t} AS o SET\n\
