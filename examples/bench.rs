@@ -632,6 +632,16 @@ async fn main() -> Result {
     let args = Args::parse()?;
     let schema = outbox::testing::TestSchema::new().await?;
     outbox::migrate(schema.pool(), &[BenchEvent::migrations()]).await?;
+    // Ctrl-C still drops the schema: a benchmark leaves nothing behind.
+    let outcome = tokio::select! {
+        outcome = run(&args, &schema) => outcome,
+        _ = tokio::signal::ctrl_c() => Err("interrupted".into()),
+    };
+    schema.drop_schema().await?;
+    outcome
+}
+
+async fn run(args: &Args, schema: &outbox::testing::TestSchema) -> Result {
     let bench = Bench {
         pool: schema.connect(2).await?,
         url: schema.url(),
@@ -642,19 +652,18 @@ async fn main() -> Result {
         "## Benchmark\n\n`cargo run --release --example bench -- {command}`\n"
     ));
     bench.line(&environment(&bench.pool).await?);
-    bench.drain(&args).await?;
-    bench.per_event(&args).await?;
-    bench.enqueue(&args).await?;
+    bench.drain(args).await?;
+    bench.per_event(args).await?;
+    bench.enqueue(args).await?;
     bench.scale().await?;
     if args.endurance {
         bench.endurance().await?;
     }
-    bench.memory(&args).await?;
+    bench.memory(args).await?;
     if let Some(path) = &args.out {
         std::fs::write(path, bench.report.take())?;
         println!("\nwrote {path}");
     }
     bench.pool.close().await;
-    schema.drop_schema().await?;
     Ok(())
 }

@@ -14,8 +14,7 @@ use crate::model::{Field, Model};
 /// partial index: its leading column is not `id`, and its row estimate is usually
 /// stale (it was near empty at the last ANALYZE), so the planner would scan all of it
 /// for every row of a batch instead of probing the primary key.
-const OWNED: &str =
-    "id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()";
+const OWNED: &str = "id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()";
 
 pub(crate) struct Sql {
     pub(crate) enqueue: String,
