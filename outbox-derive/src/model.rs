@@ -25,9 +25,10 @@ pub(crate) const RESERVED_COLUMNS: &[&str] = &[
     "next_attempt_at",
     "last_error",
     "created_at",
-    // Not a column: the claim statement returns it beside the payload.
-    "outbox_reclaimed",
 ];
+
+/// Not a column: the claim statement returns it beside the payload columns.
+const RESERVED_RESULT: &str = "outbox_reclaimed";
 
 /// PostgreSQL's system columns: `CREATE TABLE` refuses a column with one of these names.
 const SYSTEM_COLUMNS: &[&str] = &["tableoid", "xmin", "cmin", "xmax", "cmax", "ctid"];
@@ -540,6 +541,8 @@ fn column_name(ident: &Ident, attrs: &attr::FieldAttrs, errors: &mut Errors) -> 
             "is reserved for the outbox's own bookkeeping ({})",
             RESERVED_COLUMNS.join(", ")
         )
+    } else if column == RESERVED_RESULT {
+        format!("is reserved: the claim statement returns `{RESERVED_RESULT}` beside the payload")
     } else if SYSTEM_COLUMNS.contains(&column.as_str()) {
         format!(
             "is a PostgreSQL system column ({}), which no table can declare",
