@@ -193,11 +193,9 @@ pub(crate) struct Undecodable {
 /// What one row returned by the claim statement turned out to be.
 pub(crate) enum Claimed<T: Outbox> {
     Claim(Claim<T>),
-    /// An expired claim that had used the whole budget: the statement moved it to DEAD.
-    Exhausted {
-        id: i64,
-        event_id: String,
-    },
+    /// An expired claim that had used the whole budget: the statement moved it to DEAD
+    /// (and decoding logged it).
+    Exhausted,
     Undecodable(Undecodable),
 }
 
@@ -226,11 +224,7 @@ async fn claim_rows<'a, T: Outbox>(
             match decode_claim(row).map_err(db)? {
                 Claimed::Claim(claim) => claims.push(claim),
                 Claimed::Undecodable(bad) => undecodable.push(bad),
-                Claimed::Exhausted { id, event_id } => {
-                    exhausted = true;
-                    tracing::warn!(table = spec.table, id, %event_id,
-                        "an expired claim used the whole attempt budget; moved to DEAD");
-                }
+                Claimed::Exhausted => exhausted = true,
             }
         }
         if !exhausted || wanted == 0 {
@@ -279,7 +273,9 @@ pub(crate) fn decode_claim<T: Outbox>(row: &PgRow) -> Result<Claimed<T>, sqlx::E
     let generation: i64 = row.try_get(2)?;
     let attempt: i32 = row.try_get(3)?;
     let Some(lease_until) = row.try_get::<Option<DateTime<Utc>>, _>(4)? else {
-        return Ok(Claimed::Exhausted { id, event_id });
+        tracing::warn!(table = T::SPEC.table, id, %event_id,
+            "an expired claim used the whole attempt budget; moved to DEAD");
+        return Ok(Claimed::Exhausted);
     };
     let reclaimed: bool = row.try_get(5)?;
     Ok(match T::decode(row, &event_id) {

@@ -84,9 +84,7 @@ pub(crate) async fn record_and_claim<T: Outbox>(
         match decode_claim::<T>(row).map_err(db)? {
             Claimed::Claim(claim) => claims.push(claim),
             Claimed::Undecodable(bad) => undecodable.push(bad),
-            Claimed::Exhausted { id, event_id } => {
-                tracing::warn!(table = spec.table, id, %event_id, "an expired claim used the whole attempt budget; moved to DEAD");
-            }
+            Claimed::Exhausted => {}
         }
     }
     for bad in undecodable {
