@@ -4,6 +4,7 @@
 //! cargo run --release --example bench                       # defaults: about two minutes on 2 cores
 //! cargo run --release --example bench -- --events 100000 --runs 5 --out BENCHMARKS.md
 //! cargo run --release --example bench -- --endurance        # adds the 5-minute steady-load run
+//! cargo run --release --example bench -- --only drain --batches 100   # one section, one batch size
 //! ```
 //!
 //! Runs against `DATABASE_URL` (or a throwaway cluster), in a schema of its own. Every
@@ -46,12 +47,16 @@ const RAW_INSERT: &str = "INSERT INTO bench_events (event_id, payload) VALUES ($
 const RAW_INSERT_MANY: &str =
     "INSERT INTO bench_events (event_id, payload) SELECT * FROM unnest($1::text[], $2::text[])";
 
+/// What `--only` can select (the endurance run has its own flag).
+const SECTIONS: [&str; 5] = ["drain", "per-event", "enqueue", "scale", "memory"];
+
 struct Args {
     events: usize,
     runs: usize,
     batches: Vec<u32>,
     concurrency: Vec<usize>,
     endurance: bool,
+    only: Option<Vec<String>>,
     out: Option<String>,
 }
 
@@ -63,6 +68,7 @@ impl Args {
             batches: vec![1, 10, 100],
             concurrency: vec![1, 4, 8],
             endurance: false,
+            only: None,
             out: None,
         };
         let mut it = std::env::args().skip(1);
@@ -75,6 +81,7 @@ impl Args {
                 "--concurrency" => args.concurrency = list(&value()?)?,
                 "--out" => args.out = Some(value()?),
                 "--endurance" => args.endurance = true,
+                "--only" => args.only = Some(list(&value()?)?),
                 _ => {
                     return Err(format!(
                         "unknown argument {flag}; see the header of examples/bench.rs"
@@ -83,7 +90,26 @@ impl Args {
                 }
             }
         }
+        if let Some(unknown) = args
+            .only
+            .iter()
+            .flatten()
+            .find(|s| !SECTIONS.contains(&s.as_str()))
+        {
+            return Err(format!(
+                "unknown section {unknown}; sections: {}",
+                SECTIONS.join(",")
+            )
+            .into());
+        }
         Ok(args)
+    }
+
+    /// Whether `--only` (if given) selects `section`.
+    fn selects(&self, section: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|s| s == section))
     }
 
     /// Small batches drain slowly (a commit each): scale the backlog with the batch.
@@ -652,14 +678,24 @@ async fn run(args: &Args, schema: &outbox::testing::TestSchema) -> Result {
         "## Benchmark\n\n`cargo run --release --example bench -- {command}`\n"
     ));
     bench.line(&environment(&bench.pool).await?);
-    bench.drain(args).await?;
-    bench.per_event(args).await?;
-    bench.enqueue(args).await?;
-    bench.scale().await?;
+    if args.selects("drain") {
+        bench.drain(args).await?;
+    }
+    if args.selects("per-event") {
+        bench.per_event(args).await?;
+    }
+    if args.selects("enqueue") {
+        bench.enqueue(args).await?;
+    }
+    if args.selects("scale") {
+        bench.scale().await?;
+    }
     if args.endurance {
         bench.endurance().await?;
     }
-    bench.memory(args).await?;
+    if args.selects("memory") {
+        bench.memory(args).await?;
+    }
     if let Some(path) = &args.out {
         std::fs::write(path, bench.report.take())?;
         println!("\nwrote {path}");

@@ -11,7 +11,7 @@ use std::future::pending;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use common::{EmailChanged, OrderPlaced, PaymentCaptured};
+use common::{BenchEvent, EmailChanged, OrderPlaced, PaymentCaptured};
 use outbox::relay::{Backoff, CancellationToken, Delivery, MemorySink, Relay, Sink, SinkError};
 use outbox::testing::TestSchema;
 use outbox::{EventId, Outbox, OutboxError};
@@ -1282,6 +1282,82 @@ async fn results_a_sink_leaves_out_are_retried() -> TestResult {
             "{name}"
         );
     }
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// Log lines at WARN and above, captured from the relay's tracing events.
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Warnings {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Warnings {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(PoisonError::into_inner)).into_owned()
+    }
+}
+
+/// Eight workers claiming from the head of one queue: no event is claimed by two of
+/// them, and not one statement fails (a claim skipping rows that another worker claimed
+/// after its snapshot still locks them until it commits; the relay records before it
+/// claims, so workers waiting on such locks cannot deadlock).
+#[tokio::test]
+async fn eight_workers_share_a_backlog_without_a_double_claim_or_a_failed_statement() -> TestResult
+{
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let warnings = Warnings::default();
+    // A current-thread runtime polls the relay's tasks on this thread: they log here.
+    let _logging = tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .with_writer({
+            let warnings = warnings.clone();
+            move || warnings.clone()
+        })
+        .with_ansi(false)
+        .finish()
+        .set_default();
+    let db = schema_with(&[BenchEvent::migrations()]).await?;
+    let events: Vec<BenchEvent> = (0..6_000)
+        .map(|n| BenchEvent {
+            payload: format!("{n:0>100}"),
+        })
+        .collect();
+    BenchEvent::enqueue_all(&events, db.pool()).await?;
+    let pool = db.connect(9).await?;
+    let sink = MemorySink::new();
+    let relay = start(
+        Relay::<BenchEvent, _>::new(pool.clone(), sink.clone())
+            .concurrency(8)
+            .batch_size(50),
+    );
+    wait_until("all 6,000 are SENT", Duration::from_secs(60), async || {
+        outbox::stats::<BenchEvent>(&pool).await.unwrap().sent == 6_000
+    })
+    .await;
+    relay.stop().await?;
+    let published = sink.published();
+    let distinct: HashSet<&str> = published.iter().map(|p| p.event_id.as_str()).collect();
+    assert_eq!(
+        (published.len(), distinct.len()),
+        (6_000, 6_000),
+        "each event published exactly once"
+    );
+    let logged = warnings.text();
+    assert!(logged.is_empty(), "the relay logged failures:\n{logged}");
+    pool.close().await;
     db.drop_schema().await?;
     Ok(())
 }

@@ -123,7 +123,7 @@ fn checked(model: &Model, sql: &Sql) -> TokenStream {
         retry,
         renew,
         fail,
-        record_and_claim,
+        record,
         renew_batch,
         requeue_dead,
         requeue_all_dead,
@@ -164,7 +164,7 @@ fn checked(model: &Model, sql: &Sql) -> TokenStream {
                 let (ids, texts): (&[i64], &[::std::string::String]) = (&[], &[]);
                 let delays: &[::std::time::Duration] = &[];
                 ::sqlx::query!(#enqueue_all, texts #(, #arrays)*).execute(pool).await?;
-                ::sqlx::query!(#record_and_claim, 1_i64, ids, ids, texts, delays as _, texts).fetch_all(pool).await?;
+                ::sqlx::query!(#record, ids, ids, texts, delays as _, texts).fetch_all(pool).await?;
                 ::sqlx::query!(#renew_batch, ids, ids).fetch_all(pool).await?;
                 ::sqlx::query!(#requeue_dead, texts).fetch_all(pool).await?;
                 ::sqlx::query!(#requeue_all_dead).fetch_one(pool).await?;
@@ -231,7 +231,7 @@ fn statements(p: &TokenStream, sql: &Sql) -> TokenStream {
         retry,
         renew,
         fail,
-        record_and_claim,
+        record,
         renew_batch,
         requeue_dead,
         requeue_all_dead,
@@ -248,7 +248,7 @@ fn statements(p: &TokenStream, sql: &Sql) -> TokenStream {
         retry: #retry,
         renew: #renew,
         fail: #fail,
-        record_and_claim: #record_and_claim,
+        record: #record,
         renew_batch: #renew_batch,
         requeue_dead: #requeue_dead,
         requeue_all_dead: #requeue_all_dead,

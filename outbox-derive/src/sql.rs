@@ -24,7 +24,7 @@ pub(crate) struct Sql {
     pub(crate) retry: String,
     pub(crate) renew: String,
     pub(crate) fail: String,
-    pub(crate) record_and_claim: String,
+    pub(crate) record: String,
     pub(crate) renew_batch: String,
     pub(crate) requeue_dead: String,
     pub(crate) requeue_all_dead: String,
@@ -92,7 +92,7 @@ impl Sql {
             "UPDATE {t} SET status = 'DEAD', lease_until = NULL, last_error = $3 WHERE {OWNED} RETURNING id"
         );
 
-        let batch = Batch::render(&t, max, &lease, &returning, payload.len());
+        let batch = Batch::render(&t, max, &lease);
 
         let mut migrations = vec![(
             1,
@@ -126,7 +126,7 @@ impl Sql {
             retry,
             renew,
             fail,
-            record_and_claim: batch.record_and_claim,
+            record: batch.record,
             renew_batch: batch.renew,
             requeue_dead: batch.requeue_dead,
             requeue_all_dead: batch.requeue_all_dead,
@@ -139,7 +139,7 @@ impl Sql {
 
 /// The statements of the relay and of operations: one statement per batch.
 struct Batch {
-    record_and_claim: String,
+    record: String,
     renew: String,
     requeue_dead: String,
     requeue_all_dead: String,
@@ -148,10 +148,10 @@ struct Batch {
 }
 
 impl Batch {
-    fn render(t: &str, max: i32, lease: &str, returning: &str, payload_columns: usize) -> Self {
-        // The same guard as OWNED (and written the same way, for the same plan), per row
-        // of the batch: each stale row is rejected on its own, and RETURNING says which
-        // rows were recorded.
+    fn render(t: &str, max: i32, lease: &str) -> Self {
+        // The relay's outcomes for a batch, in one statement. The same guard as OWNED
+        // (and written the same way, for the same plan), per row of the batch: each
+        // stale row is rejected on its own, and RETURNING says which rows were recorded.
         const OWNED_EACH: &str = "o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation \
              AND o.lease_until > clock_timestamp()";
         let record = format!(
@@ -172,23 +172,10 @@ impl Batch {
              \x20           THEN 'attempt budget exhausted after ' || o.attempts || ' of {max} claims' || coalesce(': ' || u.error, '')\n\
              \x20       WHEN u.outcome IN ('RETRY', 'DEAD') THEN coalesce(u.error, o.last_error)\n\
              \x20       ELSE o.last_error END\n\
-             FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::interval[], $6::text[])\n\
+             FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[])\n\
              \x20   AS u(id, generation, outcome, delay, error)\n\
              WHERE {OWNED_EACH}\n\
              RETURNING o.id, o.status"
-        );
-        // The relay's one round trip per batch: the outcomes of the batch it published
-        // and the claim of its next batch ($1 rows), in one statement and one commit.
-        // Rows being recorded hold live leases, so the claim cannot take them; each
-        // guard is exactly the one it has on its own.
-        let nulls = ", NULL".repeat(5 + payload_columns);
-        let record_and_claim = format!(
-            "WITH recorded AS (\n{record}\n), {},\n\
-             claimed AS (\n{}\n)\n\
-             SELECT *, NULL::text AS outbox_recorded FROM claimed\n\
-             UNION ALL SELECT id{nulls}, status FROM recorded",
-            candidates(t, 1),
-            claim_candidates(t, max, lease, returning)
         );
         let renew = format!(
             "UPDATE {t} AS o SET lease_until = statement_timestamp() + {lease}\n\
@@ -227,7 +214,7 @@ impl Batch {
              FROM {t}"
         );
         Self {
-            record_and_claim,
+            record,
             renew,
             requeue_dead,
             requeue_all_dead,

@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
-use sqlx::{Acquire, PgExecutor, Postgres, Row};
+use sqlx::{Acquire, PgConnection, PgExecutor, Postgres, Row};
 
 use crate::error::OutboxError;
 use crate::id::{EventId, Generation};
@@ -207,9 +207,20 @@ async fn claim_rows<'a, T: Outbox>(
     conn: impl Acquire<'a, Database = Postgres>,
     limit: u32,
 ) -> Result<(Vec<Claim<T>>, Vec<OutboxError>), OutboxError> {
+    let mut conn = conn
+        .acquire()
+        .await
+        .map_err(|e| OutboxError::from_sqlx(T::SPEC.table, e))?;
+    claim_on(&mut conn, limit).await
+}
+
+/// [`claim_rows`] on a connection (or in a transaction) the caller holds.
+pub(crate) async fn claim_on<T: Outbox>(
+    conn: &mut PgConnection,
+    limit: u32,
+) -> Result<(Vec<Claim<T>>, Vec<OutboxError>), OutboxError> {
     let spec = T::SPEC;
     let db = |e| OutboxError::from_sqlx(spec.table, e);
-    let mut conn = conn.acquire().await.map_err(db)?;
     let mut claims = Vec::new();
     let mut undecodable = Vec::new();
     loop {
@@ -233,7 +244,7 @@ async fn claim_rows<'a, T: Outbox>(
     }
     let mut errors = Vec::with_capacity(undecodable.len());
     for bad in undecodable {
-        errors.push(dead_letter::<T>(&mut conn, bad).await?);
+        errors.push(dead_letter::<T>(conn, bad).await?);
     }
     // UPDATE .. RETURNING does not promise an order; publish in id order.
     claims.sort_unstable_by_key(|c| c.id);

@@ -536,7 +536,7 @@ mod tests {
                 renew: "",
                 fail: "",
                 enqueue_all: "",
-                record_and_claim: "",
+                record: "",
                 renew_batch: "",
                 requeue_dead: "",
                 requeue_all_dead: "",

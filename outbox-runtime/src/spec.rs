@@ -32,12 +32,10 @@ pub struct Statements {
     pub renew: &'static str,
     /// Guarded `INPROGRESS -> DEAD` of (`$1` id, `$2` generation) with `$3` as `last_error`.
     pub fail: &'static str,
-    /// The outcomes of a batch, each row guarded on its own (`$2`..`$6`: arrays of ids,
-    /// generations, outcomes `SENT`/`RETRY`/`DEAD`/`RELEASE`, retry delays, errors), and
-    /// the claim of the next `$1` rows, in one statement. Returns the claimed rows as the
-    /// claim does, then one row per recorded outcome with its new status in
-    /// `outbox_recorded`.
-    pub record_and_claim: &'static str,
+    /// The outcomes of a batch, each row guarded on its own (`$1`..`$5`: arrays of ids,
+    /// generations, outcomes `SENT`/`RETRY`/`DEAD`/`RELEASE`, retry delays, errors).
+    /// Returns (id, new status) per recorded row; a row missing there was stale.
+    pub record: &'static str,
     /// Guarded lease extension of a batch (`$1` ids, `$2` generations); returns (id, lease).
     pub renew_batch: &'static str,
     /// `DEAD -> READY` with a fresh budget, for the event ids in `$1`; returns the ids.

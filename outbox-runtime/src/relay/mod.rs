@@ -1,7 +1,8 @@
 //! The relay: the long-running publisher that turns claims into sends.
 //!
 //! Each of `concurrency` workers claims a batch in one statement, publishes it through
-//! the [`Sink`], and records every outcome in one guarded statement. While a send is in
+//! the [`Sink`], and records every outcome in one guarded statement, in the transaction
+//! that claims its next batch. While a send is in
 //! flight its leases are renewed (guarded the same way); a row whose renewal is
 //! rejected belongs to someone else now, and the relay records nothing for it. Idle
 //! workers sleep until a `NOTIFY` from `enqueue` or the poll interval; database errors
@@ -251,7 +252,7 @@ struct Pending {
 
 impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// Claim, publish, then record the outcomes *and* claim the next batch in one
-    /// statement: one round trip and one commit per batch.
+    /// transaction: one commit per batch.
     async fn run(self) -> Result<(), OutboxError> {
         let table = T::SPEC.table;
         let db_backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));

@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Row};
+use sqlx::{PgExecutor, PgPool};
 
-use crate::claim::{Claim, Claimed, dead_letter, decode_claim};
+use crate::claim::{Claim, claim_on};
 use crate::error::OutboxError;
 use crate::spec::{Outbox, interval};
 
@@ -29,16 +29,46 @@ pub(crate) struct Owned {
     pub(crate) generation: i64,
 }
 
-/// Records `outcomes` and claims up to `limit` more rows, in one statement. Returns the
-/// claims, and the status each recorded row was left in by id (a row missing there was
-/// stale). Rows whose payload does not decode are moved to `DEAD` and not returned.
+/// Records `outcomes`, then claims up to `limit` more rows: one transaction, one commit
+/// per batch. Returns the claims, and the status each recorded row was left in by id (a
+/// row missing there was stale). Rows whose payload does not decode are moved to `DEAD`
+/// and not returned.
+///
+/// The order is what keeps workers from deadlocking. A claim skipping rows that another
+/// worker claimed after the claim's snapshot still locks them (PostgreSQL locks the
+/// newest row version before rechecking it) until it commits, so recording can wait for
+/// another worker's claim. Recording first, while this transaction holds no such lock,
+/// and claiming last, which never waits, leaves no cycle; the claim's snapshot is also
+/// fresh, so it locks few such rows.
 pub(crate) async fn record_and_claim<T: Outbox>(
     pool: &PgPool,
     outcomes: &[(Owned, Outcome)],
     limit: u32,
 ) -> Result<(Vec<Claim<T>>, Vec<(i64, String)>), OutboxError> {
-    let spec = T::SPEC;
-    let db = |e| OutboxError::from_sqlx(spec.table, e);
+    let db = |e| OutboxError::from_sqlx(T::SPEC.table, e);
+    match (outcomes.is_empty(), limit) {
+        (true, 0) => Ok((Vec::new(), Vec::new())),
+        (true, _) => {
+            let mut conn = pool.acquire().await.map_err(db)?;
+            Ok((claim_on::<T>(&mut conn, limit).await?.0, Vec::new()))
+        }
+        (false, 0) => Ok((Vec::new(), record::<T>(pool, outcomes).await?)),
+        (false, _) => {
+            let mut tx = pool.begin().await.map_err(db)?;
+            let recorded = record::<T>(&mut *tx, outcomes).await?;
+            // Undecodable rows were moved to DEAD and logged: nothing to publish.
+            let (claims, _undecodable) = claim_on::<T>(&mut tx, limit).await?;
+            tx.commit().await.map_err(db)?;
+            Ok((claims, recorded))
+        }
+    }
+}
+
+/// Records `outcomes` in one guarded statement; returns (id, new status) per recorded row.
+async fn record<'e, T: Outbox>(
+    executor: impl PgExecutor<'e>,
+    outcomes: &[(Owned, Outcome)],
+) -> Result<Vec<(i64, String)>, OutboxError> {
     let n = outcomes.len();
     let (mut ids, mut generations) = (Vec::with_capacity(n), Vec::with_capacity(n));
     let (mut kinds, mut delays, mut errors) = (
@@ -59,39 +89,15 @@ pub(crate) async fn record_and_claim<T: Outbox>(
         delays.push(interval(delay));
         errors.push(error);
     }
-    let mut conn = pool.acquire().await.map_err(db)?;
-    let rows = sqlx::query(spec.sql.record_and_claim)
-        .bind(i64::from(limit))
+    sqlx::query_as(T::SPEC.sql.record)
         .bind(ids)
         .bind(generations)
         .bind(kinds)
         .bind(delays)
         .bind(errors)
-        .fetch_all(&mut *conn)
+        .fetch_all(executor)
         .await
-        .map_err(db)?;
-
-    let (mut claims, mut recorded, mut undecodable) =
-        (Vec::with_capacity(rows.len()), Vec::new(), Vec::new());
-    for row in &rows {
-        if let Some(status) = row
-            .try_get::<Option<String>, _>("outbox_recorded")
-            .map_err(db)?
-        {
-            recorded.push((row.try_get(0).map_err(db)?, status));
-            continue;
-        }
-        match decode_claim::<T>(row).map_err(db)? {
-            Claimed::Claim(claim) => claims.push(claim),
-            Claimed::Undecodable(bad) => undecodable.push(bad),
-            Claimed::Exhausted => {}
-        }
-    }
-    for bad in undecodable {
-        dead_letter::<T>(&mut conn, bad).await?;
-    }
-    claims.sort_unstable_by_key(Claim::id);
-    Ok((claims, recorded))
+        .map_err(|e| OutboxError::from_sqlx(T::SPEC.table, e))
 }
 
 /// Extends the leases of `rows`; returns the rows still owned, with their new lease.
