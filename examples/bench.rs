@@ -5,6 +5,8 @@
 //! cargo run --release --example bench -- --events 100000 --runs 5 --out BENCHMARKS.md
 //! cargo run --release --example bench -- --endurance        # adds the 5-minute steady-load run
 //! cargo run --release --example bench -- --only drain --batches 100   # one section, one batch size
+//! cargo run --release --example bench -- --only endurance \
+//!     --storage 'autovacuum_vacuum_scale_factor = 0.01'   # the endurance run on a tuned table
 //! ```
 //!
 //! Runs against `DATABASE_URL` (or a throwaway cluster), in a schema of its own. Every
@@ -20,6 +22,7 @@ use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use common::BenchEvent;
@@ -47,8 +50,15 @@ const RAW_INSERT: &str = "INSERT INTO bench_events (event_id, payload) VALUES ($
 const RAW_INSERT_MANY: &str =
     "INSERT INTO bench_events (event_id, payload) SELECT * FROM unnest($1::text[], $2::text[])";
 
-/// What `--only` can select (the endurance run has its own flag).
-const SECTIONS: [&str; 5] = ["drain", "per-event", "enqueue", "scale", "memory"];
+/// What `--only` can select (without `--only`, endurance runs only with `--endurance`).
+const SECTIONS: [&str; 6] = [
+    "drain",
+    "per-event",
+    "enqueue",
+    "scale",
+    "endurance",
+    "memory",
+];
 
 struct Args {
     events: usize,
@@ -57,6 +67,7 @@ struct Args {
     concurrency: Vec<usize>,
     endurance: bool,
     only: Option<Vec<String>>,
+    storage: Option<String>,
     out: Option<String>,
 }
 
@@ -69,6 +80,7 @@ impl Args {
             concurrency: vec![1, 4, 8],
             endurance: false,
             only: None,
+            storage: None,
             out: None,
         };
         let mut it = std::env::args().skip(1);
@@ -82,6 +94,7 @@ impl Args {
                 "--out" => args.out = Some(value()?),
                 "--endurance" => args.endurance = true,
                 "--only" => args.only = Some(list(&value()?)?),
+                "--storage" => args.storage = Some(value()?),
                 _ => {
                     return Err(format!(
                         "unknown argument {flag}; see the header of examples/bench.rs"
@@ -493,14 +506,33 @@ impl Bench {
     }
 
     /// Steady enqueue + relay for 5 minutes: throughput per minute and dead tuples.
-    async fn endurance(&self) -> Result {
+    async fn endurance(&self, args: &Args) -> Result {
         self.heading(
-            "5. Endurance: 5 minutes of steady enqueue (2,000 events/s offered) and a relay",
+            "5. Endurance: 5 minutes of steady enqueue (2,000 events/s offered) and a relay, beside 1,000,000 retained SENT rows",
         );
         self.reset().await?;
+        // What a table keeps under a retention of a few hours: autovacuum's default
+        // thresholds scale with it.
+        sqlx::query(
+            "INSERT INTO bench_events (event_id, status, payload) \
+             SELECT 'retained-' || i, 'SENT', lpad(i::text, 100, '0') FROM generate_series(1, 1000000) i",
+        )
+        .execute(&self.pool)
+        .await?;
+        sqlx::query("VACUUM ANALYZE bench_events")
+            .execute(&self.pool)
+            .await?;
+        if let Some(options) = &args.storage {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "ALTER TABLE bench_events SET ({options})"
+            )))
+            .execute(&self.pool)
+            .await?;
+            self.line(&format!("Table storage: `{options}`.\n"));
+        }
         let pool = self.pool(10).await?;
-        let sink = CountingSink::default();
-        let published = Arc::clone(&sink.published);
+        let sink = LatencySink::default();
+        let latencies = Arc::clone(&sink.latencies);
         let stop = CancellationToken::new();
         let relay = tokio::spawn(
             Relay::<BenchEvent, _>::new(pool.clone(), sink)
@@ -513,37 +545,53 @@ impl Bench {
             let stop = stop.clone();
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(Duration::from_millis(50));
-                let mut i = 0;
                 while !stop.is_cancelled() {
                     tick.tick().await;
-                    let events: Vec<BenchEvent> = (i..i + 100).map(payload).collect();
-                    i += 100;
+                    let events: Vec<BenchEvent> = (0..100).map(|_| stamped()).collect();
                     BenchEvent::enqueue_all(&events, &pool).await?;
                 }
                 Ok::<_, outbox::OutboxError>(())
             })
         };
-        let mut per_minute = Vec::new();
-        for _ in 0..5 {
-            let before = published.load(Ordering::Relaxed);
+        self.line(
+            "| minute | events/s | enqueue → publish p50 | p99 | dead tuples | autovacuums |",
+        );
+        self.line("|---|---|---|---|---|---|");
+        let mut minutes = Vec::new();
+        for minute in 1..=5 {
             tokio::time::sleep(Duration::from_mins(1)).await;
-            per_minute.push((published.load(Ordering::Relaxed) - before) as f64 / 60.0);
+            let mut taken =
+                std::mem::take(&mut *latencies.lock().unwrap_or_else(PoisonError::into_inner));
+            taken.sort_unstable();
+            let percentile = |p: usize| {
+                taken
+                    .get(taken.len().saturating_sub(1) * p / 100)
+                    .copied()
+                    .unwrap_or(0)
+            };
+            let (p50, p99) = (percentile(50), percentile(99));
+            let (dead, autovacuums): (i64, i64) = sqlx::query_as(
+                "SELECT n_dead_tup, autovacuum_count FROM pg_stat_user_tables \
+                 WHERE relname = 'bench_events' AND schemaname = current_schema()",
+            )
+            .fetch_one(&self.pool)
+            .await?;
+            let rate = taken.len() as f64 / 60.0;
+            self.line(&format!(
+                "| {minute} | {rate:.0} | {:.1} ms | {:.1} ms | {dead} | {autovacuums} |",
+                f64::from(p50) / 1e3,
+                f64::from(p99) / 1e3
+            ));
+            minutes.push((rate, p99));
         }
         stop.cancel();
         producer.await??;
         relay.await??;
-        let dead_tuples: i64 =
-            sqlx::query_scalar("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'bench_events' AND schemaname = current_schema()")
-                .fetch_one(&self.pool)
-                .await?;
-        let minutes = per_minute
-            .iter()
-            .map(|f| format!("{f:.0}"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let ((first, first_p99), (last, last_p99)) = (minutes[0], minutes[4]);
         self.line(&format!(
-            "Events/s per minute: {minutes}; last / first **{:.2}**; dead tuples at the end: {dead_tuples}.",
-            per_minute[4] / per_minute[0]
+            "\nLast minute / first: throughput **{:.2}**, p99 latency **{:.2}**.",
+            last / first,
+            f64::from(last_p99) / f64::from(first_p99.max(1))
         ));
         Ok(())
     }
@@ -572,6 +620,49 @@ impl Bench {
         let mut report = self.report.borrow_mut();
         report.push_str(text);
         report.push('\n');
+    }
+}
+
+/// A sink that publishes nowhere and keeps how long each event waited since its enqueue.
+#[derive(Default)]
+struct LatencySink {
+    /// Microseconds from enqueue to publish, per event.
+    latencies: Arc<Mutex<Vec<u32>>>,
+}
+
+impl Sink<BenchEvent> for LatencySink {
+    async fn publish(&self, batch: &[Delivery<'_, BenchEvent>]) -> Vec<Result<(), SinkError>> {
+        let now = micros_now();
+        let mut latencies = self
+            .latencies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        batch
+            .iter()
+            .map(|delivery| {
+                let enqueued: u64 = delivery
+                    .event()
+                    .payload
+                    .parse()
+                    .map_err(SinkError::permanent)?;
+                latencies.push(u32::try_from(now.saturating_sub(enqueued)).unwrap_or(u32::MAX));
+                Ok(())
+            })
+            .collect()
+    }
+}
+
+fn micros_now() -> u64 {
+    let since_epoch = std::time::SystemTime::UNIX_EPOCH
+        .elapsed()
+        .unwrap_or_default();
+    u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// An event whose payload is its enqueue time, padded to the benchmark's payload size.
+fn stamped() -> BenchEvent {
+    BenchEvent {
+        payload: format!("{:0>100}", micros_now()),
     }
 }
 
@@ -628,6 +719,7 @@ async fn environment(pool: &PgPool) -> Result<String> {
         "fsync",
         "shared_buffers",
         "max_connections",
+        "autovacuum",
     ] {
         let value: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SHOW {name}")))
             .fetch_one(pool)
@@ -690,8 +782,13 @@ async fn run(args: &Args, schema: &outbox::testing::TestSchema) -> Result {
     if args.selects("scale") {
         bench.scale().await?;
     }
-    if args.endurance {
-        bench.endurance().await?;
+    if args.endurance
+        || args
+            .only
+            .as_ref()
+            .is_some_and(|o| o.iter().any(|s| s == "endurance"))
+    {
+        bench.endurance(args).await?;
     }
     if args.selects("memory") {
         bench.memory(args).await?;
