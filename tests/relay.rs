@@ -1343,7 +1343,7 @@ async fn eight_workers_share_a_backlog_without_a_double_claim_or_a_failed_statem
             .concurrency(8)
             .batch_size(50),
     );
-    wait_until("all 6,000 are SENT", Duration::from_secs(60), async || {
+    wait_until("all 6,000 are SENT", Duration::from_mins(1), async || {
         outbox::stats::<BenchEvent>(&pool).await.unwrap().sent == 6_000
     })
     .await;
