@@ -118,11 +118,13 @@ impl Args {
         Ok(args)
     }
 
-    /// Whether `--only` (if given) selects `section`.
+    /// Whether this run includes `section`: the ones `--only` names, or else every one
+    /// (endurance only with `--endurance`).
     fn selects(&self, section: &str) -> bool {
-        self.only
-            .as_ref()
-            .is_none_or(|only| only.iter().any(|s| s == section))
+        match &self.only {
+            Some(only) => only.iter().any(|s| s == section),
+            None => section != "endurance" || self.endurance,
+        }
     }
 
     /// Small batches drain slowly (a commit each): scale the backlog with the batch.
@@ -782,12 +784,7 @@ async fn run(args: &Args, schema: &outbox::testing::TestSchema) -> Result {
     if args.selects("scale") {
         bench.scale().await?;
     }
-    if args.endurance
-        || args
-            .only
-            .as_ref()
-            .is_some_and(|o| o.iter().any(|s| s == "endurance"))
-    {
+    if args.selects("endurance") {
         bench.endurance(args).await?;
     }
     if args.selects("memory") {

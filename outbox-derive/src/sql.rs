@@ -68,7 +68,7 @@ impl Sql {
             .join(", ");
         let claim = format!(
             "WITH {}\n{}",
-            candidates(&t, 1),
+            candidates(&t),
             claim_candidates(&t, max, &lease, &returning)
         );
         let complete = format!(
@@ -266,24 +266,24 @@ fn enqueue(model: &Model, t: &str, payload: &[String]) -> (String, String) {
     (enqueue, enqueue_all)
 }
 
-/// The claim's candidates: up to `${limit}` rows. Each eligibility path reads its own
+/// The claim's candidates: up to `$1` rows. Each eligibility path reads its own
 /// partial index in its own order and locks with SKIP LOCKED (a locking clause cannot
 /// sit on the UNION), so claim cost stays flat however many SENT, DEAD or expired rows
 /// pile up.
-fn candidates(t: &str, limit: usize) -> String {
+fn candidates(t: &str) -> String {
     format!(
         "ready AS (\n\
          \x20   SELECT id FROM {t}\n\
          \x20   WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()\n\
-         \x20   ORDER BY next_attempt_at, id LIMIT ${limit} FOR UPDATE SKIP LOCKED\n\
+         \x20   ORDER BY next_attempt_at, id LIMIT $1 FOR UPDATE SKIP LOCKED\n\
          ), expired AS (\n\
          \x20   SELECT id FROM {t}\n\
          \x20   WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()\n\
-         \x20   ORDER BY lease_until, id LIMIT ${limit} FOR UPDATE SKIP LOCKED\n\
+         \x20   ORDER BY lease_until, id LIMIT $1 FOR UPDATE SKIP LOCKED\n\
          ), candidate AS (\n\
          \x20   SELECT id, false AS reclaimed FROM ready\n\
          \x20   UNION ALL SELECT id, true FROM expired\n\
-         \x20   ORDER BY id LIMIT ${limit}\n\
+         \x20   ORDER BY id LIMIT $1\n\
          )"
     )
 }
