@@ -9,7 +9,9 @@
 //!     --storage 'autovacuum_vacuum_scale_factor = 0.01'   # the endurance run on a tuned table
 //! ```
 //!
-//! Runs against `DATABASE_URL` (or a throwaway cluster), in a schema of its own. Every
+//! Runs against `DATABASE_URL` (or a throwaway cluster, which runs with `fsync=off`:
+//! point `DATABASE_URL` at a server with your durability settings to size a relay), in a
+//! schema of its own. Every
 //! figure is the median of `--runs` runs with its spread, and every comparison is a
 //! ratio measured in the same run: absolute figures on shared machines drift.
 
@@ -74,7 +76,7 @@ struct Args {
 impl Args {
     fn parse() -> Result<Self> {
         let mut args = Self {
-            events: 20_000,
+            events: 50_000,
             runs: 3,
             batches: vec![1, 10, 100],
             concurrency: vec![1, 4, 8],
@@ -281,9 +283,15 @@ impl Bench {
             for &workers in &args.concurrency {
                 let n = args.backlog(batch);
                 let (mut relay, mut floor, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-                for _ in 0..args.runs {
-                    let r = self.drain_relay(n, batch, workers).await?;
-                    let f = self.drain_floor(n, batch, workers).await?;
+                for run in 0..args.runs {
+                    // Alternating which goes first cancels the drift of a shared machine.
+                    let (r, f) = if run % 2 == 0 {
+                        let r = self.drain_relay(n, batch, workers).await?;
+                        (r, self.drain_floor(n, batch, workers).await?)
+                    } else {
+                        let f = self.drain_floor(n, batch, workers).await?;
+                        (self.drain_relay(n, batch, workers).await?, f)
+                    };
                     relay.push(r);
                     floor.push(f);
                     ratios.push(r / f);

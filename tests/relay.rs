@@ -464,12 +464,13 @@ async fn lease_renewal_keeps_a_slow_send_owned() -> TestResult {
 }
 
 /// Makes the row look claimed by another publisher: a newer generation, a live lease.
-async fn take_over(pool: &PgPool, event_id: &EventId) -> i64 {
-    sqlx::query_scalar(
-        "UPDATE payment_events SET generation = generation + 1,
+async fn take_over<T: Outbox>(pool: &PgPool, event_id: &EventId) -> i64 {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "UPDATE {} SET generation = generation + 1,
              lease_until = clock_timestamp() + interval '1 hour'
          WHERE event_id = $1 AND status = 'INPROGRESS' RETURNING generation",
-    )
+        T::SPEC.table
+    )))
     .bind(event_id.as_str())
     .fetch_one(pool)
     .await
@@ -507,7 +508,7 @@ async fn a_rejected_renewal_abandons_that_event_and_records_the_rest_of_the_batc
         sink.calls(),
         [[Seen::new(victim, 1, 1), Seen::new(other, 1, 1)]]
     );
-    assert_eq!(take_over(pool, victim).await, 2);
+    assert_eq!(take_over::<PaymentCaptured>(pool, victim).await, 2);
 
     wait_until(
         "the rest of the batch is SENT",
@@ -542,6 +543,51 @@ async fn a_rejected_renewal_abandons_that_event_and_records_the_rest_of_the_batc
 }
 
 #[tokio::test]
+async fn a_batch_published_after_a_takeover_records_sent_for_every_row_but_the_taken_one()
+-> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    let ids = enqueue(pool, &[budgeted("victim"), budgeted("other")]).await;
+    let (victim, other) = (&ids[0], &ids[1]);
+    // Slow enough for the takeover, far shorter than the 30 s lease: no renewal notices it,
+    // so only the guard of the outcome statement stands between the relay and the row.
+    let sink = ScriptSink::new(|_, seen| Plan::after(Wait::For(Duration::from_secs(1)), seen));
+    let relay = start(fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone())));
+    wait_until(
+        "the batch is in the sink",
+        Duration::from_secs(5),
+        async || !sink.calls().is_empty(),
+    )
+    .await;
+    assert_eq!(take_over::<Budgeted>(pool, victim).await, 2);
+
+    wait_until(
+        "the rest of the batch is SENT",
+        Duration::from_secs(5),
+        async || status::<Budgeted>(pool, other).await == "SENT",
+    )
+    .await;
+    relay.stop().await?;
+    let row = row_of::<Budgeted>(pool, victim).await;
+    assert_eq!(
+        (row.status.as_str(), row.generation, row.attempts),
+        ("INPROGRESS", 2, 1),
+        "the sink reported the victim published, and its stale SENT was rejected"
+    );
+    assert!(
+        row.lease_left > Some(3000.0),
+        "the new owner's lease is untouched"
+    );
+    assert_eq!(
+        sink.calls().len(),
+        1,
+        "the relay did not publish the victim again"
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_batch_whose_every_renewal_is_rejected_is_abandoned_and_the_relay_goes_on() -> TestResult
 {
     let db = schema_with(&[PaymentCaptured::migrations()]).await?;
@@ -558,7 +604,7 @@ async fn a_batch_whose_every_renewal_is_rejected_is_abandoned_and_the_relay_goes
         async || !sink.calls().is_empty(),
     )
     .await;
-    take_over(pool, &lost).await;
+    take_over::<PaymentCaptured>(pool, &lost).await;
     wait_until(
         "the relay abandons the send",
         Duration::from_secs(5),

@@ -123,6 +123,7 @@ fn checked(model: &Model, sql: &Sql) -> TokenStream {
         retry,
         renew,
         fail,
+        complete_batch,
         record,
         renew_batch,
         requeue_dead,
@@ -164,6 +165,7 @@ fn checked(model: &Model, sql: &Sql) -> TokenStream {
                 let (ids, texts): (&[i64], &[::std::string::String]) = (&[], &[]);
                 let delays: &[::std::time::Duration] = &[];
                 ::sqlx::query!(#enqueue_all, texts #(, #arrays)*).execute(pool).await?;
+                ::sqlx::query!(#complete_batch, ids, ids).fetch_all(pool).await?;
                 ::sqlx::query!(#record, ids, ids, texts, delays as _, texts).fetch_all(pool).await?;
                 ::sqlx::query!(#renew_batch, ids, ids).fetch_all(pool).await?;
                 ::sqlx::query!(#requeue_dead, texts).fetch_all(pool).await?;
@@ -231,6 +233,7 @@ fn statements(p: &TokenStream, sql: &Sql) -> TokenStream {
         retry,
         renew,
         fail,
+        complete_batch,
         record,
         renew_batch,
         requeue_dead,
@@ -248,6 +251,7 @@ fn statements(p: &TokenStream, sql: &Sql) -> TokenStream {
         retry: #retry,
         renew: #renew,
         fail: #fail,
+        complete_batch: #complete_batch,
         record: #record,
         renew_batch: #renew_batch,
         requeue_dead: #requeue_dead,

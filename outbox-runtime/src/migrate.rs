@@ -536,6 +536,7 @@ mod tests {
                 renew: "",
                 fail: "",
                 enqueue_all: "",
+                complete_batch: "",
                 record: "",
                 renew_batch: "",
                 requeue_dead: "",

@@ -32,6 +32,9 @@ pub struct Statements {
     pub renew: &'static str,
     /// Guarded `INPROGRESS -> DEAD` of (`$1` id, `$2` generation) with `$3` as `last_error`.
     pub fail: &'static str,
+    /// Guarded `INPROGRESS -> SENT` of a batch, each row guarded on its own (`$1` ids,
+    /// `$2` generations). Returns (id, new status) per recorded row, like `record`.
+    pub complete_batch: &'static str,
     /// The outcomes of a batch, each row guarded on its own (`$1`..`$5`: arrays of ids,
     /// generations, outcomes `SENT`/`RETRY`/`DEAD`/`RELEASE`, retry delays, errors).
     /// Returns (id, new status) per recorded row; a row missing there was stale.

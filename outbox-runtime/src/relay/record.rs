@@ -69,32 +69,38 @@ async fn record<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     outcomes: &[(Owned, Outcome)],
 ) -> Result<Vec<(i64, String)>, OutboxError> {
-    let n = outcomes.len();
-    let (mut ids, mut generations) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    let (mut kinds, mut delays, mut errors) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for (row, outcome) in outcomes {
-        ids.push(row.id);
-        generations.push(row.generation);
-        let (kind, delay, error) = match outcome {
-            Outcome::Sent => ("SENT", Duration::ZERO, None),
-            Outcome::Retry { delay, error } => ("RETRY", *delay, Some(error.as_str())),
-            Outcome::Dead { error } => ("DEAD", Duration::ZERO, Some(error.as_str())),
-            Outcome::Release => ("RELEASE", Duration::ZERO, None),
-        };
-        kinds.push(kind);
-        delays.push(interval(delay));
-        errors.push(error);
-    }
-    sqlx::query_as(T::SPEC.sql.record)
-        .bind(ids)
-        .bind(generations)
-        .bind(kinds)
-        .bind(delays)
-        .bind(errors)
+    let sql = &T::SPEC.sql;
+    let ids: Vec<i64> = outcomes.iter().map(|(row, _)| row.id).collect();
+    let generations: Vec<i64> = outcomes.iter().map(|(row, _)| row.generation).collect();
+    let query = if outcomes.iter().all(|(_, o)| *o == Outcome::Sent) {
+        sqlx::query_as(sql.complete_batch)
+            .bind(ids)
+            .bind(generations)
+    } else {
+        let (mut kinds, mut delays, mut errors) = (
+            Vec::with_capacity(outcomes.len()),
+            Vec::with_capacity(outcomes.len()),
+            Vec::with_capacity(outcomes.len()),
+        );
+        for (_, outcome) in outcomes {
+            let (kind, delay, error) = match outcome {
+                Outcome::Sent => ("SENT", Duration::ZERO, None),
+                Outcome::Retry { delay, error } => ("RETRY", *delay, Some(error.as_str())),
+                Outcome::Dead { error } => ("DEAD", Duration::ZERO, Some(error.as_str())),
+                Outcome::Release => ("RELEASE", Duration::ZERO, None),
+            };
+            kinds.push(kind);
+            delays.push(interval(delay));
+            errors.push(error);
+        }
+        sqlx::query_as(sql.record)
+            .bind(ids)
+            .bind(generations)
+            .bind(kinds)
+            .bind(delays)
+            .bind(errors)
+    };
+    query
         .fetch_all(executor)
         .await
         .map_err(|e| OutboxError::from_sqlx(T::SPEC.table, e))
