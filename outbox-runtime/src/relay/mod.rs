@@ -2,12 +2,12 @@
 //!
 //! Each of `concurrency` workers claims a batch in one statement, publishes it through
 //! the [`Sink`], and records every outcome in one guarded statement, in the transaction
-//! that claims its next batch. While a send is in
-//! flight its leases are renewed (guarded the same way); a row whose renewal is
-//! rejected belongs to someone else now, and the relay records nothing for it. Idle
-//! workers sleep until a `NOTIFY` from `enqueue` or the poll interval; database errors
-//! back off; shutdown finishes in-flight sends within a grace period and hands the
-//! rest back.
+//! that claims its next batch; a busy worker keeps its pool connection from batch to
+//! batch. While a send is in flight its leases are renewed (guarded the same way); a
+//! row whose renewal is rejected belongs to someone else now, and the relay records
+//! nothing for it. Idle workers give their connection back and sleep until a `NOTIFY`
+//! from `enqueue` or the poll interval; database errors back off; shutdown finishes
+//! in-flight sends within a grace period and hands the rest back.
 
 mod backoff;
 mod record;
@@ -19,8 +19,9 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use sqlx::PgPool;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgListener;
+use sqlx::{PgConnection, PgPool, Postgres};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, sleep_until};
@@ -81,8 +82,8 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
     /// shutdown grace, and retries backing off from the type's `retry_delay` up to an
     /// hour.
     ///
-    /// The pool needs `concurrency + 1` connections: one per worker and one that the
-    /// relay's `LISTEN` session keeps.
+    /// The pool needs `concurrency + 1` connections: one per busy worker (kept from batch
+    /// to batch, renewals included) and one that the relay's `LISTEN` session keeps.
     pub fn new(pool: PgPool, sink: S) -> Self {
         let spec = T::SPEC;
         Self {
@@ -258,6 +259,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let db_backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
         let mut failures = 0;
         let mut pending = Pending::default();
+        let mut conn = None;
         loop {
             let stopping = self.stop.is_cancelled();
             if stopping && pending.outcomes.is_empty() {
@@ -268,18 +270,26 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             let mut notified = pin!(self.wake.notified());
             notified.as_mut().enable();
             let limit = if stopping { 0 } else { self.relay.batch_size };
-            match record::record_and_claim::<T>(&self.relay.pool, &pending.outcomes, limit).await {
+            let claimed = match self.connection(&mut conn).await {
+                Ok(c) => record::record_and_claim::<T>(c, &pending.outcomes, limit).await,
+                Err(error) => Err(error),
+            };
+            match claimed {
                 Ok((claims, recorded)) => {
                     failures = 0;
                     account::<T>(&pending.outcomes, &recorded);
                     pending = Pending::default();
                     if !claims.is_empty() {
-                        pending = self.publish(claims).await;
-                    } else if !stopping {
-                        tokio::select! {
-                            () = notified => {}
-                            () = sleep(self.relay.poll_interval) => {}
-                            () = self.stop.cancelled() => {}
+                        pending = self.publish(claims, &mut conn).await;
+                    } else {
+                        // Idle: the connection goes back to the pool until there is work.
+                        conn = None;
+                        if !stopping {
+                            tokio::select! {
+                                () = notified => {}
+                                () = sleep(self.relay.poll_interval) => {}
+                                () = self.stop.cancelled() => {}
+                            }
                         }
                     }
                 }
@@ -287,6 +297,8 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     return Err(error);
                 }
                 Err(error) => {
+                    // The pool tests it on release, and closes it if it is broken.
+                    conn = None;
                     failures += 1;
                     let delay = db_backoff.delay(failures);
                     let hopeless = matches!(error, OutboxError::Encode { .. })
@@ -313,6 +325,25 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         }
     }
 
+    /// The worker's connection: acquired when there is work, kept while there is. Each
+    /// pass through the pool costs two round trips (sqlx pings a connection when it is
+    /// acquired and when it is released), as much as a small batch's statements.
+    async fn connection<'c>(
+        &self,
+        conn: &'c mut Option<PoolConnection<Postgres>>,
+    ) -> Result<&'c mut PgConnection, OutboxError> {
+        let held = match conn.take() {
+            Some(held) => held,
+            None => self
+                .relay
+                .pool
+                .acquire()
+                .await
+                .map_err(|e| OutboxError::from_sqlx(T::SPEC.table, e))?,
+        };
+        Ok(conn.insert(held))
+    }
+
     async fn pause(&self, delay: Duration) {
         tokio::select! {
             () = sleep(delay) => {}
@@ -321,7 +352,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     }
 
     /// Publishes one claimed batch; returns the outcomes to record.
-    async fn publish(&self, claims: Vec<Claim<T>>) -> Pending {
+    async fn publish(
+        &self,
+        claims: Vec<Claim<T>>,
+        conn: &mut Option<PoolConnection<Postgres>>,
+    ) -> Pending {
         let table = T::SPEC.table;
         let span = tracing::info_span!(
             "outbox.batch",
@@ -337,7 +372,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             #[allow(clippy::cast_precision_loss)]
             metrics::histogram!(metric::BATCH_SIZE, "table" => table).record(claims.len() as f64);
 
-            let (results, owned, lease_deadline) = self.send(&claims).await;
+            let (results, owned, lease_deadline) = self.send(&claims, conn).await;
             let outcomes: Vec<(Owned, Outcome)> = claims
                 .iter()
                 .zip(owned)
@@ -368,10 +403,12 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
 
     /// Runs the sink on `claims`, renewing their leases meanwhile. Returns the sink's
     /// results (`None`: abandoned at shutdown or ownership lost), which rows are still
-    /// owned, and when the earliest of their leases ends.
+    /// owned, and when the earliest of their leases ends. Renewals run on the worker's
+    /// connection (a pool with one connection per worker has no other to spare).
     async fn send(
         &self,
         claims: &[Claim<T>],
+        conn: &mut Option<PoolConnection<Postgres>>,
     ) -> (Option<Vec<Result<(), SinkError>>>, Vec<bool>, Instant) {
         let table = T::SPEC.table;
         let relay = &self.relay;
@@ -415,8 +452,16 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                         .collect();
                     // Bounded, so an unreachable database cannot hold up the send
                     // timeout or the shutdown grace for long.
-                    let renewal = tokio::time::timeout(renew_every, record::renew::<T>(&relay.pool, &rows));
-                    match renewal.await {
+                    let renewal = async {
+                        let c = self.connection(conn).await?;
+                        record::renew::<T>(c, &rows).await
+                    };
+                    let renewal = tokio::time::timeout(renew_every, renewal).await;
+                    if !matches!(renewal, Ok(Ok(_))) {
+                        // Possibly cut off mid-statement: not worth keeping.
+                        *conn = None;
+                    }
+                    match renewal {
                         Ok(Ok(renewed)) => {
                             let still: HashSet<i64> = renewed.iter().map(|(id, _)| *id).collect();
                             for (i, claim) in claims.iter().enumerate() {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgExecutor, PgPool};
+use sqlx::{Connection as _, PgConnection, PgExecutor};
 
 use crate::claim::{Claim, claim_on};
 use crate::error::OutboxError;
@@ -41,20 +41,17 @@ pub(crate) struct Owned {
 /// and claiming last, which never waits, leaves no cycle; the claim's snapshot is also
 /// fresh, so it locks few such rows.
 pub(crate) async fn record_and_claim<T: Outbox>(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     outcomes: &[(Owned, Outcome)],
     limit: u32,
 ) -> Result<(Vec<Claim<T>>, Vec<(i64, String)>), OutboxError> {
     let db = |e| OutboxError::from_sqlx(T::SPEC.table, e);
     match (outcomes.is_empty(), limit) {
         (true, 0) => Ok((Vec::new(), Vec::new())),
-        (true, _) => {
-            let mut conn = pool.acquire().await.map_err(db)?;
-            Ok((claim_on::<T>(&mut conn, limit).await?.0, Vec::new()))
-        }
-        (false, 0) => Ok((Vec::new(), record::<T>(pool, outcomes).await?)),
+        (true, _) => Ok((claim_on::<T>(conn, limit).await?.0, Vec::new())),
+        (false, 0) => Ok((Vec::new(), record::<T>(conn, outcomes).await?)),
         (false, _) => {
-            let mut tx = pool.begin().await.map_err(db)?;
+            let mut tx = conn.begin().await.map_err(db)?;
             let recorded = record::<T>(&mut *tx, outcomes).await?;
             // Undecodable rows were moved to DEAD and logged: nothing to publish.
             let (claims, _undecodable) = claim_on::<T>(&mut tx, limit).await?;
@@ -107,8 +104,8 @@ async fn record<'e, T: Outbox>(
 }
 
 /// Extends the leases of `rows`; returns the rows still owned, with their new lease.
-pub(crate) async fn renew<T: Outbox>(
-    pool: &PgPool,
+pub(crate) async fn renew<'e, T: Outbox>(
+    executor: impl PgExecutor<'e>,
     rows: &[Owned],
 ) -> Result<Vec<(i64, DateTime<Utc>)>, OutboxError> {
     let spec = T::SPEC;
@@ -117,7 +114,7 @@ pub(crate) async fn renew<T: Outbox>(
     sqlx::query_as(spec.sql.renew_batch)
         .bind(ids)
         .bind(generations)
-        .fetch_all(pool)
+        .fetch_all(executor)
         .await
         .map_err(|e| OutboxError::from_sqlx(spec.table, e))
 }
