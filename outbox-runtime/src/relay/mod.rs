@@ -279,9 +279,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     failures = 0;
                     account::<T>(&pending.outcomes, &recorded);
                     pending = Pending::default();
-                    if !claims.is_empty() {
-                        pending = self.publish(claims, &mut conn).await;
-                    } else {
+                    if claims.is_empty() {
                         // Idle: the connection goes back to the pool until there is work.
                         conn = None;
                         if !stopping {
@@ -291,6 +289,8 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                                 () = self.stop.cancelled() => {}
                             }
                         }
+                    } else {
+                        pending = self.publish(claims, &mut conn).await;
                     }
                 }
                 Err(error @ (OutboxError::MissingTable { .. } | OutboxError::Drift { .. })) => {
