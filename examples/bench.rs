@@ -398,66 +398,45 @@ impl Bench {
         Ok(())
     }
 
-    /// Claim latency beside few vs many SENT, DEAD and expired rows.
+    /// Claim latency beside few vs many SENT, DEAD and expired rows: one table of each
+    /// kind (the big one in a schema of its own), measured in alternating rounds so the
+    /// drift of a shared machine falls on both.
     async fn scale(&self) -> Result {
         self.heading("4. Claim cost as the table grows (claims of 100, rolled back)");
-        let mut figures = Vec::new();
-        for (label, sent, dead, expired) in [
-            ("1,000 READY + 10,000 SENT", 10_000, 0, 0),
-            (
-                "1,000 READY + 1,000,000 SENT + 100,000 DEAD + 100,000 expired",
-                1_000_000,
-                100_000,
-                100_000,
-            ),
-        ] {
-            self.reset().await?;
-            sqlx::query(
-                "INSERT INTO bench_events (event_id, payload, status, generation, attempts, lease_until) \
-                 SELECT 'x' || i, repeat('x', 100), \
-                        CASE WHEN i <= $1 THEN 'SENT' WHEN i <= $1 + $2 THEN 'DEAD' ELSE 'INPROGRESS' END, \
-                        1, 1, CASE WHEN i > $1 + $2 THEN now() - interval '1 hour' END \
-                 FROM generate_series(1, $1 + $2 + $3) AS i",
-            )
-            .bind(sent)
-            .bind(dead)
-            .bind(expired)
-            .execute(&self.pool)
-            .await?;
-            let events: Vec<BenchEvent> = (0..1_000).map(payload).collect();
-            BenchEvent::enqueue_all(&events, &self.pool).await?;
-            sqlx::query("VACUUM ANALYZE bench_events")
-                .execute(&self.pool)
-                .await?;
+        let big = outbox::testing::TestSchema::new().await?;
+        let outcome = self.scale_against(big.pool()).await;
+        big.drop_schema().await?;
+        outcome
+    }
 
-            let mut latencies = Vec::new();
-            for _ in 0..200 {
-                let mut tx = self.pool.begin().await?;
-                let started = Instant::now();
-                let claims = BenchEvent::claim_batch(&mut *tx, 100).await?;
-                latencies.push(started.elapsed().as_secs_f64() * 1e3);
-                assert_eq!(claims.len(), 100);
-                tx.rollback().await?;
-            }
-            latencies.sort_by(f64::total_cmp);
-            let (p50, p99) = (
-                latencies[latencies.len() / 2],
-                latencies[latencies.len() * 99 / 100],
-            );
-            figures.push((label, p50, p99, self.explain_claim().await?));
+    async fn scale_against(&self, big: &PgPool) -> Result {
+        outbox::migrate(big, &[BenchEvent::migrations()]).await?;
+        let small_label = "1,000 READY + 10,000 SENT";
+        let big_label = "1,000 READY + 1,000,000 SENT + 100,000 DEAD + 100,000 expired";
+        self.reset().await?;
+        fill_scale(&self.pool, 10_000, 0, 0).await?;
+        fill_scale(big, 1_000_000, 100_000, 100_000).await?;
+
+        let (mut small_ms, mut big_ms) = (Vec::new(), Vec::new());
+        for _ in 0..10 {
+            small_ms.extend(claim_latencies(&self.pool, 40).await?);
+            big_ms.extend(claim_latencies(big, 40).await?);
         }
+        let [small, big_figure] = [small_ms, big_ms].map(|mut ms| {
+            ms.sort_by(f64::total_cmp);
+            (ms[ms.len() / 2], ms[ms.len() * 99 / 100])
+        });
         self.line("| table | claim p50 | claim p99 |");
         self.line("|---|---|---|");
-        for (label, p50, p99, _) in &figures {
+        for (label, (p50, p99)) in [(small_label, small), (big_label, big_figure)] {
             self.line(&format!("| {label} | {p50:.2} ms | {p99:.2} ms |"));
         }
-        let (small, big) = (&figures[0], &figures[1]);
         self.line(&format!(
             "\nRatio big / small: p50 **{:.2}**, p99 **{:.2}**.",
-            big.1 / small.1,
-            big.2 / small.2
+            big_figure.0 / small.0,
+            big_figure.1 / small.1
         ));
-        let plan = &big.3;
+        let plan = explain_claim(big).await?;
         let verdict = if plan.contains("Seq Scan") {
             "a sequential scan: investigate"
         } else {
@@ -467,31 +446,6 @@ impl Bench {
             "\nThe claim's plan on the big table ({verdict}):\n\n```text\n{plan}```"
         ));
         Ok(())
-    }
-
-    async fn explain_claim(&self) -> Result<String> {
-        let mut tx = self.pool.begin().await?;
-        let prepare = format!(
-            "PREPARE bench_claim(bigint) AS {}",
-            BenchEvent::SPEC.sql.claim
-        );
-        sqlx::raw_sql(sqlx::AssertSqlSafe(prepare))
-            .execute(&mut *tx)
-            .await?;
-        let lines: Vec<String> = sqlx::query_scalar(
-            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE bench_claim(100)",
-        )
-        .fetch_all(&mut *tx)
-        .await?;
-        // Prepared statements belong to the session, not the transaction.
-        sqlx::query("DEALLOCATE bench_claim")
-            .execute(&mut *tx)
-            .await?;
-        tx.rollback().await?;
-        Ok(lines.iter().fold(String::new(), |mut out, l| {
-            let _ = writeln!(out, "{l}");
-            out
-        }))
     }
 
     /// Peak RSS of a relay process (batch 100, concurrency 8) draining a backlog.
@@ -660,6 +614,67 @@ impl Sink<BenchEvent> for LatencySink {
             })
             .collect()
     }
+}
+
+/// `SENT`, `DEAD` and expired `INPROGRESS` rows in the numbers given, then 1,000 READY.
+async fn fill_scale(pool: &PgPool, sent: i64, dead: i64, expired: i64) -> Result {
+    sqlx::query(
+        "INSERT INTO bench_events (event_id, payload, status, generation, attempts, lease_until) \
+         SELECT 'x' || i, repeat('x', 100), \
+                CASE WHEN i <= $1 THEN 'SENT' WHEN i <= $1 + $2 THEN 'DEAD' ELSE 'INPROGRESS' END, \
+                1, 1, CASE WHEN i > $1 + $2 THEN now() - interval '1 hour' END \
+         FROM generate_series(1, $1 + $2 + $3) AS i",
+    )
+    .bind(sent)
+    .bind(dead)
+    .bind(expired)
+    .execute(pool)
+    .await?;
+    let events: Vec<BenchEvent> = (0..1_000).map(payload).collect();
+    BenchEvent::enqueue_all(&events, pool).await?;
+    sqlx::query("VACUUM ANALYZE bench_events")
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Milliseconds of `n` claims of 100, each rolled back so the table stays as it is.
+async fn claim_latencies(pool: &PgPool, n: usize) -> Result<Vec<f64>> {
+    let mut latencies = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut tx = pool.begin().await?;
+        let started = Instant::now();
+        let claims = BenchEvent::claim_batch(&mut *tx, 100).await?;
+        latencies.push(started.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(claims.len(), 100);
+        tx.rollback().await?;
+    }
+    Ok(latencies)
+}
+
+async fn explain_claim(pool: &PgPool) -> Result<String> {
+    let mut tx = pool.begin().await?;
+    let prepare = format!(
+        "PREPARE bench_claim(bigint) AS {}",
+        BenchEvent::SPEC.sql.claim
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(prepare))
+        .execute(&mut *tx)
+        .await?;
+    let lines: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE bench_claim(100)",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    // Prepared statements belong to the session, not the transaction.
+    sqlx::query("DEALLOCATE bench_claim")
+        .execute(&mut *tx)
+        .await?;
+    tx.rollback().await?;
+    Ok(lines.iter().fold(String::new(), |mut out, l| {
+        let _ = writeln!(out, "{l}");
+        out
+    }))
 }
 
 fn micros_now() -> u64 {

@@ -271,6 +271,44 @@ async fn a_batch_claims_in_id_order_up_to_its_limit() -> TestResult {
 }
 
 #[tokio::test]
+async fn expired_claims_are_reclaimed_first_and_a_claim_locks_only_what_it_returns() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    for n in 0..4 {
+        Budgeted {
+            name: format!("e{n}"),
+        }
+        .enqueue(pool)
+        .await?;
+    }
+    // e0 and e1: claimed by publishers that died; e2 and e3 still READY.
+    let abandoned = Budgeted::claim_batch(pool, 2).await?;
+    for claim in &abandoned {
+        expire::<Budgeted>(pool, claim.id()).await;
+    }
+
+    let mut tx = pool.begin().await?;
+    let claims = Budgeted::claim_batch(&mut *tx, 3).await?;
+    let taken: Vec<(&str, bool)> = claims
+        .iter()
+        .map(|c| (c.event().name.as_str(), c.is_reclaim()))
+        .collect();
+    assert_eq!(taken, [("e0", true), ("e1", true), ("e2", false)]);
+    // Another publisher, meanwhile: the one row this claim did not take is free.
+    let other = Budgeted::claim_batch(pool, 10).await?;
+    let names: Vec<&str> = other.iter().map(|c| c.event().name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["e3"],
+        "no row is held locked beyond the claimed ones"
+    );
+    tx.commit().await?;
+    drop((abandoned, claims, other));
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn retry_delays_the_event_and_the_next_claim_bumps_the_generation() -> TestResult {
     let db = schema_with(&[Budgeted::migrations()]).await?;
     let pool = db.pool();

@@ -280,21 +280,24 @@ fn enqueue(model: &Model, t: &str, payload: &[String]) -> (String, String) {
 
 /// The claim's candidates: up to `$1` rows. Each eligibility path reads its own
 /// partial index in its own order and locks with SKIP LOCKED (a locking clause cannot
-/// sit on the UNION), so claim cost stays flat however many SENT, DEAD or expired rows
-/// pile up.
+/// sit on a UNION), so claim cost stays flat however many SENT, DEAD or expired rows
+/// pile up. Expired claims come first (their publishers are gone: the oldest work),
+/// due READY rows fill the rest: every row locked is a row claimed, where two branches
+/// of `$1` each would lock up to twice the batch and hold the surplus until commit.
+/// The final `ORDER BY id LIMIT` only tells the planner how few rows to expect.
 fn candidates(t: &str) -> String {
     format!(
-        "ready AS (\n\
-         \x20   SELECT id FROM {t}\n\
-         \x20   WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()\n\
-         \x20   ORDER BY next_attempt_at, id LIMIT $1 FOR UPDATE SKIP LOCKED\n\
-         ), expired AS (\n\
+        "expired AS (\n\
          \x20   SELECT id FROM {t}\n\
          \x20   WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()\n\
          \x20   ORDER BY lease_until, id LIMIT $1 FOR UPDATE SKIP LOCKED\n\
+         ), ready AS (\n\
+         \x20   SELECT id FROM {t}\n\
+         \x20   WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()\n\
+         \x20   ORDER BY next_attempt_at, id LIMIT $1 - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED\n\
          ), candidate AS (\n\
-         \x20   SELECT id, false AS reclaimed FROM ready\n\
-         \x20   UNION ALL SELECT id, true FROM expired\n\
+         \x20   SELECT id, true AS reclaimed FROM expired\n\
+         \x20   UNION ALL SELECT id, false FROM ready\n\
          \x20   ORDER BY id LIMIT $1\n\
          )"
     )

@@ -322,8 +322,8 @@ pub async fn claim<'a, T: Outbox>(
     }
 }
 
-/// Claims up to `limit` due events in one statement: `READY` rows whose
-/// `next_attempt_at` has come and `INPROGRESS` rows whose lease expired, in id order.
+/// Claims up to `limit` due events in one statement: `INPROGRESS` rows whose lease
+/// expired first, then `READY` rows whose `next_attempt_at` has come; returned in id order.
 /// Each claimed row's generation is bumped and a fresh lease granted.
 ///
 /// Rows whose payload does not decode are moved to `DEAD` (and logged) instead of
