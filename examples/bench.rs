@@ -404,7 +404,10 @@ impl Bench {
     async fn scale(&self) -> Result {
         self.heading("4. Claim cost as the table grows (claims of 100, rolled back)");
         let big = outbox::testing::TestSchema::new().await?;
-        let outcome = self.scale_against(big.pool()).await;
+        // A pool like the small table's: plan caches and connection reuse alike.
+        let pool = big.connect(2).await?;
+        let outcome = self.scale_against(&pool).await;
+        pool.close().await;
         big.drop_schema().await?;
         outcome
     }
@@ -418,7 +421,7 @@ impl Bench {
         fill_scale(big, 1_000_000, 100_000, 100_000).await?;
 
         let (mut small_ms, mut big_ms) = (Vec::new(), Vec::new());
-        for _ in 0..10 {
+        for _ in 0..25 {
             small_ms.extend(claim_latencies(&self.pool, 40).await?);
             big_ms.extend(claim_latencies(big, 40).await?);
         }
