@@ -270,11 +270,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             let mut notified = pin!(self.wake.notified());
             notified.as_mut().enable();
             let limit = if stopping { 0 } else { self.relay.batch_size };
-            let claimed = match self.connection(&mut conn).await {
-                Ok(c) => record::record_and_claim::<T>(c, &pending.outcomes, limit).await,
-                Err(error) => Err(error),
+            let claimed = async {
+                let c = self.connection(&mut conn).await?;
+                record::record_and_claim::<T>(c, &pending.outcomes, limit).await
             };
-            match claimed {
+            match claimed.await {
                 Ok((claims, recorded)) => {
                     failures = 0;
                     account::<T>(&pending.outcomes, &recorded);

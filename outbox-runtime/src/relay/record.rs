@@ -67,8 +67,7 @@ async fn record<'e, T: Outbox>(
     outcomes: &[(Owned, Outcome)],
 ) -> Result<Vec<(i64, String)>, OutboxError> {
     let sql = &T::SPEC.sql;
-    let ids: Vec<i64> = outcomes.iter().map(|(row, _)| row.id).collect();
-    let generations: Vec<i64> = outcomes.iter().map(|(row, _)| row.generation).collect();
+    let (ids, generations) = columns(outcomes.iter().map(|(row, _)| row));
     let query = if outcomes.iter().all(|(_, o)| *o == Outcome::Sent) {
         sqlx::query_as(sql.complete_batch)
             .bind(ids)
@@ -109,14 +108,18 @@ pub(crate) async fn renew<'e, T: Outbox>(
     rows: &[Owned],
 ) -> Result<Vec<(i64, DateTime<Utc>)>, OutboxError> {
     let spec = T::SPEC;
-    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-    let generations: Vec<i64> = rows.iter().map(|r| r.generation).collect();
+    let (ids, generations) = columns(rows);
     sqlx::query_as(spec.sql.renew_batch)
         .bind(ids)
         .bind(generations)
         .fetch_all(executor)
         .await
         .map_err(|e| OutboxError::from_sqlx(spec.table, e))
+}
+
+/// The id and generation arrays every guarded batch statement binds first.
+fn columns<'a>(rows: impl IntoIterator<Item = &'a Owned>) -> (Vec<i64>, Vec<i64>) {
+    rows.into_iter().map(|r| (r.id, r.generation)).unzip()
 }
 
 #[cfg(test)]
