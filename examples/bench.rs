@@ -20,7 +20,7 @@
 
 mod common;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -179,13 +179,24 @@ struct Bench {
     pool: PgPool,
     url: String,
     report: RefCell<String>,
+    /// Whether CHECKPOINT was refused (warned once).
+    unchecked: Cell<bool>,
 }
 
 impl Bench {
+    /// Empties the table and checkpoints, so that no checkpoint starts inside the timed
+    /// run that follows (whichever side it fell on would write a full-page image of
+    /// every page it touched first), unless `max_wal_size` forces one.
     async fn reset(&self) -> Result {
         sqlx::query("TRUNCATE bench_events RESTART IDENTITY")
             .execute(&self.pool)
             .await?;
+        if let Err(error) = sqlx::query("CHECKPOINT").execute(&self.pool).await {
+            // Needs superuser or pg_checkpoint: without it, figures are only noisier.
+            if !self.unchecked.replace(true) {
+                eprintln!("no CHECKPOINT between runs ({error}): expect more spread");
+            }
+        }
         Ok(())
     }
 
@@ -201,13 +212,19 @@ impl Bench {
         Ok(())
     }
 
+    /// A pool with every connection open, so that no run times connecting.
     async fn pool(&self, connections: usize) -> Result<PgPool> {
         let size = u32::try_from(connections)?;
-        Ok(PgPoolOptions::new()
+        let pool = PgPoolOptions::new()
             .max_connections(size)
             .min_connections(size)
             .connect(&self.url)
-            .await?)
+            .await?;
+        let mut open = Vec::with_capacity(connections);
+        for _ in 0..connections {
+            open.push(pool.acquire().await?);
+        }
+        Ok(pool)
     }
 
     async fn pending(&self) -> Result<i64> {
@@ -218,29 +235,24 @@ impl Bench {
         .await?)
     }
 
-    /// Events/s of the relay draining `n` events with a no-op sink.
+    /// Events/s of the relay draining `n` events with a no-op sink, until every outcome
+    /// is recorded: the sink stops the relay at the last event, and `run` returns once
+    /// the outcomes in flight are recorded.
     async fn drain_relay(&self, n: usize, batch: u32, workers: usize) -> Result<f64> {
         self.fill(n).await?;
         let pool = self.pool(workers + 1).await?;
-        let sink = CountingSink::default();
-        let published = Arc::clone(&sink.published);
         let stop = CancellationToken::new();
-        let relay = Relay::<BenchEvent, _>::new(pool.clone(), sink)
+        let relay = Relay::<BenchEvent, _>::new(pool.clone(), CountingSink::until(n, &stop))
             .batch_size(batch)
             .concurrency(workers);
         let started = Instant::now();
-        let running = tokio::spawn(relay.run(stop.clone()));
-        while published.load(Ordering::Relaxed) < n {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        while self.pending().await? > 0 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        relay.run(stop).await?;
         let elapsed = started.elapsed();
-        stop.cancel();
-        running.await??;
         pool.close().await;
-        Ok(n as f64 / elapsed.as_secs_f64())
+        match self.pending().await? {
+            0 => Ok(n as f64 / elapsed.as_secs_f64()),
+            left => Err(format!("the relay stopped with {left} events not recorded").into()),
+        }
     }
 
     /// Events/s of the floor: the seed's claim and an unguarded `= ANY` completion.
@@ -325,12 +337,13 @@ impl Bench {
 
             self.fill(n).await?;
             let sql = &BenchEvent::SPEC.sql;
+            let claim = sql.claim_limited(1);
             let started = Instant::now();
             loop {
-                let row: Option<sqlx::postgres::PgRow> = sqlx::query(sql.claim)
-                    .bind(1_i64)
-                    .fetch_optional(&self.pool)
-                    .await?;
+                let row: Option<sqlx::postgres::PgRow> =
+                    sqlx::query(sqlx::AssertSqlSafe(claim.as_str()))
+                        .fetch_optional(&self.pool)
+                        .await?;
                 let Some(row) = row else { break };
                 let (id, generation): (i64, i64) =
                     (sqlx::Row::get(&row, 0), sqlx::Row::get(&row, 2));
@@ -658,14 +671,14 @@ async fn claim_latencies(pool: &PgPool, n: usize) -> Result<Vec<f64>> {
 async fn explain_claim(pool: &PgPool) -> Result<String> {
     let mut tx = pool.begin().await?;
     let prepare = format!(
-        "PREPARE bench_claim(bigint) AS {}",
-        BenchEvent::SPEC.sql.claim
+        "PREPARE bench_claim AS {}",
+        BenchEvent::SPEC.sql.claim_limited(100)
     );
     sqlx::raw_sql(sqlx::AssertSqlSafe(prepare))
         .execute(&mut *tx)
         .await?;
     let lines: Vec<String> = sqlx::query_scalar(
-        "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE bench_claim(100)",
+        "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE bench_claim",
     )
     .fetch_all(&mut *tx)
     .await?;
@@ -696,13 +709,28 @@ fn stamped() -> BenchEvent {
 
 /// A sink that publishes nowhere and counts.
 #[derive(Default)]
+/// A no-op sink that shuts its relay down once it has published `target` events.
 struct CountingSink {
-    published: Arc<AtomicUsize>,
+    published: AtomicUsize,
+    target: usize,
+    done: CancellationToken,
+}
+
+impl CountingSink {
+    fn until(target: usize, stop: &CancellationToken) -> Self {
+        Self {
+            published: AtomicUsize::new(0),
+            target,
+            done: stop.clone(),
+        }
+    }
 }
 
 impl<T: Send + Sync + 'static> Sink<T> for CountingSink {
     async fn publish(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<(), SinkError>> {
-        self.published.fetch_add(batch.len(), Ordering::Relaxed);
+        if self.published.fetch_add(batch.len(), Ordering::Relaxed) + batch.len() >= self.target {
+            self.done.cancel();
+        }
         batch.iter().map(|_| Ok(())).collect()
     }
 }
@@ -716,20 +744,12 @@ async fn rss_child(url: String, events: usize) -> Result {
         .max_connections(10)
         .connect(&url)
         .await?;
-    let sink = CountingSink::default();
-    let published = Arc::clone(&sink.published);
     let stop = CancellationToken::new();
-    let relay = tokio::spawn(
-        Relay::<BenchEvent, _>::new(pool, sink)
-            .batch_size(100)
-            .concurrency(8)
-            .run(stop.clone()),
-    );
-    while published.load(Ordering::Relaxed) < events {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    stop.cancel();
-    relay.await??;
+    Relay::<BenchEvent, _>::new(pool, CountingSink::until(events, &stop))
+        .batch_size(100)
+        .concurrency(8)
+        .run(stop)
+        .await?;
     let status = std::fs::read_to_string("/proc/self/status")?;
     for line in status.lines().filter(|l| l.starts_with("VmHWM:")) {
         println!("{line}");
@@ -764,9 +784,23 @@ async fn environment(pool: &PgPool) -> Result<String> {
         })
         .unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    // What a commit costs weighs the relay's one commit per batch against the floor's two.
+    let mut commits = Vec::new();
+    for i in 0..50 {
+        let started = Instant::now();
+        sqlx::query(RAW_INSERT)
+            .bind(format!("commit-{i}"))
+            .bind("")
+            .execute(pool)
+            .await?;
+        commits.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    sqlx::query("TRUNCATE bench_events").execute(pool).await?;
     Ok(format!(
-        "Machine: {cores} cores ({cpu}). PostgreSQL {version}: {}.",
-        settings.join(", ")
+        "Machine: {cores} cores ({cpu}). PostgreSQL {version}: {}. \
+         A one-row INSERT with its commit: {:.2} ms (median of 50).",
+        settings.join(", "),
+        Figure::of(commits).median
     ))
 }
 
@@ -792,6 +826,7 @@ async fn run(args: &Args, schema: &outbox::testing::TestSchema) -> Result {
         pool: schema.connect(2).await?,
         url: schema.url(),
         report: RefCell::default(),
+        unchecked: Cell::default(),
     };
     let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
     bench.line(&format!(

@@ -271,6 +271,38 @@ async fn a_batch_claims_in_id_order_up_to_its_limit() -> TestResult {
 }
 
 #[tokio::test]
+async fn the_claim_is_planned_once_per_connection_not_on_every_batch() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    for n in 0..6 {
+        Budgeted {
+            name: format!("e{n}"),
+        }
+        .enqueue(db.pool())
+        .await?;
+    }
+    let mut conn = db.pool().acquire().await?;
+    let mut claims = Vec::new();
+    for _ in 0..3 {
+        claims.extend(Budgeted::claim_batch(&mut *conn, 2).await?);
+    }
+    assert_eq!(claims.len(), 6);
+    // A `LIMIT $1` would get a custom plan every time: planning is a third of a claim.
+    let (generic, custom): (i64, i64) = sqlx::query_as(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
+    )
+    .bind(Budgeted::SPEC.sql.claim_limited(2))
+    .fetch_one(&mut *conn)
+    .await?;
+    assert_eq!((generic, custom), (3, 0), "one plan, used three times");
+    drop(conn);
+    for claim in claims {
+        claim.complete(db.pool()).await?;
+    }
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn expired_claims_are_reclaimed_first_and_a_claim_locks_only_what_it_returns() -> TestResult {
     let db = schema_with(&[Budgeted::migrations()]).await?;
     let pool = db.pool();

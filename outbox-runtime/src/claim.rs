@@ -225,8 +225,7 @@ pub(crate) async fn claim_on<T: Outbox>(
     let mut undecodable = Vec::new();
     loop {
         let wanted = limit.saturating_sub(u32::try_from(claims.len()).unwrap_or(u32::MAX));
-        let rows = sqlx::query(spec.sql.claim)
-            .bind(i64::from(wanted))
+        let rows = sqlx::query(sqlx::AssertSqlSafe(spec.sql.claim_limited(wanted)))
             .fetch_all(&mut *conn)
             .await
             .map_err(db)?;

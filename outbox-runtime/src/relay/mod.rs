@@ -13,7 +13,7 @@ mod backoff;
 mod record;
 mod sink;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::marker::PhantomData;
 use std::pin::pin;
 use std::sync::Arc;
@@ -28,7 +28,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tracing::Instrument as _;
 
 pub use backoff::Backoff;
-use record::{Outcome, Owned};
+use record::{Outcome, Owned, Recorded};
 pub use sink::{BoxError, Delivery, MemorySink, Published, Sink, SinkError, StdoutSink};
 /// The shutdown signal [`Relay::run`] takes (re-exported from tokio-util).
 pub use tokio_util::sync::CancellationToken;
@@ -498,16 +498,12 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     }
 }
 
-/// Counts what happened to recorded outcomes; a row missing from `recorded` was stale.
-fn account<T: Outbox>(outcomes: &[(Owned, Outcome)], recorded: &[(i64, String)]) {
+/// Counts what happened to recorded outcomes.
+fn account<T: Outbox>(outcomes: &[(Owned, Outcome)], recorded: &Recorded) {
     let table = T::SPEC.table;
-    let statuses: HashMap<i64, &str> = recorded
-        .iter()
-        .map(|(id, status)| (*id, status.as_str()))
-        .collect();
     let (mut sent, mut retried, mut dead, mut released, mut stale) = (0u64, 0u64, 0u64, 0u64, 0u64);
     for (row, outcome) in outcomes {
-        match (statuses.get(&row.id), outcome) {
+        match (recorded.status(row.id), outcome) {
             (None, _) => {
                 stale += 1;
                 tracing::warn!(
@@ -517,7 +513,7 @@ fn account<T: Outbox>(outcomes: &[(Owned, Outcome)], recorded: &[(i64, String)])
                     "outcome rejected: the claim is stale"
                 );
             }
-            (Some(&"DEAD"), _) => dead += 1,
+            (Some("DEAD"), _) => dead += 1,
             (Some(_), Outcome::Sent) => sent += 1,
             (Some(_), Outcome::Release) => released += 1,
             (Some(_), _) => retried += 1,

@@ -1,5 +1,6 @@
 //! Recording a batch's outcomes, and renewing its leases: one guarded statement each.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -29,10 +30,28 @@ pub(crate) struct Owned {
     pub(crate) generation: i64,
 }
 
+/// What recording a batch's outcomes did to its rows.
+#[derive(Debug)]
+pub(crate) enum Recorded {
+    /// An all-`SENT` batch: every row was recorded but these, rejected as stale.
+    SentExcept(Vec<i64>),
+    /// The status each recorded row was left in, by id; a row missing here was stale.
+    Statuses(HashMap<i64, String>),
+}
+
+impl Recorded {
+    /// The status row `id` was left in, or `None` if its outcome was rejected as stale.
+    pub(crate) fn status(&self, id: i64) -> Option<&str> {
+        match self {
+            Self::SentExcept(stale) => (!stale.contains(&id)).then_some("SENT"),
+            Self::Statuses(statuses) => statuses.get(&id).map(String::as_str),
+        }
+    }
+}
+
 /// Records `outcomes`, then claims up to `limit` more rows: one transaction, one commit
-/// per batch. Returns the claims, and the status each recorded row was left in by id (a
-/// row missing there was stale). Rows whose payload does not decode are moved to `DEAD`
-/// and not returned.
+/// per batch. Returns the claims, and what recording did. Rows whose payload does not
+/// decode are moved to `DEAD` and not returned.
 ///
 /// The order is what keeps workers from deadlocking. A claim skipping rows that another
 /// worker claimed after the claim's snapshot still locks them (PostgreSQL locks the
@@ -44,11 +63,12 @@ pub(crate) async fn record_and_claim<T: Outbox>(
     conn: &mut PgConnection,
     outcomes: &[(Owned, Outcome)],
     limit: u32,
-) -> Result<(Vec<Claim<T>>, Vec<(i64, String)>), OutboxError> {
+) -> Result<(Vec<Claim<T>>, Recorded), OutboxError> {
     let db = |e| OutboxError::from_sqlx(T::SPEC.table, e);
+    let nothing = || Recorded::SentExcept(Vec::new());
     match (outcomes.is_empty(), limit) {
-        (true, 0) => Ok((Vec::new(), Vec::new())),
-        (true, _) => Ok((claim_on::<T>(conn, limit).await?.0, Vec::new())),
+        (true, 0) => Ok((Vec::new(), nothing())),
+        (true, _) => Ok((claim_on::<T>(conn, limit).await?.0, nothing())),
         (false, 0) => Ok((Vec::new(), record::<T>(conn, outcomes).await?)),
         (false, _) => {
             let mut tx = conn.begin().await.map_err(db)?;
@@ -61,17 +81,22 @@ pub(crate) async fn record_and_claim<T: Outbox>(
     }
 }
 
-/// Records `outcomes` in one guarded statement; returns (id, new status) per recorded row.
+/// Records `outcomes` in one guarded statement.
 async fn record<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     outcomes: &[(Owned, Outcome)],
-) -> Result<Vec<(i64, String)>, OutboxError> {
-    let sql = &T::SPEC.sql;
+) -> Result<Recorded, OutboxError> {
+    let spec = T::SPEC;
+    let db = |e| OutboxError::from_sqlx(spec.table, e);
     let (ids, generations) = columns(outcomes.iter().map(|(row, _)| row));
-    let query = if outcomes.iter().all(|(_, o)| *o == Outcome::Sent) {
-        sqlx::query_as(sql.complete_batch)
+    if outcomes.iter().all(|(_, o)| *o == Outcome::Sent) {
+        let stale = sqlx::query_scalar(spec.sql.complete_batch)
             .bind(ids)
             .bind(generations)
+            .fetch_all(executor)
+            .await
+            .map_err(db)?;
+        Ok(Recorded::SentExcept(stale))
     } else {
         let (mut kinds, mut delays, mut errors) = (
             Vec::with_capacity(outcomes.len()),
@@ -89,17 +114,17 @@ async fn record<'e, T: Outbox>(
             delays.push(interval(delay));
             errors.push(error);
         }
-        sqlx::query_as(sql.record)
+        let statuses = sqlx::query_as(spec.sql.record)
             .bind(ids)
             .bind(generations)
             .bind(kinds)
             .bind(delays)
             .bind(errors)
-    };
-    query
-        .fetch_all(executor)
-        .await
-        .map_err(|e| OutboxError::from_sqlx(T::SPEC.table, e))
+            .fetch_all(executor)
+            .await
+            .map_err(db)?;
+        Ok(Recorded::Statuses(statuses.into_iter().collect()))
+    }
 }
 
 /// Extends the leases of `rows`; returns the rows still owned, with their new lease.
