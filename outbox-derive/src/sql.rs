@@ -158,15 +158,13 @@ impl Batch {
         const OWNED_EACH: &str = "o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation \
              AND o.lease_until > clock_timestamp()";
         // The relay's common case, every row published: the general statement's CASEs
-        // and three more arrays cost ~15% of a batch's recording, measured. It returns
-        // the rows it rejected, nearly always none, not the hundred it recorded.
+        // and three more arrays cost ~15% of a batch's recording, measured. (Returning
+        // only the rejected rows instead costs more: the anti-join outweighs the rows.)
         let complete = format!(
-            "WITH recorded AS (\n\
-             \x20   UPDATE {t} AS o SET status = 'SENT', lease_until = NULL\n\
-             \x20   FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)\n\
-             \x20   WHERE {OWNED_EACH}\n\
-             \x20   RETURNING o.id)\n\
-             SELECT id FROM unnest($1::bigint[]) AS u(id) WHERE id NOT IN (SELECT id FROM recorded)"
+            "UPDATE {t} AS o SET status = 'SENT', lease_until = NULL\n\
+             FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)\n\
+             WHERE {OWNED_EACH}\n\
+             RETURNING o.id"
         );
         let record = format!(
             "UPDATE {t} AS o SET\n\

@@ -35,7 +35,7 @@ pub struct Statements {
     /// Guarded `INPROGRESS -> DEAD` of (`$1` id, `$2` generation) with `$3` as `last_error`.
     pub fail: &'static str,
     /// Guarded `INPROGRESS -> SENT` of a batch, each row guarded on its own (`$1` ids,
-    /// `$2` generations). Returns the ids it rejected as stale.
+    /// `$2` generations). Returns the ids it recorded.
     pub complete_batch: &'static str,
     /// The outcomes of a batch, each row guarded on its own (`$1`..`$5`: arrays of ids,
     /// generations, outcomes `SENT`/`RETRY`/`DEAD`/`RELEASE`, retry delays, errors).

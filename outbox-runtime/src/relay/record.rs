@@ -1,6 +1,6 @@
 //! Recording a batch's outcomes, and renewing its leases: one guarded statement each.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -33,8 +33,8 @@ pub(crate) struct Owned {
 /// What recording a batch's outcomes did to its rows.
 #[derive(Debug)]
 pub(crate) enum Recorded {
-    /// An all-`SENT` batch: every row was recorded but these, rejected as stale.
-    SentExcept(Vec<i64>),
+    /// An all-`SENT` batch: the rows recorded; a row missing here was stale.
+    Sent(HashSet<i64>),
     /// The status each recorded row was left in, by id; a row missing here was stale.
     Statuses(HashMap<i64, String>),
 }
@@ -43,7 +43,7 @@ impl Recorded {
     /// The status row `id` was left in, or `None` if its outcome was rejected as stale.
     pub(crate) fn status(&self, id: i64) -> Option<&str> {
         match self {
-            Self::SentExcept(stale) => (!stale.contains(&id)).then_some("SENT"),
+            Self::Sent(recorded) => recorded.contains(&id).then_some("SENT"),
             Self::Statuses(statuses) => statuses.get(&id).map(String::as_str),
         }
     }
@@ -65,7 +65,7 @@ pub(crate) async fn record_and_claim<T: Outbox>(
     limit: u32,
 ) -> Result<(Vec<Claim<T>>, Recorded), OutboxError> {
     let db = |e| OutboxError::from_sqlx(T::SPEC.table, e);
-    let nothing = || Recorded::SentExcept(Vec::new());
+    let nothing = || Recorded::Sent(HashSet::new());
     match (outcomes.is_empty(), limit) {
         (true, 0) => Ok((Vec::new(), nothing())),
         (true, _) => Ok((claim_on::<T>(conn, limit).await?.0, nothing())),
@@ -90,13 +90,13 @@ async fn record<'e, T: Outbox>(
     let db = |e| OutboxError::from_sqlx(spec.table, e);
     let (ids, generations) = columns(outcomes.iter().map(|(row, _)| row));
     if outcomes.iter().all(|(_, o)| *o == Outcome::Sent) {
-        let stale = sqlx::query_scalar(spec.sql.complete_batch)
+        let recorded: Vec<i64> = sqlx::query_scalar(spec.sql.complete_batch)
             .bind(ids)
             .bind(generations)
             .fetch_all(executor)
             .await
             .map_err(db)?;
-        Ok(Recorded::SentExcept(stale))
+        Ok(Recorded::Sent(recorded.into_iter().collect()))
     } else {
         let (mut kinds, mut delays, mut errors) = (
             Vec::with_capacity(outcomes.len()),
