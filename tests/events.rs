@@ -303,6 +303,28 @@ async fn the_claim_is_planned_once_per_connection_not_on_every_batch() -> TestRe
 }
 
 #[tokio::test]
+async fn a_claim_never_reads_the_whole_table() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    sqlx::raw_sql(
+        "INSERT INTO budget_events (event_id, status) SELECT 'sent-' || i, 'SENT' FROM generate_series(1, 10000) i;
+         INSERT INTO budget_events (event_id) SELECT 'due-' || i FROM generate_series(1, 1000) i;
+         ANALYZE budget_events",
+    )
+    .execute(db.pool())
+    .await?;
+    let explain = format!("EXPLAIN {}", Budgeted::SPEC.sql.claim_limited(100));
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+        .fetch_all(db.pool())
+        .await?;
+    let plan = plan.join("\n");
+    // Small enough for the planner to hash-join a sequential scan, if it were let.
+    assert!(!plan.contains("Seq Scan"), "{plan}");
+    assert!(plan.contains("Tid Scan"), "{plan}");
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn expired_claims_are_reclaimed_first_and_a_claim_locks_only_what_it_returns() -> TestResult {
     let db = schema_with(&[Budgeted::migrations()]).await?;
     let pool = db.pool();

@@ -62,7 +62,7 @@ impl Sql {
             .map(|c| format!("o.{c}"))
             // A reserved name, so no payload column can share it.
             .chain(std::iter::once(
-                "c.reclaimed AS outbox_reclaimed".to_owned(),
+                "o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed".to_owned(),
             ))
             .chain(payload.iter().map(|c| format!("o.{c}")))
             .collect::<Vec<_>>()
@@ -285,27 +285,30 @@ fn enqueue(model: &Model, t: &str, payload: &[String]) -> (String, String) {
 /// pile up. Expired claims come first (their publishers are gone: the oldest work),
 /// due READY rows fill the rest: every row locked is a row claimed, where two branches
 /// of `$1` each would lock up to twice the batch and hold the surplus until commit.
-/// The final `ORDER BY id LIMIT` only tells the planner how few rows to expect.
 fn candidates(t: &str) -> String {
     format!(
         "expired AS (\n\
-         \x20   SELECT id FROM {t}\n\
+         \x20   SELECT id, ctid FROM {t}\n\
          \x20   WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()\n\
          \x20   ORDER BY lease_until, id LIMIT $1 FOR UPDATE SKIP LOCKED\n\
          ), ready AS (\n\
-         \x20   SELECT id FROM {t}\n\
+         \x20   SELECT ctid FROM {t}\n\
          \x20   WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()\n\
          \x20   ORDER BY next_attempt_at, id LIMIT $1 - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED\n\
-         ), candidate AS (\n\
-         \x20   SELECT id, true AS reclaimed FROM expired\n\
-         \x20   UNION ALL SELECT id, false FROM ready\n\
-         \x20   ORDER BY id LIMIT $1\n\
          )"
     )
 }
 
 /// Claims the candidates: generation + 1 and a fresh lease. An expired claim that used
 /// the whole attempt budget is moved to DEAD instead (its lease_until comes back NULL).
+///
+/// The candidates are found again by their `ctid`s as one array, a TID scan of their
+/// pages, not by a join: planned on a table it thinks small, PostgreSQL hash-joins them
+/// against a sequential scan of the whole table, and the claim's cached plan keeps
+/// doing so as the table grows (measured: 10 ms instead of 1.5 ms beside 10,000 rows).
+/// The rows are locked, so their `ctid`s hold until the update. (A row that another
+/// transaction updated after this statement's snapshot yet left due would be locked
+/// and left unclaimed, where a join on `id` would claim it; none of ours does that.)
 fn claim_candidates(t: &str, max: i32, lease: &str, returning: &str) -> String {
     format!(
         "UPDATE {t} AS o SET\n\
@@ -316,8 +319,7 @@ fn claim_candidates(t: &str, max: i32, lease: &str, returning: &str) -> String {
          \x20   last_error = CASE WHEN o.attempts >= {max}\n\
          \x20       THEN 'lease expired on claim ' || o.attempts || ' of {max}: attempt budget exhausted'\n\
          \x20       ELSE o.last_error END\n\
-         FROM candidate AS c\n\
-         WHERE o.id = c.id\n\
+         WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready))\n\
          RETURNING {returning}"
     )
 }
