@@ -87,6 +87,18 @@ async fn expire<T: Outbox>(pool: &PgPool, id: i64) {
         .unwrap();
 }
 
+/// Enqueues `n` budgeted events named `e0`, `e1`, ...
+async fn enqueue_numbered(pool: &PgPool, n: usize) -> Result<(), OutboxError> {
+    for i in 0..n {
+        Budgeted {
+            name: format!("e{i}"),
+        }
+        .enqueue(pool)
+        .await?;
+    }
+    Ok(())
+}
+
 async fn schema_with(
     tables: &[outbox::TableMigrations],
 ) -> Result<TestSchema, Box<dyn std::error::Error>> {
@@ -250,13 +262,7 @@ async fn enqueueing_the_same_event_id_twice_is_refused() -> TestResult {
 #[tokio::test]
 async fn a_batch_claims_in_id_order_up_to_its_limit() -> TestResult {
     let db = schema_with(&[Budgeted::migrations()]).await?;
-    for n in 0..5 {
-        Budgeted {
-            name: format!("e{n}"),
-        }
-        .enqueue(db.pool())
-        .await?;
-    }
+    enqueue_numbered(db.pool(), 5).await?;
     let first = Budgeted::claim_batch(db.pool(), 3).await?;
     let names: Vec<&str> = first.iter().map(|c| c.event().name.as_str()).collect();
     assert_eq!(names, ["e0", "e1", "e2"]);
@@ -273,13 +279,7 @@ async fn a_batch_claims_in_id_order_up_to_its_limit() -> TestResult {
 #[tokio::test]
 async fn the_claim_is_planned_once_per_connection_not_on_every_batch() -> TestResult {
     let db = schema_with(&[Budgeted::migrations()]).await?;
-    for n in 0..6 {
-        Budgeted {
-            name: format!("e{n}"),
-        }
-        .enqueue(db.pool())
-        .await?;
-    }
+    enqueue_numbered(db.pool(), 6).await?;
     let mut conn = db.pool().acquire().await?;
     let mut claims = Vec::new();
     for _ in 0..3 {
@@ -328,13 +328,7 @@ async fn a_claim_never_reads_the_whole_table() -> TestResult {
 async fn expired_claims_are_reclaimed_first_and_a_claim_locks_only_what_it_returns() -> TestResult {
     let db = schema_with(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
-    for n in 0..4 {
-        Budgeted {
-            name: format!("e{n}"),
-        }
-        .enqueue(pool)
-        .await?;
-    }
+    enqueue_numbered(pool, 4).await?;
     // e0 and e1: claimed by publishers that died; e2 and e3 still READY.
     let abandoned = Budgeted::claim_batch(pool, 2).await?;
     for claim in &abandoned {

@@ -65,10 +65,10 @@ pub(crate) async fn record_and_claim<T: Outbox>(
     limit: u32,
 ) -> Result<(Vec<Claim<T>>, Recorded), OutboxError> {
     let db = |e| OutboxError::from_sqlx(T::SPEC.table, e);
-    let nothing = || Recorded::Sent(HashSet::new());
+    let no_outcomes = || Recorded::Sent(HashSet::new());
     match (outcomes.is_empty(), limit) {
-        (true, 0) => Ok((Vec::new(), nothing())),
-        (true, _) => Ok((claim_on::<T>(conn, limit).await?.0, nothing())),
+        (true, 0) => Ok((Vec::new(), no_outcomes())),
+        (true, _) => Ok((claim_on::<T>(conn, limit).await?.0, no_outcomes())),
         (false, 0) => Ok((Vec::new(), record::<T>(conn, outcomes).await?)),
         (false, _) => {
             let mut tx = conn.begin().await.map_err(db)?;
