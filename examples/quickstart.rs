@@ -53,7 +53,7 @@ async fn main() -> Result {
         .bind(order.total_cents)
         .execute(&mut *tx)
         .await?;
-    let event_id = order.enqueue(&mut *tx).await?;
+    let event_id = order.enqueue(&mut *tx).await?.into_event_id();
     tx.commit().await?;
     println!("\nenqueued OrderPlaced {event_id} with its order");
 

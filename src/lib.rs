@@ -88,10 +88,10 @@ pub use outbox_derive::Outbox;
 pub use outbox_runtime::Outbox;
 pub use outbox_runtime::relay::{Relay, Sink, SinkError};
 pub use outbox_runtime::{
-    AppliedMigration, Claim, Column, EventId, EventIdField, Generation, MigrationReport,
-    MigrationStep, OutboxError, Retried, Statements, Stats, TableMigrations, TableSpec, claim,
-    claim_batch, enqueue, enqueue_all, migrate, migrate_with_app, prune_sent, refinery, relay,
-    requeue_all_dead, requeue_dead, stats, verify,
+    AppliedMigration, Claim, Column, Enqueued, EventId, EventIdField, Generation, MAX_INTERVAL,
+    MigrationReport, MigrationStep, OutboxError, Retried, Statements, Stats, TableMigrations,
+    TableSpec, claim, claim_batch, enqueue, enqueue_all, migrate, migrate_with_app, prune_sent,
+    refinery, relay, requeue_all_dead, requeue_dead, stats, verify,
 };
 
 #[cfg(feature = "testing")]

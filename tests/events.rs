@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{EmailChanged, Line, OrderPlaced};
 use outbox::testing::TestSchema;
-use outbox::{Outbox, OutboxError, Retried};
+use outbox::{Enqueued, Outbox, OutboxError, Retried};
 use shapes::{Address, Budgeted, EveryType, Tick};
 use sqlx::PgPool;
 
@@ -114,7 +114,7 @@ async fn an_event_enqueued_in_a_business_transaction_is_claimed_and_completed() 
     let event = order();
 
     let mut tx = pool.begin().await?;
-    let id = event.enqueue(&mut *tx).await?;
+    let id = event.enqueue(&mut *tx).await?.into_event_id();
     tx.commit().await?;
     assert_eq!(
         id.as_str(),
@@ -127,14 +127,14 @@ async fn an_event_enqueued_in_a_business_transaction_is_claimed_and_completed() 
         .expect("the committed event is due");
     assert_eq!(claim.event(), &event);
     assert_eq!(claim.event_id(), &id);
-    assert_eq!((claim.generation().get(), claim.attempt()), (1, 1));
+    assert_eq!(claim.attempt(), 1);
     assert!(claim.lease_until() > std::time::SystemTime::now());
-    let row = claim.id();
+    let (row, generation) = (claim.id(), claim.generation().get());
     claim.complete(pool).await?;
 
     assert_eq!(
         status_of::<OrderPlaced>(pool, row).await,
-        ("SENT".into(), 1, None)
+        ("SENT".into(), generation, None)
     );
     assert!(
         OrderPlaced::claim(pool).await?.is_none(),
@@ -198,26 +198,155 @@ async fn many_events_are_enqueued_in_one_statement() -> TestResult {
     let ids = EveryType::enqueue_all(&events, &mut *tx).await?;
     tx.commit().await?;
     assert_eq!(
-        ids.iter().map(outbox::EventId::as_str).collect::<Vec<_>>(),
+        ids.iter()
+            .map(|e| e.event_id().as_str())
+            .collect::<Vec<_>>(),
         ["1", "2", "3"]
     );
+    assert!(ids.iter().all(Enqueued::is_new));
     let claims = EveryType::claim_batch(db.pool(), 10).await?;
     let got: Vec<&EveryType> = claims.iter().map(outbox::Claim::event).collect();
     assert_eq!(got, events.iter().collect::<Vec<_>>());
     for claim in claims {
         claim.complete(db.pool()).await?;
     }
+    db.drop_schema().await?;
+    Ok(())
+}
 
-    let err = EveryType::enqueue_all(&[every_type(4), every_type(2)], db.pool())
+/// Which of `ids` the table holds, and how many rows each has.
+async fn rows_per_event_id<T: Outbox>(pool: &PgPool) -> Vec<(String, i64)> {
+    let sql = format!(
+        "SELECT event_id, count(*) FROM {} GROUP BY event_id ORDER BY event_id",
+        T::SPEC.table
+    );
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .fetch_all(pool)
         .await
-        .unwrap_err();
+        .unwrap()
+}
+
+async fn orders(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn insert_order(tx: &mut sqlx::PgConnection, event: &OrderPlaced) -> TestResult {
+    sqlx::query("INSERT INTO orders (id, customer, total_cents) VALUES ($1, $2, $3)")
+        .bind(event.order_id)
+        .bind(&event.customer)
+        .bind(event.total_cents)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_duplicate_event_id_never_discards_the_business_write() -> TestResult {
+    let db = TestSchema::new().await?;
+    let app = outbox::refinery::Runner::new(&common::app_migrations());
+    outbox::migrate_with_app(db.pool(), &app, &[OrderPlaced::migrations()]).await?;
+    let event = order();
+    assert!(event.enqueue(db.pool()).await?.is_new());
+
+    // A retried request: the order row is new, its event is already queued.
+    let retried = OrderPlaced {
+        order_id: event.order_id,
+        note: Some("second try".into()),
+        ..order()
+    };
+    let mut tx = db.pool().begin().await?;
+    insert_order(&mut tx, &retried).await?;
+    let enqueued = retried.enqueue(&mut *tx).await?;
+    assert_eq!(enqueued, Enqueued::Duplicate(event.order_id.into()));
+    // The transaction is intact: more business work succeeds, and so does the commit.
+    sqlx::query("SELECT 1").execute(&mut *tx).await?;
+    tx.commit().await?;
+
+    assert_eq!(orders(db.pool()).await, 1, "the business row committed");
+    assert_eq!(
+        rows_per_event_id::<OrderPlaced>(db.pool()).await,
+        [(event.order_id.to_string(), 1)],
+        "exactly one event row"
+    );
+    let claim = OrderPlaced::claim(db.pool()).await?.expect("due");
+    assert_eq!(claim.event(), &event, "the event first queued is kept");
+    claim.complete(db.pool()).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_batch_with_duplicates_writes_each_new_event_once_and_says_which_were_not() -> TestResult
+{
+    let db = schema_with(&[EveryType::migrations()]).await?;
+    EveryType::enqueue_all(&[every_type(2)], db.pool()).await?;
+
+    let mut tx = db.pool().begin().await?;
+    let batch = [every_type(4), every_type(2), every_type(5), every_type(4)];
+    let enqueued = EveryType::enqueue_all(&batch, &mut *tx).await?;
+    tx.commit().await?;
+    assert_eq!(
+        enqueued,
+        [
+            Enqueued::New("4".into()),
+            Enqueued::Duplicate("2".into()),
+            Enqueued::New("5".into()),
+            Enqueued::Duplicate("4".into()),
+        ]
+    );
+    assert_eq!(
+        rows_per_event_id::<EveryType>(db.pool()).await,
+        [("2".into(), 1), ("4".into(), 1), ("5".into(), 1)]
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_event_id_that_cannot_be_stored_is_refused_before_anything_is_written() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let named = |name: &str| Budgeted { name: name.into() };
+    let long = "x".repeat(20_000);
+    let cases = [
+        ("", "an event id cannot be empty"),
+        ("  \t", "an event id cannot be blank"),
+        (
+            long.as_str(),
+            "an event id is at most 1024 bytes, this one has 20000",
+        ),
+        ("a\0b", "an event id cannot contain a NUL character"),
+    ];
+    let mut tx = db.pool().begin().await?;
+    for (id, expected) in cases {
+        let err = named(id).enqueue(&mut *tx).await.unwrap_err();
+        assert!(
+            matches!(&err, OutboxError::InvalidEventId { table: "budget_events", reason, .. } if reason == expected),
+            "{id:?}: {err}"
+        );
+        let err = Budgeted::enqueue_all(&[named("fine"), named(id)], &mut *tx)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, OutboxError::InvalidEventId { .. }), "{err}");
+    }
+    let err = named(&long).enqueue(&mut *tx).await.unwrap_err();
     assert!(
-        matches!(&err, OutboxError::DuplicateEvent { event_id, .. } if event_id == "2"),
+        err.to_string().contains(&format!("{}...", "x".repeat(64))),
         "{err}"
     );
     assert!(
-        EveryType::claim(db.pool()).await?.is_none(),
-        "a refused batch inserts nothing"
+        !err.to_string().contains(&"x".repeat(65)),
+        "shortened: {err}"
+    );
+    // The longest id is stored, and the transaction was never aborted.
+    let longest = "y".repeat(outbox::EventId::MAX_LEN);
+    assert!(named(&longest).enqueue(&mut *tx).await?.is_new());
+    tx.commit().await?;
+    assert_eq!(
+        rows_per_event_id::<Budgeted>(db.pool()).await,
+        [(longest, 1)]
     );
     db.drop_schema().await?;
     Ok(())
@@ -231,30 +360,16 @@ async fn an_event_without_an_id_field_gets_a_uuid_v7() -> TestResult {
         email: "ada@example.com".into(),
         referrer: None,
     };
-    let id = event.enqueue(db.pool()).await?;
+    let id = event.enqueue(db.pool()).await?.into_event_id();
     assert_eq!(uuid::Uuid::parse_str(id.as_str())?.get_version_num(), 7);
     let claim = EmailChanged::claim(db.pool()).await?.expect("due");
     assert_eq!((claim.event_id(), claim.event()), (&id, &event));
     claim.complete(db.pool()).await?;
 
-    let tick = Tick {}.enqueue(db.pool()).await?;
+    let tick = Tick {}.enqueue(db.pool()).await?.into_event_id();
     let claim = Tick::claim(db.pool()).await?.expect("due");
     assert_eq!(claim.event_id(), &tick);
     claim.complete(db.pool()).await?;
-    db.drop_schema().await?;
-    Ok(())
-}
-
-#[tokio::test]
-async fn enqueueing_the_same_event_id_twice_is_refused() -> TestResult {
-    let db = schema_with(&[OrderPlaced::migrations()]).await?;
-    let event = order();
-    event.enqueue(db.pool()).await?;
-    let err = event.enqueue(db.pool()).await.unwrap_err();
-    assert!(
-        matches!(&err, OutboxError::DuplicateEvent { table: "order_events", event_id } if *event_id == event.order_id.to_string()),
-        "{err}"
-    );
     db.drop_schema().await?;
     Ok(())
 }
@@ -363,7 +478,7 @@ async fn retry_delays_the_event_and_the_next_claim_bumps_the_generation() -> Tes
     Budgeted { name: "e".into() }.enqueue(pool).await?;
 
     let claim = Budgeted::claim(pool).await?.expect("due");
-    let row = claim.id();
+    let (row, first) = (claim.id(), claim.generation().get());
     assert_eq!(
         claim
             .retry_because(pool, Duration::from_hours(1), "broker unavailable")
@@ -376,7 +491,7 @@ async fn retry_delays_the_event_and_the_next_claim_bumps_the_generation() -> Tes
     );
     assert_eq!(
         status_of::<Budgeted>(pool, row).await,
-        ("READY".into(), 1, Some("broker unavailable".into()))
+        ("READY".into(), first, Some("broker unavailable".into()))
     );
 
     sqlx::query("UPDATE budget_events SET next_attempt_at = now() WHERE id = $1")
@@ -384,7 +499,7 @@ async fn retry_delays_the_event_and_the_next_claim_bumps_the_generation() -> Tes
         .execute(pool)
         .await?;
     let claim = Budgeted::claim(pool).await?.expect("due again");
-    assert_eq!((claim.generation().get(), claim.attempt()), (2, 2));
+    assert_eq!((claim.generation().get(), claim.attempt()), (first + 1, 2));
     // `None` uses the type's retry_delay of one second.
     assert_eq!(claim.retry(pool, None).await?, Retried::Scheduled);
     let due: (f64,) = sqlx::query_as("SELECT extract(epoch FROM next_attempt_at - now())::float8 FROM budget_events WHERE id = $1")
@@ -416,14 +531,16 @@ async fn the_attempt_budget_counts_abandoned_claims_and_ends_in_dead() -> TestRe
     .await?;
 
     // "abandoned": three claims whose publishers die (their leases expire).
-    let mut row = 0;
-    for generation in 1..=3 {
+    let (mut row, mut first) = (0, None);
+    for attempt in 1..=3 {
         let claims = Budgeted::claim_batch(pool, 10).await?;
         let abandoned = claims
             .iter()
             .find(|c| c.event().name == "abandoned")
             .expect("claimable");
-        assert_eq!(abandoned.generation().get(), generation);
+        let first = *first.get_or_insert(abandoned.generation().get());
+        assert_eq!(abandoned.generation().get(), first + attempt - 1);
+        assert_eq!(abandoned.attempt(), u32::try_from(attempt)?);
         row = abandoned.id();
         for claim in claims {
             if claim.event().name == "failing" {
@@ -431,7 +548,7 @@ async fn the_attempt_budget_counts_abandoned_claims_and_ends_in_dead() -> TestRe
                 let outcome = claim.retry(pool, Duration::ZERO).await?;
                 assert_eq!(
                     outcome,
-                    if generation == 3 {
+                    if attempt == 3 {
                         Retried::Dead
                     } else {
                         Retried::Scheduled
@@ -446,7 +563,7 @@ async fn the_attempt_budget_counts_abandoned_claims_and_ends_in_dead() -> TestRe
         "a spent budget is never claimed again"
     );
     let (status, generation, last_error) = status_of::<Budgeted>(pool, row).await;
-    assert_eq!((status.as_str(), generation), ("DEAD", 3));
+    assert_eq!((status.as_str(), generation), ("DEAD", first.unwrap() + 2));
     assert!(
         last_error
             .unwrap()
@@ -478,6 +595,7 @@ async fn renew_extends_a_live_lease_and_is_rejected_once_it_expired() -> TestRes
     .enqueue(pool)
     .await?;
     let mut claim = Budgeted::claim(pool).await?.expect("due");
+    let held = claim.generation();
     sqlx::query("UPDATE budget_events SET lease_until = now() + interval '1 second'")
         .execute(pool)
         .await?;
@@ -493,7 +611,7 @@ async fn renew_extends_a_live_lease_and_is_rejected_once_it_expired() -> TestRes
     expire::<Budgeted>(pool, claim.id()).await;
     let err = claim.renew(pool).await.unwrap_err();
     assert!(
-        matches!(err, OutboxError::Stale { table: "budget_events", generation, .. } if generation.get() == 1),
+        matches!(err, OutboxError::Stale { table: "budget_events", generation, .. } if generation == held),
         "{err}"
     );
     db.drop_schema().await?;
@@ -505,7 +623,7 @@ async fn fail_moves_the_event_to_dead_with_the_reason() -> TestResult {
     let db = schema_with(&[OrderPlaced::migrations()]).await?;
     order().enqueue(db.pool()).await?;
     let claim = OrderPlaced::claim(db.pool()).await?.expect("due");
-    let row = claim.id();
+    let (row, generation) = (claim.id(), claim.generation().get());
     claim
         .fail(db.pool(), "rejected by the broker: message too large")
         .await?;
@@ -513,7 +631,7 @@ async fn fail_moves_the_event_to_dead_with_the_reason() -> TestResult {
         status_of::<OrderPlaced>(db.pool(), row).await,
         (
             "DEAD".into(),
-            1,
+            generation,
             Some("rejected by the broker: message too large".into())
         )
     );
@@ -597,4 +715,58 @@ async fn a_bad_database_url_is_a_typed_error() {
         ),
         "{err}"
     );
+}
+
+#[tokio::test]
+async fn a_claim_never_records_an_outcome_on_another_tables_row() -> TestResult {
+    // Two tenants, one schema each: row ids start at 1 in both.
+    let tenant_a = schema_with(&[Budgeted::migrations()]).await?;
+    let tenant_b = schema_with(&[Budgeted::migrations()]).await?;
+    Budgeted { name: "a".into() }
+        .enqueue(tenant_a.pool())
+        .await?;
+    Budgeted { name: "b".into() }
+        .enqueue(tenant_b.pool())
+        .await?;
+    let claim_a = Budgeted::claim(tenant_a.pool()).await?.expect("due in A");
+    let claim_b = Budgeted::claim(tenant_b.pool()).await?.expect("due in B");
+    assert_eq!(claim_a.id(), claim_b.id(), "the same row id in both tables");
+
+    // A's claim, recorded through B's pool by mistake: B's row is not A's row.
+    let row = claim_a.id();
+    let err = claim_a.complete(tenant_b.pool()).await.unwrap_err();
+    assert!(err.is_stale(), "{err}");
+    assert_eq!(
+        status_of::<Budgeted>(tenant_b.pool(), row).await.0,
+        "INPROGRESS"
+    );
+    // B's real owner still records its outcome.
+    assert_eq!(
+        claim_b.retry(tenant_b.pool(), Duration::ZERO).await?,
+        Retried::Scheduled
+    );
+
+    // The same within one table emptied while a claim was out, its ids restarted.
+    sqlx::query("TRUNCATE budget_events RESTART IDENTITY")
+        .execute(tenant_a.pool())
+        .await?;
+    Budgeted { name: "a2".into() }
+        .enqueue(tenant_a.pool())
+        .await?;
+    let before = Budgeted::claim(tenant_a.pool()).await?.expect("due");
+    sqlx::query("TRUNCATE budget_events RESTART IDENTITY")
+        .execute(tenant_a.pool())
+        .await?;
+    Budgeted { name: "a3".into() }
+        .enqueue(tenant_a.pool())
+        .await?;
+    let after = Budgeted::claim(tenant_a.pool()).await?.expect("due");
+    assert_eq!(before.id(), after.id(), "the id was reused");
+    let err = before.complete(tenant_a.pool()).await.unwrap_err();
+    assert!(err.is_stale(), "a claim from before the truncate: {err}");
+    after.complete(tenant_a.pool()).await?;
+
+    tenant_a.drop_schema().await?;
+    tenant_b.drop_schema().await?;
+    Ok(())
 }

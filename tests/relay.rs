@@ -47,7 +47,12 @@ async fn enqueue<T: Outbox>(pool: &PgPool, events: &[T]) -> Vec<EventId> {
     let mut tx = pool.begin().await.unwrap();
     let mut ids = Vec::with_capacity(events.len());
     for event in events {
-        ids.push(outbox::enqueue(event, &mut *tx).await.unwrap());
+        ids.push(
+            outbox::enqueue(event, &mut *tx)
+                .await
+                .unwrap()
+                .into_event_id(),
+        );
     }
     tx.commit().await.unwrap();
     ids
@@ -433,7 +438,7 @@ async fn lease_renewal_keeps_a_slow_send_owned() -> TestResult {
         fast(Relay::<PaymentCaptured, _>::new(pool.clone(), sink.clone()))
             .send_timeout(Duration::from_secs(30)),
     );
-    let id = payment(100).enqueue(pool).await?;
+    let id = payment(100).enqueue(pool).await?.into_event_id();
     wait_until("the send started", Duration::from_secs(5), async || {
         !sink.calls().is_empty()
     })
@@ -592,7 +597,7 @@ async fn a_batch_whose_every_renewal_is_rejected_is_abandoned_and_the_relay_goes
 {
     let db = schema_with(&[PaymentCaptured::migrations()]).await?;
     let pool = db.pool();
-    let lost = payment(1).enqueue(pool).await?;
+    let lost = payment(1).enqueue(pool).await?.into_event_id();
     let sink = until_lost(vec![lost.to_string()]);
     let relay = start(
         fast(Relay::<PaymentCaptured, _>::new(pool.clone(), sink.clone()))
@@ -612,7 +617,7 @@ async fn a_batch_whose_every_renewal_is_rejected_is_abandoned_and_the_relay_goes
     )
     .await;
 
-    let next = payment(2).enqueue(pool).await?;
+    let next = payment(2).enqueue(pool).await?.into_event_id();
     wait_until(
         "the next event is SENT",
         Duration::from_secs(5),
@@ -653,7 +658,7 @@ async fn transient_failures_back_off_with_growing_delays_until_the_budget_is_spe
         fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone()))
             .retry_backoff(Backoff::new(base, cap)),
     );
-    let id = budgeted("flaky").enqueue(pool).await?;
+    let id = budgeted("flaky").enqueue(pool).await?.into_event_id();
     wait_until("the event is DEAD", Duration::from_secs(10), async || {
         status::<Budgeted>(pool, &id).await == "DEAD"
     })
@@ -718,7 +723,7 @@ async fn retry_delays_stop_growing_at_the_backoff_cap() -> TestResult {
         note: None,
         lines: vec![],
     };
-    let id = event.enqueue(pool).await?;
+    let id = event.enqueue(pool).await?.into_event_id();
     wait_until("the event is DEAD", Duration::from_secs(15), async || {
         status::<OrderPlaced>(pool, &id).await == "DEAD"
     })

@@ -184,19 +184,19 @@ fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
     let (ident, table) = (&model.ident, &model.table);
     quote! {
         impl #ident {
-            #[doc = concat!("Writes this event into `", #table, "` through `executor`: pass the business transaction (`&mut *tx`) so both commit together.")]
+            #[doc = concat!("Writes this event into `", #table, "` through `executor`: pass the business transaction (`&mut *tx`) so both commit together. An event whose id is already there is not written again (`Enqueued::Duplicate`), and the transaction stays usable.")]
             pub async fn enqueue<'e>(
                 &self,
                 executor: impl #p::PgExecutor<'e>,
-            ) -> ::core::result::Result<#p::EventId, #p::OutboxError> {
+            ) -> ::core::result::Result<#p::Enqueued, #p::OutboxError> {
                 #p::enqueue(self, executor).await
             }
 
-            #[doc = concat!("Writes `events` into `", #table, "` in one statement (pass the business transaction), returning their ids in order.")]
+            #[doc = concat!("Writes `events` into `", #table, "` in one statement (pass the business transaction), returning what happened to each, in order: an id already there (or earlier in `events`) is `Enqueued::Duplicate` and not written again.")]
             pub async fn enqueue_all<'e>(
                 events: &[Self],
                 executor: impl #p::PgExecutor<'e>,
-            ) -> ::core::result::Result<::std::vec::Vec<#p::EventId>, #p::OutboxError> {
+            ) -> ::core::result::Result<::std::vec::Vec<#p::Enqueued>, #p::OutboxError> {
                 #p::enqueue_all(events, executor).await
             }
 

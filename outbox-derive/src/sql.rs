@@ -238,42 +238,51 @@ impl Batch {
 }
 
 /// The single and the bulk insert; both notify the relay on commit.
+///
+/// Both are idempotent on the event id: `ON CONFLICT (event_id) DO NOTHING` skips an
+/// event already in the table (or earlier in the same bulk insert) instead of raising a
+/// unique violation, which would abort the caller's business transaction. They return
+/// what they wrote: the single insert its row id (none for a duplicate), the bulk insert
+/// the event id of every row written.
 fn enqueue(model: &Model, t: &str, payload: &[String]) -> (String, String) {
+    let columns = std::iter::once("event_id".to_owned())
+        .chain(payload.iter().cloned())
+        .collect::<Vec<_>>()
+        .join(", ");
+    // The notification is sent when the enqueuing transaction commits, waking an idle
+    // relay at once; identical notifications of one transaction are merged, and none is
+    // sent when nothing was written.
+    let notify = format!(
+        "(SELECT pg_notify('{}', '') FROM enqueued LIMIT 1) AS notified",
+        model.table
+    );
     let enqueue = {
-        let columns = std::iter::once("event_id".to_owned())
-            .chain(payload.iter().cloned())
-            .collect::<Vec<_>>();
-        let params = (1..=columns.len())
+        let params = (1..=payload.len() + 1)
             .map(|i| format!("${i}"))
             .collect::<Vec<_>>();
-        // The notification is sent when the enqueuing transaction commits, waking an
-        // idle relay at once; identical notifications of one transaction are merged.
         format!(
-            "WITH enqueued AS (INSERT INTO {t} ({}) VALUES ({}) RETURNING id)\n\
-             SELECT pg_notify('{}', '') FROM enqueued",
-            columns.join(", "),
+            "WITH enqueued AS (\n\
+             \x20   INSERT INTO {t} ({columns}) VALUES ({})\n\
+             \x20   ON CONFLICT (event_id) DO NOTHING RETURNING id)\n\
+             SELECT id FROM enqueued, {notify}",
             params.join(", "),
-            model.table
         )
     };
 
     // Many events in one statement: one array parameter per column, so the text
     // stays the same whatever the number of events.
     let enqueue_all = {
-        let columns = std::iter::once("event_id".to_owned())
-            .chain(payload.iter().cloned())
-            .collect::<Vec<_>>();
         let arrays = std::iter::once("text")
             .chain(model.fields.iter().map(|f| f.sql_type.ddl))
             .enumerate()
             .map(|(i, ty)| format!("${}::{ty}[]", i + 1))
             .collect::<Vec<_>>();
         format!(
-            "WITH enqueued AS (INSERT INTO {t} ({}) SELECT * FROM unnest({}) RETURNING id)\n\
-             SELECT pg_notify('{}', '') FROM enqueued LIMIT 1",
-            columns.join(", "),
+            "WITH enqueued AS (\n\
+             \x20   INSERT INTO {t} ({columns}) SELECT * FROM unnest({})\n\
+             \x20   ON CONFLICT (event_id) DO NOTHING RETURNING event_id)\n\
+             SELECT event_id FROM enqueued, {notify}",
             arrays.join(", "),
-            model.table
         )
     };
     (enqueue, enqueue_all)
@@ -324,7 +333,13 @@ fn claim_candidates(t: &str, max: i32, lease: &str, returning: &str) -> String {
     )
 }
 
-/// The table. `event_id` is compared in byte order (`COLLATE "C"`): ids are only ever
+/// The table. `generation` starts at a random value below 2^62 (and counts up by one
+/// per claim): a claim token is a row id and a generation, and ids start at 1 in every
+/// table, schema and database, and again after `TRUNCATE .. RESTART IDENTITY`. From a
+/// random start, a claim taken on one table cannot match a row of another (or of the
+/// same table rebuilt), so it can never record an outcome there.
+///
+/// `event_id` is compared in byte order (`COLLATE "C"`): ids are only ever
 /// matched, never sorted for people, and its unique index takes a new entry, checked
 /// against its neighbours, on every claim and outcome (no update is HOT), where a
 /// locale-aware comparison costs far more than a `memcmp`.
@@ -337,7 +352,7 @@ fn create_table(model: &Model) -> String {
          \x20   event_id text COLLATE \"C\" NOT NULL UNIQUE,\n\
          \x20   status text NOT NULL DEFAULT 'READY'\n\
          \x20       CHECK (status IN ('READY', 'INPROGRESS', 'SENT', 'DEAD')),\n\
-         \x20   generation bigint NOT NULL DEFAULT 0,\n\
+         \x20   generation bigint NOT NULL DEFAULT (random() * (2 ^ 62))::bigint,\n\
          \x20   attempts integer NOT NULL DEFAULT 0,\n\
          \x20   lease_until timestamptz,\n\
          \x20   next_attempt_at timestamptz NOT NULL DEFAULT statement_timestamp(),\n\

@@ -8,7 +8,9 @@ use sqlx::{Acquire, PgConnection, PgExecutor, Postgres, Row};
 
 use crate::error::OutboxError;
 use crate::id::{EventId, Generation};
-use crate::spec::{Outbox, interval};
+use crate::interval;
+use crate::relay::metric;
+use crate::spec::Outbox;
 
 /// Ownership of one outbox row for the duration of a lease.
 ///
@@ -127,7 +129,11 @@ impl<T: Outbox> Claim<T> {
         let status: Option<String> = sqlx::query_scalar(spec.sql.retry)
             .bind(self.id)
             .bind(self.generation.get())
-            .bind(interval(delay.unwrap_or(spec.retry_delay)))
+            .bind(interval::checked(
+                spec.table,
+                "retry delay",
+                delay.unwrap_or(spec.retry_delay),
+            )?)
             .bind(reason)
             .fetch_optional(executor)
             .await
@@ -261,6 +267,7 @@ pub(crate) async fn dead_letter<T: Outbox>(
         table = spec.table, id = bad.id, event_id = %bad.event_id, error = %bad.source,
         "claimed an event that cannot be decoded; moving it to DEAD"
     );
+    metrics::counter!(metric::DEAD, "table" => spec.table).increment(1);
     sqlx::query(spec.sql.fail)
         .bind(bad.id)
         .bind(bad.generation)
@@ -285,6 +292,7 @@ pub(crate) fn decode_claim<T: Outbox>(row: &PgRow) -> Result<Claimed<T>, sqlx::E
     let Some(lease_until) = row.try_get::<Option<DateTime<Utc>>, _>(4)? else {
         tracing::warn!(table = T::SPEC.table, id, %event_id,
             "an expired claim used the whole attempt budget; moved to DEAD");
+        metrics::counter!(metric::DEAD, "table" => T::SPEC.table).increment(1);
         return Ok(Claimed::Exhausted);
     };
     let reclaimed: bool = row.try_get(5)?;
@@ -334,39 +342,117 @@ pub async fn claim_batch<'a, T: Outbox>(
     Ok(claim_rows::<T>(conn, limit).await?.0)
 }
 
+/// What [`enqueue`] did with one event.
+///
+/// Enqueueing is idempotent on the event id: an event whose id is already in the table
+/// is not written again, and the caller's transaction is left intact, so committing it
+/// commits the business rows with exactly one event row.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Enqueued {
+    /// Written; it commits or rolls back with the caller's transaction.
+    New(EventId),
+    /// An event with this id was already in the table (or earlier in the same
+    /// `enqueue_all`): nothing was written. The stored event is kept as it is; the new
+    /// payload is not compared with it.
+    Duplicate(EventId),
+}
+
+impl Enqueued {
+    /// The event's id, whether it was written now or before.
+    pub fn event_id(&self) -> &EventId {
+        match self {
+            Self::New(id) | Self::Duplicate(id) => id,
+        }
+    }
+
+    /// Whether this call wrote the event.
+    pub fn is_new(&self) -> bool {
+        matches!(self, Self::New(_))
+    }
+
+    /// Whether the event was already queued.
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Self::Duplicate(_))
+    }
+
+    /// The event's id.
+    pub fn into_event_id(self) -> EventId {
+        match self {
+            Self::New(id) | Self::Duplicate(id) => id,
+        }
+    }
+}
+
+/// The id `event` is stored under, checked before anything is written.
+fn event_id_of<T: Outbox>(event: &T) -> Result<EventId, OutboxError> {
+    let id = event.event_id().unwrap_or_else(EventId::new_v7);
+    match id.defect() {
+        None => Ok(id),
+        Some(reason) => Err(OutboxError::InvalidEventId {
+            table: T::SPEC.table,
+            event_id: id.shortened(),
+            reason,
+        }),
+    }
+}
+
 /// Writes `event` into its outbox table through `executor`: pass the business
 /// transaction (`&mut *tx`) so the event commits or rolls back with the business rows.
+///
+/// An event whose id is already in the table is not written again
+/// ([`Enqueued::Duplicate`]), and the transaction stays usable: a duplicate never
+/// aborts the caller's business write.
 pub async fn enqueue<'e, T: Outbox>(
     event: &T,
     executor: impl PgExecutor<'e>,
-) -> Result<EventId, OutboxError> {
+) -> Result<Enqueued, OutboxError> {
     let spec = T::SPEC;
-    let event_id = event.event_id().unwrap_or_else(EventId::new_v7);
+    let event_id = event_id_of(event)?;
     let query = sqlx::query(spec.sql.enqueue).bind(event_id.as_str());
-    event
+    let written = event
         .bind(query)
-        .execute(executor)
+        .fetch_optional(executor)
         .await
         .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
-    Ok(event_id)
+    Ok(match written {
+        Some(_) => Enqueued::New(event_id),
+        None => Enqueued::Duplicate(event_id),
+    })
 }
 
 /// Writes all `events` into their outbox table in one statement (one array parameter
-/// per column), through `executor`. Returns their ids, in order.
+/// per column), through `executor`. Returns what happened to each, in order: an event
+/// whose id was already in the table, or earlier in `events`, is a
+/// [`Enqueued::Duplicate`] and is not written again.
+///
+/// Every id is checked before anything is written: one invalid id fails the whole call.
 pub async fn enqueue_all<'e, T: Outbox>(
     events: &[T],
     executor: impl PgExecutor<'e>,
-) -> Result<Vec<EventId>, OutboxError> {
+) -> Result<Vec<Enqueued>, OutboxError> {
     let spec = T::SPEC;
-    let ids: Vec<EventId> = events
+    let ids = events
         .iter()
-        .map(|e| e.event_id().unwrap_or_else(EventId::new_v7))
-        .collect();
+        .map(event_id_of)
+        .collect::<Result<Vec<_>, _>>()?;
     let texts: Vec<&str> = ids.iter().map(EventId::as_str).collect();
     let query = sqlx::query(spec.sql.enqueue_all).bind(texts);
-    T::bind_all(events, query)
-        .execute(executor)
+    let written: Vec<String> = T::bind_all(events, query)
+        .try_map(|row: PgRow| row.try_get(0))
+        .fetch_all(executor)
         .await
         .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
-    Ok(ids)
+    // Rows are inserted in the order given, so the first of repeated ids is the one
+    // written; each written id answers for one event.
+    let mut written: std::collections::HashSet<String> = written.into_iter().collect();
+    Ok(ids
+        .into_iter()
+        .map(|id| {
+            if written.remove(id.as_str()) {
+                Enqueued::New(id)
+            } else {
+                Enqueued::Duplicate(id)
+            }
+        })
+        .collect())
 }

@@ -1,8 +1,28 @@
-//! Every failure a caller can cause, as one enum with context.
+//! Every failure a caller can cause, as one enum with context, and which of them are
+//! worth retrying.
+
+use std::time::Duration;
 
 use crate::id::Generation;
 
 /// The error type of every fallible operation in this crate.
+///
+/// # Transient or fatal
+///
+/// [`is_transient`](Self::is_transient) says whether the same call can succeed later
+/// without anyone changing anything. The relay retries transient errors with backoff
+/// and stops at the first fatal one, so a misconfigured publisher fails at once
+/// instead of logging forever:
+///
+/// | transient: a restart, failover, network blip or overload explains it | fatal: a person must change something |
+/// |---|---|
+/// | connection refused, reset or lost; pool timed out | authentication failed, unknown role or database ([`Connect`](Self::Connect)) |
+/// | SQLSTATE class `08` (connection), `40` (serialization failure, deadlock), `53` (too many connections, out of memory or disk), `57` (server shut down, query cancelled; not `57P04` database dropped), `58` (I/O error) | [`PermissionDenied`](Self::PermissionDenied), [`MissingTable`](Self::MissingTable), [`Drift`](Self::Drift) (an undefined or retyped column) |
+/// | `55P03` lock not available, `25006` read-only transaction (a failover in progress) | every other SQLSTATE: a constraint, a trigger raising, a syntax or data error would fail the same way again |
+/// | | TLS, configuration, a closed pool; encoding errors; migration errors |
+///
+/// [`Stale`](Self::Stale) is neither: it is the answer, not a failure (the claim is no
+/// longer yours; never retry the outcome).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OutboxError {
@@ -57,24 +77,50 @@ pub enum OutboxError {
         details: String,
     },
 
-    /// A migration failed, or an applied migration was edited since it ran.
+    /// The database role lacks a privilege the statement needs (SQLSTATE `42501`).
+    /// `outbox::migrate` needs `CREATE` on the schema; enqueueing needs `INSERT`; the
+    /// relay needs `SELECT` and `UPDATE` on the table.
+    #[error("permission denied on `{table}`: {source}; grant the role what it needs")]
+    PermissionDenied {
+        /// The outbox table.
+        table: &'static str,
+        /// What PostgreSQL reported.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// No connection could be opened: the server refused or did not answer, or it
+    /// refused the credentials or the database name.
+    #[error("cannot connect to PostgreSQL at {endpoint} (for `{target}`): {source}")]
+    Connect {
+        /// The outbox table or operation that needed the connection.
+        target: String,
+        /// Where: `host:port/database as user` (no password).
+        endpoint: String,
+        /// What the connection attempt reported.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// A migration failed.
     #[error("migrating `{target}` failed: {source}")]
     Migration {
         /// The outbox table (or `application` for the application's own migrations).
         target: String,
-        /// What refinery reported (a checksum divergence names both versions).
+        /// What refinery reported.
         #[source]
         source: refinery_core::Error,
     },
 
-    /// A migration that already ran was edited since: its name or SQL no longer matches
-    /// the checksum recorded in the history table. Nothing was applied; restore the
-    /// migration as it ran and put the change in a new version.
+    /// One of the application's own migrations that already ran was edited since: its
+    /// name or SQL no longer matches the checksum recorded in the history table.
+    /// Nothing was applied; restore the migration as it ran and put the change in a new
+    /// version.
     #[error(
         "migration {version} of `{target}` was edited after it was applied: the database ran `{applied}`, the code now has `{current}` with a different name or SQL; restore it and add a new migration instead"
     )]
     MigrationDiverged {
-        /// The outbox table (or `application` for the application's own migrations).
+        /// `application`.
         target: String,
         /// The version that diverged.
         version: i64,
@@ -87,14 +133,52 @@ pub enum OutboxError {
         source: refinery_core::Error,
     },
 
-    /// An event with this id is already in the table: the `event_id` column is unique,
-    /// so enqueueing the same logical event twice is refused rather than duplicated.
-    #[error("event {event_id} is already in `{table}`")]
-    DuplicateEvent {
+    /// The event type's fields changed in a way its table cannot follow: a field was
+    /// added without `since`, or removed, renamed, retyped or reordered, so the
+    /// migration that created (or extended) the table is no longer the one that ran.
+    /// Nothing was applied.
+    #[error(
+        "the event type stored in `{table}` changed since its table was created (migration {version} no longer matches what ran): {changes}. \
+         An outbox table only grows: add a field as an `Option<_>` with #[outbox(since = N)], N being the next version; \
+         never remove, rename, retype or reorder a field. To change an event's shape, declare a new event type with its own table, \
+         and drop the old table once its relay has drained it"
+    )]
+    EventTypeChanged {
         /// The outbox table.
         table: &'static str,
-        /// The id that was enqueued twice.
+        /// The migration version that no longer matches.
+        version: i64,
+        /// What differs between the table and the event type, as far as the columns tell.
+        changes: String,
+    },
+
+    /// An event id that cannot be stored: empty, blank, longer than
+    /// [`EventId::MAX_LEN`](crate::EventId::MAX_LEN) bytes, or containing a NUL
+    /// character. Nothing was written.
+    #[error("invalid event id for `{table}` ({event_id:?}): {reason}")]
+    InvalidEventId {
+        /// The outbox table.
+        table: &'static str,
+        /// The id, shortened to its first 64 characters when longer.
         event_id: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A delay or age outside what the outbox stores (at most
+    /// [`MAX_INTERVAL`](crate::MAX_INTERVAL), about 10,000 years). Nothing was written.
+    #[error(
+        "{what} of {value:?} on `{table}` is out of range: at most {max:?} (about 10,000 years)"
+    )]
+    IntervalOutOfRange {
+        /// The outbox table.
+        table: &'static str,
+        /// Which argument: `retry delay`, `prune age`, ...
+        what: &'static str,
+        /// The value given.
+        value: Duration,
+        /// The largest value accepted.
+        max: Duration,
     },
 
     /// An event could not be encoded for the database (e.g. a `#[outbox(json)]` field
@@ -108,7 +192,8 @@ pub enum OutboxError {
         source: sqlx::error::BoxDynError,
     },
 
-    /// Any other database error: connection lost, pool timed out, bad URL, ...
+    /// Any other database error: connection lost, pool timed out, a constraint, ...
+    /// See [`is_transient`](Self::is_transient).
     #[error("database error on `{table}`: {source}")]
     Database {
         /// The outbox table the statement ran against.
@@ -125,18 +210,15 @@ impl OutboxError {
         const UNDEFINED_TABLE: &str = "42P01";
         const UNDEFINED_COLUMN: &str = "42703";
         const DATATYPE_MISMATCH: &str = "42804";
-        const UNIQUE_VIOLATION: &str = "23505";
-        match sqlstate(&source).as_deref() {
+        const INSUFFICIENT_PRIVILEGE: &str = "42501";
+        let code = sqlstate(&source).map(std::borrow::Cow::into_owned);
+        match code.as_deref() {
             Some(UNDEFINED_TABLE) => Self::MissingTable { table, source },
-            // The only unique constraints of an outbox table are the id and event_id.
-            Some(UNIQUE_VIOLATION) => Self::DuplicateEvent {
-                table,
-                event_id: duplicate_key(&source).unwrap_or_default(),
-            },
             Some(UNDEFINED_COLUMN | DATATYPE_MISMATCH) => Self::Drift {
                 table,
                 details: source.to_string(),
             },
+            Some(INSUFFICIENT_PRIVILEGE) => Self::PermissionDenied { table, source },
             _ => match source {
                 sqlx::Error::Encode(source) => Self::Encode { table, source },
                 source => Self::Database { table, source },
@@ -148,23 +230,58 @@ impl OutboxError {
     pub fn is_stale(&self) -> bool {
         matches!(self, Self::Stale { .. })
     }
+
+    /// Whether the same call can succeed later with nothing changed: a lost or refused
+    /// connection, a server restarting or overloaded, a deadlock. Everything else needs
+    /// a person (see the table on [`OutboxError`]). `Stale` is not transient: retrying
+    /// a stale outcome can never succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Connect { source, .. } | Self::Database { source, .. } => is_transient(source),
+            _ => false,
+        }
+    }
 }
 
-/// The value PostgreSQL names in a unique violation's detail: `Key (event_id)=(x) already exists.`
-fn duplicate_key(error: &sqlx::Error) -> Option<String> {
-    let detail = error
-        .as_database_error()?
-        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?
-        .detail()?;
-    let start = detail.find(")=(")? + 3;
-    let end = detail.rfind(") already exists")?;
-    detail.get(start..end).map(str::to_owned)
+/// The transient half of the table on [`OutboxError`].
+pub(crate) fn is_transient(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            let class = code.get(..2).unwrap_or_default();
+            (matches!(class, "08" | "40" | "53" | "57" | "58") && code != "57P04")
+                || matches!(code.as_ref(), "55P03" | "25006")
+        }),
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::WorkerCrashed => true,
+        _ => false,
+    }
 }
 
 /// The SQLSTATE of a database error, if it is one.
-pub(crate) fn sqlstate(error: &sqlx::Error) -> Option<String> {
-    error
-        .as_database_error()
-        .and_then(sqlx::error::DatabaseError::code)
-        .map(std::borrow::Cow::into_owned)
+pub(crate) fn sqlstate(error: &sqlx::Error) -> Option<std::borrow::Cow<'_, str>> {
+    error.as_database_error()?.code()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lost_connections_are_transient_and_configuration_is_fatal() {
+        let io = |kind| sqlx::Error::Io(std::io::Error::from(kind));
+        assert!(is_transient(&io(std::io::ErrorKind::ConnectionRefused)));
+        assert!(is_transient(&io(std::io::ErrorKind::ConnectionReset)));
+        assert!(is_transient(&sqlx::Error::PoolTimedOut));
+        assert!(!is_transient(&sqlx::Error::PoolClosed));
+        assert!(!is_transient(&sqlx::Error::Configuration("bad url".into())));
+        assert!(!is_transient(&sqlx::Error::Tls("bad certificate".into())));
+        let stale = OutboxError::Stale {
+            table: "t",
+            id: 1,
+            generation: Generation::new(1),
+        };
+        assert!(!stale.is_transient());
+    }
 }

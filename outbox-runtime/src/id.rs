@@ -9,6 +9,11 @@ use std::fmt;
 pub struct EventId(String);
 
 impl EventId {
+    /// The longest event id the outbox stores, in bytes. The `event_id` column is
+    /// unique, and a btree index entry must fit in a third of a page (about 2.7 kB);
+    /// 1 kB leaves room and is far beyond any UUID, ULID or business key.
+    pub const MAX_LEN: usize = 1024;
+
     /// A fresh, time-ordered id (UUIDv7), used when the event type has no
     /// `#[outbox(event_id)]` field.
     pub fn new_v7() -> Self {
@@ -22,6 +27,38 @@ impl EventId {
 
     pub(crate) fn from_column(text: String) -> Self {
         Self(text)
+    }
+
+    /// Why this id cannot be stored, if it cannot: empty or blank (it would make every
+    /// such event a duplicate of the first), longer than [`MAX_LEN`](Self::MAX_LEN)
+    /// bytes, or containing NUL, which PostgreSQL's `text` cannot hold.
+    pub(crate) fn defect(&self) -> Option<String> {
+        let id = &self.0;
+        if id.trim().is_empty() {
+            Some(if id.is_empty() {
+                "an event id cannot be empty".to_owned()
+            } else {
+                "an event id cannot be blank".to_owned()
+            })
+        } else if id.len() > Self::MAX_LEN {
+            Some(format!(
+                "an event id is at most {} bytes, this one has {}",
+                Self::MAX_LEN,
+                id.len()
+            ))
+        } else if id.contains('\0') {
+            Some("an event id cannot contain a NUL character".to_owned())
+        } else {
+            None
+        }
+    }
+
+    /// The id as an error shows it: its first 64 characters.
+    pub(crate) fn shortened(&self) -> String {
+        match self.0.char_indices().nth(64) {
+            Some((end, _)) => format!("{}...", &self.0[..end]),
+            None => self.0.clone(),
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 mod claim;
 mod error;
 mod id;
+mod interval;
 mod migrate;
 mod ops;
 pub mod relay;
@@ -13,9 +14,10 @@ mod spec;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use claim::{Claim, Retried, claim, claim_batch, enqueue, enqueue_all};
+pub use claim::{Claim, Enqueued, Retried, claim, claim_batch, enqueue, enqueue_all};
 pub use error::OutboxError;
 pub use id::{EventId, EventIdField, Generation};
+pub use interval::MAX_INTERVAL;
 pub use migrate::{
     AppliedMigration, MigrationReport, TableMigrations, migrate, migrate_with_app, verify,
 };
@@ -30,8 +32,8 @@ pub use refinery_core as refinery;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::{
-        Claim, Column, EventId, EventIdField, MigrationStep, Outbox, OutboxError, PgQuery,
-        Statements, TableMigrations, TableSpec, claim, claim_batch, enqueue, enqueue_all,
+        Claim, Column, Enqueued, EventId, EventIdField, MigrationStep, Outbox, OutboxError,
+        PgQuery, Statements, TableMigrations, TableSpec, claim, claim_batch, enqueue, enqueue_all,
     };
     pub use core::time::Duration;
     pub use sqlx::postgres::PgRow;

@@ -7,7 +7,8 @@ use sqlx::PgExecutor;
 use sqlx::postgres::types::PgInterval;
 
 use crate::error::OutboxError;
-use crate::spec::{Outbox, interval};
+use crate::interval;
+use crate::spec::Outbox;
 
 /// A snapshot of one outbox table, for dashboards and alerts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -99,7 +100,7 @@ pub async fn prune_sent<'e, T: Outbox>(
 ) -> Result<u64, OutboxError> {
     let spec = T::SPEC;
     let done = sqlx::query(spec.sql.prune_sent)
-        .bind(interval(older_than))
+        .bind(interval::checked(spec.table, "prune age", older_than)?)
         .bind(i64::from(batch))
         .execute(executor)
         .await

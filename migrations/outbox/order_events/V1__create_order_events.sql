@@ -4,7 +4,7 @@ CREATE TABLE "order_events" (
     event_id text COLLATE "C" NOT NULL UNIQUE,
     status text NOT NULL DEFAULT 'READY'
         CHECK (status IN ('READY', 'INPROGRESS', 'SENT', 'DEAD')),
-    generation bigint NOT NULL DEFAULT 0,
+    generation bigint NOT NULL DEFAULT (random() * (2 ^ 62))::bigint,
     attempts integer NOT NULL DEFAULT 0,
     lease_until timestamptz,
     next_attempt_at timestamptz NOT NULL DEFAULT statement_timestamp(),

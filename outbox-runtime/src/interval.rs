@@ -1,0 +1,48 @@
+//! Durations bound as PostgreSQL intervals: retry delays, prune ages.
+
+use std::time::Duration;
+
+use crate::error::OutboxError;
+use crate::spec::interval;
+
+/// The longest delay or age the outbox accepts: 10,000 years (of 365.25 days). Far
+/// beyond any sensible retry delay, and short enough that `now() ± MAX_INTERVAL` is
+/// always a valid `timestamptz` and fits an `interval`.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(10_000 * 31_557_600);
+
+/// `value`, truncated to microseconds, or the error that names `what` on `table`.
+pub(crate) fn checked(
+    table: &'static str,
+    what: &'static str,
+    value: Duration,
+) -> Result<Duration, OutboxError> {
+    if value > MAX_INTERVAL {
+        return Err(OutboxError::IntervalOutOfRange {
+            table,
+            what,
+            value,
+            max: MAX_INTERVAL,
+        });
+    }
+    Ok(interval(value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delay_beyond_the_maximum_is_an_error_that_says_so() {
+        assert_eq!(
+            checked("t", "retry delay", MAX_INTERVAL).unwrap(),
+            MAX_INTERVAL
+        );
+        let err = checked("t", "retry delay", Duration::MAX).unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "retry delay of 18446744073709551615.999999999s on `t` is out of range"
+            ),
+            "{err}"
+        );
+    }
+}
