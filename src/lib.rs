@@ -86,7 +86,10 @@ pub use outbox_derive::Outbox;
 /// The trait `#[derive(Outbox)]` implements (macros and traits live in separate
 /// namespaces, as with serde's `Serialize`).
 pub use outbox_runtime::Outbox;
-pub use outbox_runtime::relay::{Relay, Sink, SinkError};
+pub use outbox_runtime::relay::{
+    Backoff, BoxError, CancellationToken, Delivery, MemorySink, Published, Relay, Sink, SinkError,
+    StdoutSink,
+};
 pub use outbox_runtime::{
     AppliedMigration, Claim, Column, Enqueued, EventId, EventIdField, Generation, MAX_INTERVAL,
     MigrationReport, MigrationStep, OutboxError, Retried, Statements, Stats, TableMigrations,
