@@ -394,7 +394,7 @@ impl Sink<ChaosEvent> for RecordingSink {
         // let the stale outcome through.
         let latency = if fastrand::u32(0..40) == 0 {
             fastrand::u64(700..=2_500)
-        } else if batch.iter().any(|d| d.generation().get() > 1) {
+        } else if batch.iter().any(|d| d.attempt() > 1) {
             fastrand::u64(100..=300)
         } else {
             fastrand::u64(5..=20)
