@@ -4,6 +4,7 @@
 //! Users depend on the `outbox` facade, which re-exports everything here.
 
 mod claim;
+mod connect;
 mod error;
 mod id;
 mod interval;

@@ -124,10 +124,15 @@ impl AppliedMigration {
 /// are serialized per schema by a session-level advisory lock, so every replica of a
 /// service may call this at startup.
 ///
-/// Fails with [`OutboxError::MigrationDiverged`] when an applied migration was edited,
-/// [`OutboxError::Migration`] when one fails or is missing from the code, and
-/// [`OutboxError::Drift`] when a table lacks a column or has a different type or
-/// nullability.
+/// A table that a newer build already migrated further (a rolling deploy, or a
+/// rollback) is fine: its newer migrations are logged as a warning, and the columns this
+/// build needs are checked as usual.
+///
+/// Fails with [`OutboxError::Connect`] when no connection can be opened,
+/// [`OutboxError::EventTypeChanged`] when an event type's fields changed in a way its
+/// table cannot follow (a migration that ran was edited), [`OutboxError::Migration`]
+/// when one fails, and [`OutboxError::Drift`] when a table lacks a column or has a
+/// different type or nullability.
 pub async fn migrate(
     pool: &PgPool,
     tables: &[TableMigrations],
@@ -171,10 +176,7 @@ async fn run(
         .iter()
         .map(|t| table_runner(t.spec))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut lock = MigrationLock::acquire(pool)
-        .await
-        .migration_err("cannot take the migration lock", None)
-        .map_err(|e| migration_error(&call_target(app, tables), e))?;
+    let mut lock = MigrationLock::acquire(pool).await?;
     let result = run_locked(&mut lock.conn, app, tables, &runners).await;
     lock.release().await;
     result
@@ -193,9 +195,20 @@ async fn run_locked(
         report.record(APPLICATION, &applied);
     }
     for (table, runner) in tables.iter().zip(runners) {
-        let applied = run_runner(runner, &mut driver, table.table()).await?;
-        report.record(table.table(), &applied);
-        check_columns(&mut *driver.0, table.spec).await?;
+        let spec = table.spec;
+        let applied = match run_runner(runner, &mut driver, spec.table).await {
+            Err(OutboxError::MigrationDiverged { version, .. }) => {
+                return Err(OutboxError::EventTypeChanged {
+                    table: spec.table,
+                    version,
+                    changes: changes(&mut *driver.0, spec).await?,
+                });
+            }
+            applied => applied?,
+        };
+        report.record(spec.table, &applied);
+        warn_if_newer(&mut *driver.0, spec).await?;
+        check_columns(&mut *driver.0, spec).await?;
     }
     Ok(report)
 }
@@ -246,9 +259,10 @@ fn table_runner(spec: &'static TableSpec) -> Result<Runner, OutboxError> {
         }
         migrations.push(migration);
     }
+    // A version applied by a newer build is not an error: see `warn_if_newer`.
     let mut runner = Runner::new(&migrations)
         .set_abort_divergent(true)
-        .set_abort_missing(true);
+        .set_abort_missing(false);
     runner.set_migration_table_name(spec.history_table);
     Ok(runner)
 }
@@ -293,15 +307,6 @@ fn migration_error(target: &str, source: refinery_core::Error) -> OutboxError {
     }
 }
 
-/// The targets of one call, to name in an error that concerns them all.
-fn call_target(app: Option<&Runner>, tables: &[TableMigrations]) -> String {
-    app.map(|_| APPLICATION)
-        .into_iter()
-        .chain(tables.iter().map(TableMigrations::table))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// A pooled connection holding the session-level migration lock.
 ///
 /// refinery takes no lock of its own, so concurrent starts would race on `CREATE
@@ -314,21 +319,27 @@ struct MigrationLock {
 
 impl MigrationLock {
     /// Waits until no other migration runs in the current schema.
-    async fn acquire(pool: &PgPool) -> Result<Self, sqlx::Error> {
+    async fn acquire(pool: &PgPool) -> Result<Self, OutboxError> {
+        const TARGET: &str = "outbox::migrate";
+        let db = |e| OutboxError::from_sqlx(TARGET, e);
         // From the pool rather than fresh, so its `after_connect` (e.g. a `SET
         // search_path`) applies: the lock key and every table name depend on it.
-        let mut conn = pool.acquire().await?;
+        let mut conn = crate::connect::acquire(pool, TARGET).await?;
         // A session lock must never go back to the pool, even if this future is
         // dropped mid-run: closing the connection releases it.
         conn.close_on_drop();
         // Computed once: a migration that changes the search_path must not change
         // the key the unlock uses.
-        let key: i64 = sqlx::query_scalar(LOCK_KEY).fetch_one(&mut *conn).await?;
+        let key: i64 = sqlx::query_scalar(LOCK_KEY)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db)?;
         tracing::debug!(key, "waiting for the migration lock");
         sqlx::query("SELECT pg_advisory_lock($1)")
             .bind(key)
             .execute(&mut *conn)
-            .await?;
+            .await
+            .map_err(db)?;
         Ok(Self { conn, key })
     }
 
@@ -414,16 +425,75 @@ fn applied_migration(row: &PgRow) -> Result<Migration, sqlx::Error> {
     Ok(Migration::applied(version, name, applied_on, checksum))
 }
 
+/// Logs the versions of `spec`'s table that a newer build applied: this build does not
+/// know them, and carries on if the columns it needs are there (checked next).
+async fn warn_if_newer(
+    conn: &mut PgConnection,
+    spec: &'static TableSpec,
+) -> Result<(), OutboxError> {
+    let known = spec.migrations.iter().map(|m| m.version).max().unwrap_or(0);
+    let newer: Vec<(i32, String)> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT version, name FROM {} WHERE version > $1 ORDER BY version",
+        spec.history_table
+    )))
+    .bind(i64::from(known))
+    .fetch_all(conn)
+    .await
+    .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+    if !newer.is_empty() {
+        let newer: Vec<String> = newer
+            .iter()
+            .map(|(v, name)| format!("V{v}__{name}"))
+            .collect();
+        tracing::warn!(
+            table = spec.table,
+            known,
+            newer = %newer.join(", "),
+            "a newer build migrated this table further (a rolling deploy or a rollback); \
+             this build knows its migrations up to version {known} and carries on if the columns it needs are there"
+        );
+    }
+    Ok(())
+}
+
+/// What differs between `spec`'s table and its event type, for an edited migration: in
+/// words, as far as the columns tell.
+async fn changes(conn: &mut PgConnection, spec: &'static TableSpec) -> Result<String, OutboxError> {
+    let live = live_columns(conn, spec).await?;
+    let mut changes = column_differences(spec, &live);
+    changes.extend(
+        live.iter()
+            .filter(|(name, ..)| !spec.columns.iter().any(|c| c.name == name))
+            .map(|(name, ty, _)| {
+                format!("column `{name}` ({ty}) is in the table but no field maps to it")
+            }),
+    );
+    Ok(if changes.is_empty() {
+        "the columns still match: fields were reordered, a `json` or `column` attribute changed, \
+         or the table was created by another version of the outbox crate"
+            .to_owned()
+    } else {
+        changes.join("; ")
+    })
+}
+
+async fn live_columns<'e>(
+    executor: impl PgExecutor<'e>,
+    spec: &'static TableSpec,
+) -> Result<Vec<(String, String, bool)>, OutboxError> {
+    sqlx::query_as(LIVE_COLUMNS)
+        .bind(spec.table)
+        .fetch_all(executor)
+        .await
+        .map_err(|e| OutboxError::from_sqlx(spec.table, e))
+}
+
 /// Compares the live table with `spec.columns`.
 async fn check_columns<'e>(
     executor: impl PgExecutor<'e>,
     spec: &'static TableSpec,
 ) -> Result<(), OutboxError> {
-    let live: Vec<(String, String, bool)> = sqlx::query_as(LIVE_COLUMNS)
-        .bind(spec.table)
-        .fetch_all(executor)
-        .await
-        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+    let live = live_columns(executor, spec).await?;
     let differences = column_differences(spec, &live);
     if differences.is_empty() {
         Ok(())
@@ -562,10 +632,11 @@ mod tests {
         &[ID, EVENT_ID, NOTE, EXTRA],
         &[V1, V2],
     );
+    /// V1 with `note` retyped, as a field retyped in the event type would.
     static WIDGETS_EDITED: TableSpec = spec(
         "widget_events",
         WIDGET_HISTORY,
-        &[ID, EVENT_ID, NOTE],
+        &[ID, EVENT_ID, column("note", "character varying(200)", true)],
         &[V1_EDITED],
     );
     /// V1's SQL, but columns the SQL does not create.
@@ -703,27 +774,86 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_edited_migration_is_refused() {
+    async fn an_edited_migration_is_refused_with_what_changed() {
         in_fresh_schema(|pool| async move {
             migrate(&pool, &[of(&WIDGETS_V1)]).await.expect("V1");
+            sqlx::query("ALTER TABLE widget_events ADD COLUMN gone text")
+                .execute(&pool)
+                .await
+                .expect("a column the type no longer has");
             let err = migrate(&pool, &[of(&WIDGETS_EDITED)])
                 .await
                 .expect_err("edited V1 must be refused");
             let message = err.to_string();
-            let OutboxError::MigrationDiverged {
-                target, version, ..
+            let OutboxError::EventTypeChanged {
+                table,
+                version,
+                changes,
             } = err
             else {
-                panic!("expected MigrationDiverged, got {err:?}");
+                panic!("expected EventTypeChanged, got {err:?}");
             };
-            assert_eq!((target.as_str(), version), ("widget_events", 1));
-            assert!(
-                message.contains("migration 1 of `widget_events` was edited after it was applied"),
-                "{message}"
+            assert_eq!((table, version), ("widget_events", 1));
+            assert_eq!(
+                changes,
+                "column `note` is `text`, expected `character varying(200)`; \
+                 column `gone` (text) is in the table but no field maps to it"
             );
+            for advice in [
+                "add a field as an `Option<_>` with #[outbox(since = N)]",
+                "never remove, rename, retype or reorder a field",
+                "declare a new event type with its own table",
+            ] {
+                assert!(message.contains(advice), "{message}");
+            }
+            assert!(!message.contains("filesystem"), "{message}");
             assert_eq!(history(&pool, WIDGET_HISTORY).await.len(), 1);
         })
         .await;
+    }
+
+    #[tokio::test]
+    async fn an_older_build_starts_against_a_table_a_newer_build_migrated() {
+        in_fresh_schema(|pool| async move {
+            migrate(&pool, &[of(&WIDGETS_V2)])
+                .await
+                .expect("the new build");
+            // The previous build, during a rolling deploy or after a rollback.
+            let report = migrate(&pool, &[of(&WIDGETS_V1)])
+                .await
+                .expect("the old build starts");
+            assert!(report.is_empty(), "{report:?}");
+            verify(&pool, &[of(&WIDGETS_V1)])
+                .await
+                .expect("its columns are there");
+            assert_eq!(history(&pool, WIDGET_HISTORY).await.len(), 2);
+            // A newer table that lost a column the old build needs is still drift.
+            sqlx::query("ALTER TABLE widget_events DROP COLUMN note")
+                .execute(&pool)
+                .await
+                .expect("drop");
+            let err = migrate(&pool, &[of(&WIDGETS_V1)]).await.expect_err("drift");
+            assert!(matches!(err, OutboxError::Drift { .. }), "{err:?}");
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_says_where_and_why() {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(Duration::from_millis(500))
+            .connect_lazy("postgres://outbox@127.0.0.1:1/orders")
+            .expect("a lazy pool");
+        let err = migrate(&pool, &[of(&WIDGETS_V1)])
+            .await
+            .expect_err("nothing listens on port 1");
+        let message = err.to_string();
+        assert!(
+            matches!(&err, OutboxError::Connect { endpoint, .. } if endpoint == "127.0.0.1:1/orders as outbox"),
+            "{err:?}"
+        );
+        assert!(message.contains("refused"), "{message}");
+        assert!(err.is_transient(), "a server that is down may come up");
     }
 
     #[tokio::test]
