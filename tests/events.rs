@@ -2,6 +2,8 @@
 
 #[path = "../examples/common/mod.rs"]
 mod common;
+#[path = "support/counters.rs"]
+mod counters;
 mod shapes;
 
 use std::time::Duration;
@@ -13,6 +15,8 @@ use shapes::{Address, Budgeted, EveryType, Tick};
 use sqlx::PgPool;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const DEAD_TOTAL: &str = outbox::relay::metric::DEAD;
 
 fn every_type(key: i64) -> EveryType {
     let date = chrono::NaiveDate::from_ymd_opt(2026, 12, 2).unwrap();
@@ -517,6 +521,8 @@ async fn retry_delays_the_event_and_the_next_claim_bumps_the_generation() -> Tes
 
 #[tokio::test]
 async fn the_attempt_budget_counts_abandoned_claims_and_ends_in_dead() -> TestResult {
+    let counters = counters::Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
     let db = schema_with(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     Budgeted {
@@ -575,6 +581,11 @@ async fn the_attempt_budget_counts_abandoned_claims_and_ends_in_dead() -> TestRe
     .fetch_all(pool)
     .await?;
     assert_eq!(dead.len(), 2, "dead rows stay visible: {dead:?}");
+    assert_eq!(
+        counters.get(DEAD_TOTAL, "budget_events"),
+        1,
+        "counted where the claim statement moved it"
+    );
     assert!(
         dead[1]
             .1
@@ -641,6 +652,8 @@ async fn fail_moves_the_event_to_dead_with_the_reason() -> TestResult {
 
 #[tokio::test]
 async fn a_payload_that_cannot_be_decoded_is_moved_to_dead_not_lost() -> TestResult {
+    let counters = counters::Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
     let db = schema_with(&[OrderPlaced::migrations()]).await?;
     let pool = db.pool();
     sqlx::query("INSERT INTO order_events (event_id, customer, total_cents, lines) VALUES ('not-a-uuid', 'x', 1, '[]'), ($1, 'y', 2, '\"not lines\"')")
@@ -671,6 +684,7 @@ async fn a_payload_that_cannot_be_decoded_is_moved_to_dead_not_lost() -> TestRes
             .all(|(e,)| e.starts_with("cannot decode payload")),
         "{dead:?}"
     );
+    assert_eq!(counters.get(DEAD_TOTAL, "order_events"), 2);
     for claim in claims {
         claim.complete(pool).await?;
     }

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{Acquire, PgConnection, PgExecutor, Postgres, Row};
 
-use crate::error::OutboxError;
+use crate::error::{OutboxError, storable_reason};
 use crate::id::{EventId, Generation};
 use crate::interval;
 use crate::relay::metric;
@@ -134,7 +134,7 @@ impl<T: Outbox> Claim<T> {
                 "retry delay",
                 delay.unwrap_or(spec.retry_delay),
             )?)
-            .bind(reason)
+            .bind(reason.map(storable_reason))
             .fetch_optional(executor)
             .await
             .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
@@ -156,7 +156,7 @@ impl<T: Outbox> Claim<T> {
         let row = sqlx::query(spec.sql.fail)
             .bind(self.id)
             .bind(self.generation.get())
-            .bind(reason)
+            .bind(storable_reason(reason))
             .fetch_optional(executor)
             .await
             .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
@@ -271,7 +271,10 @@ pub(crate) async fn dead_letter<T: Outbox>(
     sqlx::query(spec.sql.fail)
         .bind(bad.id)
         .bind(bad.generation)
-        .bind(format!("cannot decode payload: {}", bad.source))
+        .bind(storable_reason(&format!(
+            "cannot decode payload: {}",
+            bad.source
+        )))
         .execute(conn)
         .await
         .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;

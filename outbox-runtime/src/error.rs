@@ -259,6 +259,27 @@ pub(crate) fn is_transient(error: &sqlx::Error) -> bool {
     }
 }
 
+/// The longest `last_error` kept, in bytes: a reason, not a log.
+pub(crate) const MAX_REASON: usize = 4096;
+
+/// `reason` as a `text` column can hold it: without NUL characters, which PostgreSQL
+/// refuses (a sink's error text is not ours to trust), and cut at [`MAX_REASON`] bytes.
+pub(crate) fn storable_reason(reason: &str) -> std::borrow::Cow<'_, str> {
+    if reason.len() <= MAX_REASON && !reason.contains('\0') {
+        return std::borrow::Cow::Borrowed(reason);
+    }
+    let mut kept: String = reason.chars().filter(|&c| c != '\0').collect();
+    if kept.len() > MAX_REASON {
+        let mut end = MAX_REASON - 3;
+        while !kept.is_char_boundary(end) {
+            end -= 1;
+        }
+        kept.truncate(end);
+        kept.push_str("...");
+    }
+    std::borrow::Cow::Owned(kept)
+}
+
 /// The SQLSTATE of a database error, if it is one.
 pub(crate) fn sqlstate(error: &sqlx::Error) -> Option<std::borrow::Cow<'_, str>> {
     error.as_database_error()?.code()
@@ -283,5 +304,18 @@ mod tests {
             generation: Generation::new(1),
         };
         assert!(!stale.is_transient());
+    }
+
+    #[test]
+    fn a_reason_is_stored_without_nul_and_at_most_4_kb() {
+        assert_eq!(storable_reason("broker down"), "broker down");
+        assert_eq!(storable_reason("a\0b"), "ab");
+        let long = "é".repeat(3_000);
+        let kept = storable_reason(&long);
+        assert!(
+            kept.len() <= MAX_REASON && kept.ends_with("..."),
+            "{}",
+            kept.len()
+        );
     }
 }

@@ -12,11 +12,13 @@ pub struct Backoff {
 }
 
 impl Backoff {
-    /// Delays from `base`, doubling, never above `cap` (at least `base`).
+    /// Delays from `base`, doubling, never above `cap` (at least `base`), nor above
+    /// [`MAX_INTERVAL`](crate::MAX_INTERVAL).
     pub fn new(base: Duration, cap: Duration) -> Self {
+        let base = base.min(crate::MAX_INTERVAL);
         Self {
             base,
-            cap: cap.max(base),
+            cap: cap.max(base).min(crate::MAX_INTERVAL),
         }
     }
 

@@ -139,8 +139,16 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
 
     /// Publishes until `shutdown` is cancelled, then stops claiming, lets in-flight sends
     /// finish within the grace period, records their outcomes, and hands unsent rows
-    /// back. Database and sink failures are logged and retried with backoff; it returns
-    /// an error only when it cannot go on (the table is missing or has drifted).
+    /// back.
+    ///
+    /// Transient database failures (a lost or refused connection, a server restart, a
+    /// deadlock: [`OutboxError::is_transient`]) are logged and retried with backoff, and
+    /// sink failures are recorded per event. Any other error returns at once, after the
+    /// other workers stopped: a missing table or column, a drifted table, a missing
+    /// privilege, credentials or a database the server refuses. Nothing is lost then:
+    /// the events claimed and not recorded are claimed again once their leases end.
+    ///
+    /// A sink that panics does not stop the relay: see [`Sink`].
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), OutboxError> {
         let relay = Arc::new(self);
         let connections = relay.pool.options().get_max_connections() as usize;
@@ -293,18 +301,15 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                         pending = self.publish(claims, &mut conn).await;
                     }
                 }
-                Err(error @ (OutboxError::MissingTable { .. } | OutboxError::Drift { .. })) => {
-                    return Err(error);
-                }
+                Err(error) if !error.is_transient() => return Err(error),
                 Err(error) => {
                     // The pool tests it on release, and closes it if it is broken.
                     conn = None;
                     failures += 1;
                     let delay = db_backoff.delay(failures);
-                    let hopeless = matches!(error, OutboxError::Encode { .. })
-                        || pending
-                            .lease_deadline
-                            .is_some_and(|end| Instant::now() + delay >= end);
+                    let hopeless = pending
+                        .lease_deadline
+                        .is_some_and(|end| Instant::now() + delay >= end);
                     if pending.outcomes.is_empty() {
                         tracing::warn!(table, %error, "claim failed; backing off");
                     } else if hopeless {
@@ -334,12 +339,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     ) -> Result<&'c mut PgConnection, OutboxError> {
         let held = match conn.take() {
             Some(held) => held,
-            None => self
-                .relay
-                .pool
-                .acquire()
-                .await
-                .map_err(|e| OutboxError::from_sqlx(T::SPEC.table, e))?,
+            None => crate::connect::acquire(&self.relay.pool, T::SPEC.table).await?,
         };
         Ok(conn.insert(held))
     }
@@ -430,7 +430,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let mut grace: Option<Instant> = None;
         let mut sending = pin!(tokio::time::timeout(
             relay.send_timeout,
-            relay.sink.publish(&deliveries)
+            sink::publish_contained::<T, S>(&relay.sink, &deliveries)
         ));
 
         let results = loop {

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{Connection as _, PgConnection, PgExecutor};
 
 use crate::claim::{Claim, claim_on};
-use crate::error::OutboxError;
+use crate::error::{OutboxError, storable_reason};
 use crate::spec::{Outbox, interval};
 
 /// What to record for one claimed row.
@@ -112,7 +112,7 @@ async fn record<'e, T: Outbox>(
             };
             kinds.push(kind);
             delays.push(interval(delay));
-            errors.push(error);
+            errors.push(error.map(storable_reason));
         }
         let statuses = sqlx::query_as(spec.sql.record)
             .bind(ids)

@@ -1,7 +1,10 @@
 //! Where the relay publishes: the [`Sink`] trait, and two sinks shipped with the crate.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
+
+use futures_util::FutureExt as _;
 
 use tokio_util::sync::CancellationToken;
 
@@ -85,12 +88,72 @@ impl SinkError {
 /// order. A result is what the relay records: `Ok` -> `SENT`, a transient error ->
 /// retry with backoff, a permanent error -> `DEAD`. A missing result counts as a
 /// transient error.
+///
+/// A `publish` that panics does not take the relay down. The relay catches the panic
+/// and publishes the batch again one event at a time, so the events the sink can
+/// publish are published in the same attempt, and only the event it panics on is
+/// retried, with `sink panicked: <message>` as its `last_error` (and, once its attempt
+/// budget is spent, in `DEAD`).
 pub trait Sink<T>: Send + Sync + 'static {
     /// Publishes `batch`, one result per delivery.
     fn publish(
         &self,
         batch: &[Delivery<'_, T>],
     ) -> impl Future<Output = Vec<Result<(), SinkError>>> + Send;
+}
+
+/// Runs `sink.publish(batch)`, containing a panic: a batch that panics is published
+/// again one delivery at a time, and a delivery that panics on its own fails as
+/// transient, with the panic's message.
+pub(crate) async fn publish_contained<T, S: Sink<T>>(
+    sink: &S,
+    batch: &[Delivery<'_, T>],
+) -> Vec<Result<(), SinkError>> {
+    let panic = match AssertUnwindSafe(sink.publish(batch)).catch_unwind().await {
+        Ok(results) => return results,
+        Err(panic) => panic_message(panic.as_ref()),
+    };
+    if let [one] = batch {
+        tracing::error!(event_id = %one.event_id, %panic, "the sink panicked");
+        return vec![Err(panicked(&panic))];
+    }
+    tracing::error!(size = batch.len(), %panic,
+        "the sink panicked on a batch; publishing its events one at a time");
+    let mut results = Vec::with_capacity(batch.len());
+    for one in batch.chunks(1) {
+        let result = if one[0].is_owned() {
+            match AssertUnwindSafe(sink.publish(one)).catch_unwind().await {
+                Ok(mut result) => result.pop().unwrap_or_else(|| {
+                    Err(SinkError::transient(
+                        "the sink returned no result for this event",
+                    ))
+                }),
+                Err(panic) => {
+                    let panic = panic_message(panic.as_ref());
+                    tracing::error!(event_id = %one[0].event_id, %panic, "the sink panicked");
+                    Err(panicked(&panic))
+                }
+            }
+        } else {
+            // Another publisher owns it now: nothing will be recorded for it.
+            Err(SinkError::transient("ownership lost"))
+        };
+        results.push(result);
+    }
+    results
+}
+
+fn panicked(message: &str) -> SinkError {
+    SinkError::transient(format!("sink panicked: {message}"))
+}
+
+/// What `panic!` was given: a `&str` or a `String`, as the standard hook prints it.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 /// What a [`MemorySink`] saw of one delivery.
