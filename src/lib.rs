@@ -33,7 +33,7 @@
 //!     #[outbox(json)]           // any serde type, as jsonb
 //!     pub lines: Vec<Line>,
 //! }
-//! # assert_eq!(<OrderPlaced as outbox::Outbox>::SPEC.table, "order_events");
+//! # assert_eq!(<OrderPlaced as outbox::Outbox>::SPEC.table(), "order_events");
 //! ```
 //!
 //! Struct attributes: `table` (a plain lowercase identifier; default: the struct name
@@ -89,9 +89,9 @@ pub use outbox_runtime::Outbox;
 pub use outbox_runtime::relay::{Relay, Sink, SinkError};
 pub use outbox_runtime::{
     AppliedMigration, Claim, Column, EventId, EventIdField, Generation, MigrationReport,
-    MigrationStep, OutboxError, Retried, Statements, Stats, TableMigrations, TableSpec, claim,
-    claim_batch, enqueue, enqueue_all, migrate, migrate_with_app, prune_sent, refinery, relay,
-    requeue_all_dead, requeue_dead, stats, verify,
+    MigrationStep, OutboxError, Retried, Stats, TableMigrations, TableSpec, claim, claim_batch,
+    enqueue, enqueue_all, migrate, migrate_with_app, prune_sent, refinery, relay, requeue_all_dead,
+    requeue_dead, stats, verify,
 };
 
 #[cfg(feature = "testing")]

@@ -66,7 +66,7 @@ fn order() -> OrderPlaced {
 async fn status_of<T: Outbox>(pool: &PgPool, id: i64) -> (String, i64, Option<String>) {
     let sql = format!(
         "SELECT status, generation, last_error FROM {} WHERE id = $1",
-        T::SPEC.table
+        T::SPEC.table()
     );
     sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(id)
@@ -78,7 +78,7 @@ async fn status_of<T: Outbox>(pool: &PgPool, id: i64) -> (String, i64, Option<St
 async fn expire<T: Outbox>(pool: &PgPool, id: i64) {
     let sql = format!(
         "UPDATE {} SET lease_until = now() - interval '1 second' WHERE id = $1",
-        T::SPEC.table
+        T::SPEC.table()
     );
     sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(id)
@@ -290,7 +290,7 @@ async fn the_claim_is_planned_once_per_connection_not_on_every_batch() -> TestRe
     let (generic, custom): (i64, i64) = sqlx::query_as(
         "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
     )
-    .bind(Budgeted::SPEC.sql.claim_limited(2))
+    .bind(Budgeted::SPEC.sql().claim_limited(2))
     .fetch_one(&mut *conn)
     .await?;
     assert_eq!((generic, custom), (3, 0), "one plan, used three times");
@@ -312,7 +312,7 @@ async fn a_claim_never_reads_the_whole_table() -> TestResult {
     )
     .execute(db.pool())
     .await?;
-    let explain = format!("EXPLAIN {}", Budgeted::SPEC.sql.claim_limited(100));
+    let explain = format!("EXPLAIN {}", Budgeted::SPEC.sql().claim_limited(100));
     let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
         .fetch_all(db.pool())
         .await?;
