@@ -336,7 +336,7 @@ impl Bench {
             typed.push(n as f64 / started.elapsed().as_secs_f64());
 
             self.fill(n).await?;
-            let sql = &BenchEvent::SPEC.sql;
+            let sql = BenchEvent::SPEC.sql();
             let claim = sql.claim_limited(1);
             let started = Instant::now();
             loop {
@@ -347,7 +347,7 @@ impl Bench {
                 let Some(row) = row else { break };
                 let (id, generation): (i64, i64) =
                     (sqlx::Row::get(&row, 0), sqlx::Row::get(&row, 2));
-                sqlx::query(sql.complete)
+                sqlx::query(sql.complete())
                     .bind(id)
                     .bind(generation)
                     .execute(&self.pool)
@@ -672,7 +672,7 @@ async fn explain_claim(pool: &PgPool) -> Result<String> {
     let mut tx = pool.begin().await?;
     let prepare = format!(
         "PREPARE bench_claim AS {}",
-        BenchEvent::SPEC.sql.claim_limited(100)
+        BenchEvent::SPEC.sql().claim_limited(100)
     );
     sqlx::raw_sql(sqlx::AssertSqlSafe(prepare))
         .execute(&mut *tx)

@@ -18,7 +18,8 @@
 //! # Declaring an event
 //!
 //! ```
-//! # use serde::{Deserialize, Serialize};
+//! use serde::{Deserialize, Serialize};
+//!
 //! #[derive(Serialize, Deserialize, Debug, Clone)]
 //! pub struct Line { pub sku: String, pub quantity: i32 }
 //!
@@ -32,15 +33,22 @@
 //!     pub note: Option<String>, // text, nullable
 //!     #[outbox(json)]           // any serde type, as jsonb
 //!     pub lines: Vec<Line>,
+//!     #[outbox(since = 2)]      // added later, by the table's migration V2
+//!     pub coupon: Option<String>,
 //! }
-//! # assert_eq!(<OrderPlaced as outbox::Outbox>::SPEC.table, "order_events");
+//! # let spec = <OrderPlaced as outbox::Outbox>::SPEC;
+//! # assert_eq!(spec.table(), "order_events");
+//! # assert_eq!(spec.lease(), std::time::Duration::from_secs(30));
+//! # assert_eq!(spec.migrations().len(), 2);
 //! ```
 //!
 //! Struct attributes: `table` (a plain lowercase identifier; default: the struct name
-//! in snake case), `lease` (default `"30s"`), `retry_delay` (default `"1m"`),
-//! `max_attempts` (claims an event may use before it moves to `DEAD`; default 10).
-//! Field attributes: `event_id`, `json`, `column = "name"`, and `since = N` for an
-//! `Option` field added by migration version `N` of the table.
+//! in snake case), `lease` (at least `1s`; default `"30s"`), `retry_delay` (default
+//! `"1m"`), `max_attempts` (claims an event may use before it moves to `DEAD`; default
+//! 10). Field attributes: `event_id`, `json`, `column = "name"`, and `since = N` for an
+//! `Option` field added by migration version `N` of the table. The derive's own
+//! documentation, [`Outbox`](derive@Outbox), is the full reference: every attribute,
+//! the field types and their columns, what it generates, and how a table may evolve.
 //!
 //! # Using it
 //!
@@ -92,9 +100,9 @@ pub use outbox_runtime::relay::{
 };
 pub use outbox_runtime::{
     AppliedMigration, Claim, Column, Enqueued, EventId, EventIdField, Generation, MAX_INTERVAL,
-    MigrationReport, MigrationStep, OutboxError, Retried, Statements, Stats, TableMigrations,
-    TableSpec, claim, claim_batch, enqueue, enqueue_all, migrate, migrate_with_app, prune_sent,
-    refinery, relay, requeue_all_dead, requeue_dead, stats, verify,
+    MigrationReport, MigrationStep, OutboxError, Retried, Stats, TableMigrations, TableSpec, claim,
+    claim_batch, enqueue, enqueue_all, migrate, migrate_with_app, prune_sent, refinery, relay,
+    requeue_all_dead, requeue_dead, stats, verify,
 };
 
 #[cfg(feature = "testing")]

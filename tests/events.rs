@@ -70,7 +70,7 @@ fn order() -> OrderPlaced {
 async fn status_of<T: Outbox>(pool: &PgPool, id: i64) -> (String, i64, Option<String>) {
     let sql = format!(
         "SELECT status, generation, last_error FROM {} WHERE id = $1",
-        T::SPEC.table
+        T::SPEC.table()
     );
     sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(id)
@@ -82,7 +82,7 @@ async fn status_of<T: Outbox>(pool: &PgPool, id: i64) -> (String, i64, Option<St
 async fn expire<T: Outbox>(pool: &PgPool, id: i64) {
     let sql = format!(
         "UPDATE {} SET lease_until = now() - interval '1 second' WHERE id = $1",
-        T::SPEC.table
+        T::SPEC.table()
     );
     sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(id)
@@ -222,7 +222,7 @@ async fn many_events_are_enqueued_in_one_statement() -> TestResult {
 async fn rows_per_event_id<T: Outbox>(pool: &PgPool) -> Vec<(String, i64)> {
     let sql = format!(
         "SELECT event_id, count(*) FROM {} GROUP BY event_id ORDER BY event_id",
-        T::SPEC.table
+        T::SPEC.table()
     );
     sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .fetch_all(pool)
@@ -409,7 +409,7 @@ async fn the_claim_is_planned_once_per_connection_not_on_every_batch() -> TestRe
     let (generic, custom): (i64, i64) = sqlx::query_as(
         "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
     )
-    .bind(Budgeted::SPEC.sql.claim_limited(2))
+    .bind(Budgeted::SPEC.sql().claim_limited(2))
     .fetch_one(&mut *conn)
     .await?;
     assert_eq!((generic, custom), (3, 0), "one plan, used three times");
@@ -431,7 +431,7 @@ async fn a_claim_never_reads_the_whole_table() -> TestResult {
     )
     .execute(db.pool())
     .await?;
-    let explain = format!("EXPLAIN {}", Budgeted::SPEC.sql.claim_limited(100));
+    let explain = format!("EXPLAIN {}", Budgeted::SPEC.sql().claim_limited(100));
     let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
         .fetch_all(db.pool())
         .await?;

@@ -127,7 +127,7 @@ async fn row_of<T: Outbox>(pool: &PgPool, event_id: impl AsRef<str>) -> Row {
          extract(epoch FROM next_attempt_at - clock_timestamp())::float8, \
          extract(epoch FROM lease_until - clock_timestamp())::float8 \
          FROM {} WHERE event_id = $1",
-        T::SPEC.table
+        T::SPEC.table()
     );
     let event_id = event_id.as_ref();
     let (status, generation, attempts, last_error, next_attempt_at, due_in, lease_left) =
@@ -153,7 +153,7 @@ async fn status<T: Outbox>(pool: &PgPool, event_id: impl AsRef<str>) -> String {
 
 /// How many rows of `T`'s table have `status`.
 async fn count<T: Outbox>(pool: &PgPool, status: &str) -> i64 {
-    let sql = format!("SELECT count(*) FROM {} WHERE status = $1", T::SPEC.table);
+    let sql = format!("SELECT count(*) FROM {} WHERE status = $1", T::SPEC.table());
     sqlx::query_scalar(AssertSqlSafe(sql))
         .bind(status)
         .fetch_one(pool)
@@ -484,7 +484,7 @@ async fn take_over<T: Outbox>(pool: &PgPool, event_id: &EventId) -> i64 {
         "UPDATE {} SET generation = generation + 1,
              lease_until = clock_timestamp() + interval '1 hour'
          WHERE event_id = $1 AND status = 'INPROGRESS' RETURNING generation",
-        T::SPEC.table
+        T::SPEC.table()
     )))
     .bind(event_id.as_str())
     .fetch_one(pool)

@@ -70,17 +70,20 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
     };
 
     quote! {
+        #[automatically_derived]
         impl #p::Outbox for #ident {
-            const SPEC: &'static #p::TableSpec = &#p::TableSpec {
-                table: #table,
-                history_table: #history_table,
-                lease: #p::Duration::from_micros(#lease),
-                retry_delay: #p::Duration::from_micros(#retry_delay),
-                max_attempts: #max_attempts,
-                sql: #statements,
-                columns: &[#(#columns),*],
-                migrations: &[#(#steps),*],
-            };
+            const SPEC: &'static #p::TableSpec = &#p::derive_only_table_spec(
+                #table,
+                #history_table,
+                #p::Duration::from_micros(#lease),
+                #p::Duration::from_micros(#retry_delay),
+                #max_attempts,
+                #statements,
+                &[#(#columns),*],
+                &[#(#steps),*],
+            );
+
+            fn only_derive_is_allowed_to_implement_this_trait() {}
 
             fn event_id(&self) -> ::core::option::Option<#p::EventId> {
                 #event_id
@@ -183,6 +186,7 @@ fn checked(model: &Model, sql: &Sql) -> TokenStream {
 fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
     let (ident, table) = (&model.ident, &model.table);
     quote! {
+        #[automatically_derived]
         impl #ident {
             #[doc = concat!("Writes this event into `", #table, "` through `executor`: pass the business transaction (`&mut *tx`) so both commit together. An event whose id is already there is not written again (`Enqueued::Duplicate`), and the transaction stays usable.")]
             pub async fn enqueue<'e>(
@@ -223,7 +227,8 @@ fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
     }
 }
 
-/// The statements, as a `Statements` literal.
+/// The statements, as a call of the derive-only `Statements` constructor (its
+/// arguments in the order of `Statements`' fields).
 fn statements(p: &TokenStream, sql: &Sql) -> TokenStream {
     let Sql {
         enqueue,
@@ -243,22 +248,22 @@ fn statements(p: &TokenStream, sql: &Sql) -> TokenStream {
         ..
     } = sql;
     quote! {
-    #p::Statements {
-        enqueue: #enqueue,
-        enqueue_all: #enqueue_all,
-        claim: #claim,
-        complete: #complete,
-        retry: #retry,
-        renew: #renew,
-        fail: #fail,
-        complete_batch: #complete_batch,
-        record: #record,
-        renew_batch: #renew_batch,
-        requeue_dead: #requeue_dead,
-        requeue_all_dead: #requeue_all_dead,
-        prune_sent: #prune_sent,
-        stats: #stats,
-    }
+        #p::derive_only_statements(
+            #enqueue,
+            #enqueue_all,
+            #claim,
+            #complete,
+            #retry,
+            #renew,
+            #fail,
+            #complete_batch,
+            #record,
+            #renew_batch,
+            #requeue_dead,
+            #requeue_all_dead,
+            #prune_sent,
+            #stats,
+        )
     }
 }
 

@@ -6,7 +6,10 @@
 //! `expand` generates the code. Errors are accumulated, each spanned at the
 //! offending token, so one compile shows every mistake.
 //!
-//! Use it through the `outbox` crate, which documents the attributes.
+//! Use it through the `outbox` crate (`#[derive(outbox::Outbox)]`): the generated code
+//! names the runtime only through `::outbox::__private`. The attribute reference is the
+//! derive's own documentation, [`Outbox`](derive@Outbox), which docs.rs shows on the
+//! derive's page.
 
 mod attr;
 mod expand;
@@ -16,7 +19,117 @@ mod sql;
 use proc_macro::TokenStream;
 use syn::{DeriveInput, parse_macro_input};
 
-/// Derives `outbox::Outbox` for a struct with named fields. See the `outbox` crate.
+/// Turns a struct with named fields into a typed PostgreSQL outbox table: one row per
+/// event, one column per field.
+///
+/// ```ignore
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize, Debug, Clone)]
+/// pub struct Line { pub sku: String, pub quantity: i32 }
+///
+/// #[derive(outbox::Outbox, Debug, Clone)]
+/// #[outbox(table = "order_events", lease = "30s", retry_delay = "1m", max_attempts = 10)]
+/// pub struct OrderPlaced {
+///     #[outbox(event_id)]      // the stable id; without one, a UUIDv7 is generated at enqueue
+///     pub order_id: uuid::Uuid,
+///     pub customer: String,     // text NOT NULL
+///     pub total_cents: i64,     // bigint NOT NULL
+///     pub note: Option<String>, // text, nullable
+///     #[outbox(json)]           // any serde type, as jsonb
+///     pub lines: Vec<Line>,
+///     #[outbox(since = 2)]      // added later, by the table's migration V2
+///     pub coupon: Option<String>,
+/// }
+/// ```
+///
+// The example cannot compile here (this crate cannot depend on `outbox`): the same one
+// is a compiled doctest in `outbox`'s crate documentation (src/lib.rs). Keep them equal.
+/// The event must be a struct with named fields (`struct Ping {}` is an event without
+/// payload); it cannot be generic or borrow. Every mistake below is a compile error at
+/// the offending token, and one compile reports all of them.
+///
+/// # Struct attributes
+///
+/// Written `#[outbox(key = value, ..)]` on the struct; every key is optional.
+///
+/// | attribute | meaning | default |
+/// |---|---|---|
+/// | `table = "order_events"` | The table's name: a plain lowercase SQL identifier (`a`–`z`, `0`–`9`, `_`, not starting with a digit), at most 63 bytes. It is also the `NOTIFY` channel. | the struct's name in snake case (`OrderPlaced` → `order_placed`) |
+/// | `lease = "30s"` | How long a claim owns its row. The relay renews a claim every third of its lease, and each renewal must complete a database round trip before the lease ends, so the lease must be **at least `1s`**. A lease is also how long a crashed publisher's events wait before another publisher may claim them: typical values are `10s` to `5m`. | `"30s"` |
+/// | `retry_delay = "1m"` | How long a retried event waits before it is due again, when the retry names no delay (the relay backs off from it). Greater than zero. | `"1m"` |
+/// | `max_attempts = 10` | How many claims an event may use before it moves to `DEAD` (an integer from 1 to 2147483647). | `10` |
+///
+/// Durations are strings in [humantime](https://docs.rs/humantime) syntax (`"500ms"`,
+/// `"30s"`, `"1m"`, `"1h 30m"`), in whole microseconds, PostgreSQL's `interval`
+/// precision.
+///
+/// # Field attributes
+///
+/// Written `#[outbox(..)]` on a field.
+///
+/// | attribute | meaning |
+/// |---|---|
+/// | `event_id` | This field is the event's stable id, the one consumers deduplicate on: stored (as text) in the `event_id` column rather than a column of its own. Its type is `String`, `uuid::Uuid`, `i64` or `i32`. At most one field; it combines with no other attribute. Without one, a UUIDv7 is generated at enqueue. |
+/// | `json` | Stores the field, of any type implementing serde's `Serialize` and `Deserialize`, as `jsonb`. |
+/// | `column = "name"` | The field's column (a plain lowercase identifier, as for `table`); default: the field's name. The outbox's own columns (`id`, `event_id`, `status`, `generation`, `attempts`, `lease_until`, `next_attempt_at`, `last_error`, `created_at`), `outbox_reclaimed` and PostgreSQL's system columns are reserved. |
+/// | `since = 2` | The migration version of the table that adds this column (2 or more; version 1 creates the table). The field must be an `Option`: rows written before it have no value. Fields with the same `since` are added by one migration. |
+///
+/// # Field types
+///
+/// | Rust type | PostgreSQL column |
+/// |---|---|
+/// | `i16`, `i32`, `i64` | `smallint`, `integer`, `bigint` |
+/// | `f32`, `f64` | `real`, `double precision` |
+/// | `bool` | `boolean` |
+/// | `String` | `text` |
+/// | `Vec<u8>` | `bytea` |
+/// | `uuid::Uuid` | `uuid` |
+/// | `chrono::NaiveDate`, `time::Date` | `date` |
+/// | `chrono::NaiveTime`, `time::Time` | `time` |
+/// | `chrono::NaiveDateTime`, `time::PrimitiveDateTime` | `timestamp` |
+/// | `chrono::DateTime<Utc>`, `time::OffsetDateTime` | `timestamptz` |
+/// | `serde_json::Value` | `jsonb` |
+/// | any serde type, with `#[outbox(json)]` | `jsonb` |
+/// | `Option<T>` of any of these | the same type, nullable (every other column is `NOT NULL`) |
+///
+/// Any other type is a compile error that suggests `#[outbox(json)]`; so are unsigned,
+/// 8-bit and 128-bit integers, which PostgreSQL has no column type for.
+///
+/// # What it generates
+///
+/// `impl outbox::Outbox for T`: the table's spec (`T::SPEC`: its name, lease, retry
+/// delay, attempt budget, columns and migrations) and its statements, every one
+/// rendered at compile time with the lease and generation guards. The trait is
+/// implemented only by this derive. With the `outbox` crate's `checked` feature, every
+/// statement is also checked against a live schema at compile time.
+///
+/// And inherent methods on `T`, callable without importing a trait:
+///
+/// | method | what it does |
+/// |---|---|
+/// | `event.enqueue(&mut *tx)` | Writes the event through an executor (pass the business transaction, so both commit together); returns its `EventId`. |
+/// | `T::enqueue_all(&events, &mut *tx)` | Writes a slice of events in one statement; returns their ids in order. |
+/// | `T::claim(&pool)` | Claims the next due event, if any, under a fresh lease and generation: `Option<Claim<T>>`. |
+/// | `T::claim_batch(&pool, limit)` | Claims up to `limit` due events in one statement: `Vec<Claim<T>>`. |
+/// | `T::migrations()` | The table's migrations, for `outbox::migrate(&pool, &[T::migrations()])` at startup. |
+///
+/// Each returns `Result<_, OutboxError>` (the async ones once awaited).
+///
+/// # Schema evolution: a table only grows
+///
+/// The table's migrations are generated from the struct: version 1 creates the table
+/// with every field that has no `since`, in field order, and each later version adds
+/// the fields marked with it. `outbox::migrate` records each migration's checksum and
+/// refuses to start when an applied one was edited. So:
+///
+/// - **add** a field as an `Option<_>` marked `#[outbox(since = N)]`, with `N` one more
+///   than the table's latest version;
+/// - **never remove, rename, retype or reorder** a field, nor change its `column` or
+///   `json`: that edits migration V1 (or the version that added it), which is refused
+///   at startup;
+/// - **to change an event's shape**, define a new event type with its own table, publish
+///   the new one, and retire the old type once its relay has drained its table.
 #[proc_macro_derive(Outbox, attributes(outbox))]
 pub fn derive_outbox(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);

@@ -231,24 +231,38 @@ fn plain_suggestion(name: &str) -> Option<String> {
     (is_plain_identifier(&out) && out.len() <= MAX_IDENTIFIER && out != name).then_some(out)
 }
 
+/// The shortest duration a key accepts, and why.
+struct Floor {
+    min: Duration,
+    message: &'static str,
+}
+
+/// A claim must outlive its renewal: the relay renews every third of the lease, and each
+/// renewal needs a database round trip, scheduling jitter included, before the lease ends.
+const LEASE_FLOOR: Floor = Floor {
+    min: Duration::from_secs(1),
+    message: "`lease` must be at least 1s: the relay renews a claim every third of its lease, \
+              and each renewal must complete a database round trip before the lease ends; \
+              a lease is also how long a crashed publisher's events wait to be claimed again, \
+              so typical values are 10s to 5m",
+};
+
+const RETRY_DELAY_FLOOR: Floor = Floor {
+    min: Duration::from_nanos(1),
+    message: "`retry_delay` must be greater than zero: a failed event would be due again at once, in a hot loop",
+};
+
 fn parse_duration(
     lit: Option<&LitStr>,
     key: &str,
     default: Duration,
+    floor: &Floor,
     errors: &mut Errors,
 ) -> Duration {
     let Some(lit) = lit else { return default };
     match humantime::parse_duration(&lit.value()) {
-        Ok(d) if d.is_zero() => {
-            let why = if key == "lease" {
-                "a claim would expire as soon as it is taken"
-            } else {
-                "a failed event would be due again at once, in a hot loop"
-            };
-            errors.push(syn::Error::new(
-                lit.span(),
-                format!("`{key}` must be greater than zero: {why}"),
-            ));
+        Ok(d) if d < floor.min => {
+            errors.push(syn::Error::new(lit.span(), floor.message));
             default
         }
         Ok(d) if d.as_micros() > u128::from(i64::MAX.unsigned_abs()) => {
@@ -342,12 +356,14 @@ impl Model {
             attrs.lease.as_ref(),
             "lease",
             Duration::from_secs(30),
+            &LEASE_FLOOR,
             &mut errors,
         );
         let retry_delay = parse_duration(
             attrs.retry_delay.as_ref(),
             "retry_delay",
             Duration::from_mins(1),
+            &RETRY_DELAY_FLOOR,
             &mut errors,
         );
         let max_attempts = parse_max_attempts(attrs.max_attempts.as_ref(), &mut errors);

@@ -23,7 +23,7 @@ pub use migrate::{
     AppliedMigration, MigrationReport, TableMigrations, migrate, migrate_with_app, verify,
 };
 pub use ops::{Stats, prune_sent, requeue_all_dead, requeue_dead, stats};
-pub use spec::{Column, MigrationStep, Outbox, PgQuery, Statements, TableSpec};
+pub use spec::{Column, MigrationStep, Outbox, PgQuery, TableSpec};
 
 /// Re-exported so applications can build their own refinery migrations
 /// (`refinery::Migration::unapplied`, `refinery::Runner`) for [`migrate_with_app`].
@@ -32,9 +32,10 @@ pub use refinery_core as refinery;
 /// What `#[derive(Outbox)]` expands to refers to, through `::outbox::__private`.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::spec::{Statements, derive_only_statements, derive_only_table_spec};
     pub use crate::{
         Claim, Column, Enqueued, EventId, EventIdField, MigrationStep, Outbox, OutboxError,
-        PgQuery, Statements, TableMigrations, TableSpec, claim, claim_batch, enqueue, enqueue_all,
+        PgQuery, TableMigrations, TableSpec, claim, claim_batch, enqueue, enqueue_all,
     };
     pub use core::time::Duration;
     pub use sqlx::postgres::PgRow;

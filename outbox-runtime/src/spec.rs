@@ -11,49 +11,166 @@ pub type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, PgArguments>;
 /// derive, and nothing from a caller reaches the SQL text except through bound
 /// parameters; the one exception, the claim's row limit, is an integer (see
 /// [`claim_limited`](Self::claim_limited)).
+///
+/// Not part of the public API: only `#[derive(Outbox)]` builds one, through
+/// `__private::derive_only_statements`, because the guards the runtime relies on (the
+/// lease, the generation) live in this SQL. Outside code reads it through
+/// [`TableSpec::sql`] and the accessors below, never through its fields.
+#[doc(hidden)]
 #[derive(Debug)]
 pub struct Statements {
     /// `INSERT` of one event, `$1` the event id then one parameter per field, and a
     /// `pg_notify` on the table's name, delivered when the transaction commits.
-    pub enqueue: &'static str,
+    pub(crate) enqueue: &'static str,
     /// `INSERT` of many events from one array per column (`$1` the event ids), and one
     /// `pg_notify`.
-    pub enqueue_all: &'static str,
+    pub(crate) enqueue_all: &'static str,
     /// Claim of up to `$1` rows: due `READY` rows and expired `INPROGRESS` rows, each
     /// branch read from its own partial index and locked with `SKIP LOCKED`; expired
     /// rows over their attempt budget move to `DEAD` in the same statement. Returns
     /// id, event_id, generation, attempts, lease_until, reclaimed, then the payload.
     /// `$1` is its only parameter; it runs as [`claim_limited`](Self::claim_limited).
-    pub claim: &'static str,
+    pub(crate) claim: &'static str,
     /// Guarded `INPROGRESS -> SENT` of (`$1` id, `$2` generation).
-    pub complete: &'static str,
+    pub(crate) complete: &'static str,
     /// Guarded `INPROGRESS -> READY` after `$3` (or `DEAD` when the budget is spent),
     /// `$4` optional error text.
-    pub retry: &'static str,
+    pub(crate) retry: &'static str,
     /// Guarded lease extension of (`$1` id, `$2` generation).
-    pub renew: &'static str,
+    pub(crate) renew: &'static str,
     /// Guarded `INPROGRESS -> DEAD` of (`$1` id, `$2` generation) with `$3` as `last_error`.
-    pub fail: &'static str,
+    pub(crate) fail: &'static str,
     /// Guarded `INPROGRESS -> SENT` of a batch, each row guarded on its own (`$1` ids,
     /// `$2` generations). Returns the ids it recorded.
-    pub complete_batch: &'static str,
+    pub(crate) complete_batch: &'static str,
     /// The outcomes of a batch, each row guarded on its own (`$1`..`$5`: arrays of ids,
     /// generations, outcomes `SENT`/`RETRY`/`DEAD`/`RELEASE`, retry delays, errors).
     /// Returns (id, new status) per recorded row; a row missing there was stale.
-    pub record: &'static str,
+    pub(crate) record: &'static str,
     /// Guarded lease extension of a batch (`$1` ids, `$2` generations); returns (id, lease).
-    pub renew_batch: &'static str,
+    pub(crate) renew_batch: &'static str,
     /// `DEAD -> READY` with a fresh budget, for the event ids in `$1`; returns the ids.
-    pub requeue_dead: &'static str,
+    pub(crate) requeue_dead: &'static str,
     /// `DEAD -> READY` with a fresh budget for every dead row; returns the count.
-    pub requeue_all_dead: &'static str,
+    pub(crate) requeue_all_dead: &'static str,
     /// Deletes up to `$2` `SENT` rows created more than `$1` ago.
-    pub prune_sent: &'static str,
+    pub(crate) prune_sent: &'static str,
     /// Counts per status, expired claims, and the age of the oldest eligible event.
-    pub stats: &'static str,
+    pub(crate) stats: &'static str,
+}
+
+/// Builds the [`Statements`] of a table: for `#[derive(Outbox)]` only, which renders
+/// every statement with its guards. Not part of the public API.
+#[doc(hidden)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per statement, written only by the derive"
+)]
+pub const fn derive_only_statements(
+    enqueue: &'static str,
+    enqueue_all: &'static str,
+    claim: &'static str,
+    complete: &'static str,
+    retry: &'static str,
+    renew: &'static str,
+    fail: &'static str,
+    complete_batch: &'static str,
+    record: &'static str,
+    renew_batch: &'static str,
+    requeue_dead: &'static str,
+    requeue_all_dead: &'static str,
+    prune_sent: &'static str,
+    stats: &'static str,
+) -> Statements {
+    Statements {
+        enqueue,
+        enqueue_all,
+        claim,
+        complete,
+        retry,
+        renew,
+        fail,
+        complete_batch,
+        record,
+        renew_batch,
+        requeue_dead,
+        requeue_all_dead,
+        prune_sent,
+        stats,
+    }
 }
 
 impl Statements {
+    /// The `enqueue` statement, as documented on its field.
+    pub const fn enqueue(&self) -> &'static str {
+        self.enqueue
+    }
+
+    /// The `enqueue_all` statement, as documented on its field.
+    pub const fn enqueue_all(&self) -> &'static str {
+        self.enqueue_all
+    }
+
+    /// The `claim` statement, as documented on its field.
+    pub const fn claim(&self) -> &'static str {
+        self.claim
+    }
+
+    /// The `complete` statement, as documented on its field.
+    pub const fn complete(&self) -> &'static str {
+        self.complete
+    }
+
+    /// The `retry` statement, as documented on its field.
+    pub const fn retry(&self) -> &'static str {
+        self.retry
+    }
+
+    /// The `renew` statement, as documented on its field.
+    pub const fn renew(&self) -> &'static str {
+        self.renew
+    }
+
+    /// The `fail` statement, as documented on its field.
+    pub const fn fail(&self) -> &'static str {
+        self.fail
+    }
+
+    /// The `complete_batch` statement, as documented on its field.
+    pub const fn complete_batch(&self) -> &'static str {
+        self.complete_batch
+    }
+
+    /// The `record` statement, as documented on its field.
+    pub const fn record(&self) -> &'static str {
+        self.record
+    }
+
+    /// The `renew_batch` statement, as documented on its field.
+    pub const fn renew_batch(&self) -> &'static str {
+        self.renew_batch
+    }
+
+    /// The `requeue_dead` statement, as documented on its field.
+    pub const fn requeue_dead(&self) -> &'static str {
+        self.requeue_dead
+    }
+
+    /// The `requeue_all_dead` statement, as documented on its field.
+    pub const fn requeue_all_dead(&self) -> &'static str {
+        self.requeue_all_dead
+    }
+
+    /// The `prune_sent` statement, as documented on its field.
+    pub const fn prune_sent(&self) -> &'static str {
+        self.prune_sent
+    }
+
+    /// The `stats` statement, as documented on its field.
+    pub const fn stats(&self) -> &'static str {
+        self.stats
+    }
+
     /// The claim of up to `limit` rows, with the limit written into the text.
     ///
     /// A statement with parameters is planned again on every execution until its
@@ -97,33 +214,123 @@ pub struct MigrationStep {
     pub sql: &'static str,
 }
 
-/// Everything the derive knows about one outbox table.
+/// Everything the derive knows about one outbox table, read through `T::SPEC`.
+///
+/// Only `#[derive(Outbox)]` builds one: its statements carry the lease and generation
+/// guards every outcome relies on, so a hand-written spec could bypass them. Outside
+/// this crate it is read-only, through the accessors below.
 #[derive(Debug)]
 pub struct TableSpec {
     /// The table name (a plain lowercase identifier).
-    pub table: &'static str,
+    pub(crate) table: &'static str,
     /// Name of the refinery history table that keeps this table's own version sequence.
-    pub history_table: &'static str,
+    pub(crate) history_table: &'static str,
     /// The lease a claim holds.
-    pub lease: Duration,
+    pub(crate) lease: Duration,
     /// The default delay before a retried event is due again.
-    pub retry_delay: Duration,
+    pub(crate) retry_delay: Duration,
     /// How many claims an event may use before it moves to `DEAD`.
-    pub max_attempts: i32,
+    pub(crate) max_attempts: i32,
     /// The statements.
-    pub sql: Statements,
+    pub(crate) sql: Statements,
     /// Every column the table must have, bookkeeping columns included.
-    pub columns: &'static [Column],
+    pub(crate) columns: &'static [Column],
     /// The migrations, in version order.
-    pub migrations: &'static [MigrationStep],
+    pub(crate) migrations: &'static [MigrationStep],
 }
 
-/// An event type stored in its own outbox table. Implemented by `#[derive(Outbox)]`;
-/// the derive also adds the inherent methods `enqueue`, `claim`, `claim_batch` and
-/// `migrations` that delegate to this crate's generic functions.
+/// Builds the [`TableSpec`] of a table: for `#[derive(Outbox)]` only, which validates
+/// the names and durations and renders `sql` with its guards. Not part of the public API.
+#[doc(hidden)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per field, written only by the derive"
+)]
+pub const fn derive_only_table_spec(
+    table: &'static str,
+    history_table: &'static str,
+    lease: Duration,
+    retry_delay: Duration,
+    max_attempts: i32,
+    sql: Statements,
+    columns: &'static [Column],
+    migrations: &'static [MigrationStep],
+) -> TableSpec {
+    TableSpec {
+        table,
+        history_table,
+        lease,
+        retry_delay,
+        max_attempts,
+        sql,
+        columns,
+        migrations,
+    }
+}
+
+impl TableSpec {
+    /// The table name (a plain lowercase identifier), also the `NOTIFY` channel.
+    pub const fn table(&self) -> &'static str {
+        self.table
+    }
+
+    /// Name of the refinery history table that keeps this table's own version sequence.
+    pub const fn history_table(&self) -> &'static str {
+        self.history_table
+    }
+
+    /// The lease a claim holds (`#[outbox(lease = "..")]`, at least one second).
+    pub const fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The default delay before a retried event is due again
+    /// (`#[outbox(retry_delay = "..")]`).
+    pub const fn retry_delay(&self) -> Duration {
+        self.retry_delay
+    }
+
+    /// How many claims an event may use before it moves to `DEAD`
+    /// (`#[outbox(max_attempts = ..)]`).
+    pub const fn max_attempts(&self) -> i32 {
+        self.max_attempts
+    }
+
+    /// Every column the table must have, bookkeeping columns included.
+    pub const fn columns(&self) -> &'static [Column] {
+        self.columns
+    }
+
+    /// The migrations, in version order.
+    pub const fn migrations(&self) -> &'static [MigrationStep] {
+        self.migrations
+    }
+
+    /// The generated statements, to read (benchmarks, `EXPLAIN`). Not part of the public
+    /// API: the runtime's functions and [`Claim`](crate::Claim) are how they are run.
+    #[doc(hidden)]
+    pub const fn sql(&self) -> &Statements {
+        &self.sql
+    }
+}
+
+/// An event type stored in its own outbox table.
+///
+/// Implemented only by `#[derive(Outbox)]`; its SQL is generated and guarded. Every
+/// outcome a [`Claim`](crate::Claim) records is guarded by the claim's lease and
+/// generation in that SQL, so the trait cannot be implemented by hand: [`TableSpec`]
+/// cannot be built outside the derive, and the trait has a hidden required item that
+/// only the derive writes. The derive also adds the inherent methods `enqueue`,
+/// `enqueue_all`, `claim`, `claim_batch` and `migrations` that delegate to this crate's
+/// generic functions.
 pub trait Outbox: Sized + Send + Sync + Unpin + 'static {
     /// The table, its statements and its migrations.
     const SPEC: &'static TableSpec;
+
+    /// Implemented only by `#[derive(Outbox)]`; its SQL is generated and guarded. A
+    /// hand-written impl lacks this item and does not compile.
+    #[doc(hidden)]
+    fn only_derive_is_allowed_to_implement_this_trait();
 
     /// The stable id of this event, or `None` when the type has no
     /// `#[outbox(event_id)]` field (a UUIDv7 is generated at enqueue).

@@ -53,7 +53,7 @@ pub struct ChaosEvent {
 }
 
 fn lease() -> Duration {
-    <ChaosEvent as outbox::Outbox>::SPEC.lease
+    <ChaosEvent as outbox::Outbox>::SPEC.lease()
 }
 
 /// What a run does.

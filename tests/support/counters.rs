@@ -10,11 +10,11 @@ use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, Share
 
 /// Counter values by (name, `table` label).
 #[derive(Default)]
-pub struct Counters(Mutex<HashMap<(String, String), Arc<AtomicU64>>>);
+pub(crate) struct Counters(Mutex<HashMap<(String, String), Arc<AtomicU64>>>);
 
 impl Counters {
     /// The value of counter `name` labelled `table`.
-    pub fn get(&self, name: &str, table: &str) -> u64 {
+    pub(crate) fn get(&self, name: &str, table: &str) -> u64 {
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
