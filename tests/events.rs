@@ -784,3 +784,53 @@ async fn a_claim_never_records_an_outcome_on_another_tables_row() -> TestResult 
     tenant_b.drop_schema().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_delay_longer_than_an_interval_holds_is_refused_as_such() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    Budgeted { name: "e".into() }.enqueue(db.pool()).await?;
+    let claim = Budgeted::claim(db.pool()).await?.expect("due");
+    let row = claim.id();
+    let err = claim.retry(db.pool(), Duration::MAX).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            OutboxError::IntervalOutOfRange {
+                table: "budget_events",
+                what: "retry delay",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(!err.to_string().contains("encode"), "{err}");
+    assert_eq!(
+        status_of::<Budgeted>(db.pool(), row).await.0,
+        "INPROGRESS",
+        "nothing recorded: the lease brings the event back"
+    );
+    let err = outbox::prune_sent::<Budgeted>(db.pool(), Duration::MAX, 100)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            OutboxError::IntervalOutOfRange {
+                what: "prune age",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // The longest accepted delay is stored.
+    sqlx::query("UPDATE budget_events SET lease_until = now() - interval '1 second'")
+        .execute(db.pool())
+        .await?;
+    let claim = Budgeted::claim(db.pool()).await?.expect("reclaimed");
+    assert_eq!(
+        claim.retry(db.pool(), outbox::MAX_INTERVAL).await?,
+        Retried::Scheduled
+    );
+    db.drop_schema().await?;
+    Ok(())
+}

@@ -21,7 +21,7 @@ use sqlx::{AssertSqlSafe, PgPool};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+type TestResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 async fn schema_with(
     tables: &[outbox::TableMigrations],
@@ -1292,6 +1292,173 @@ async fn a_relay_on_a_missing_table_returns_an_error_instead_of_spinning() -> Te
         "{outcome:?}"
     );
     assert!(sink.published().is_empty());
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_sink_that_panics_on_one_event_costs_its_batch_mates_nothing_and_the_relay_goes_on()
+-> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    enqueue(pool, &["a", "poison", "b", "c"].map(budgeted)).await;
+    let sink = ScriptSink::new(|_, seen| {
+        assert!(
+            !seen.iter().any(|s| s.event_id == "poison"),
+            "cannot serialize poison"
+        );
+        Plan::ok(seen)
+    });
+    let relay = fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone())).retry_backoff(
+        Backoff::new(Duration::from_millis(10), Duration::from_millis(20)),
+    );
+    let relay = start(relay);
+    wait_until("poison is DEAD", Duration::from_secs(10), async || {
+        status::<Budgeted>(pool, "poison").await == "DEAD"
+    })
+    .await;
+    assert!(
+        relay.is_running(),
+        "a panicking sink does not stop the relay"
+    );
+
+    for name in ["a", "b", "c"] {
+        let row = row_of::<Budgeted>(pool, name).await;
+        assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{name}");
+    }
+    let poison = row_of::<Budgeted>(pool, "poison").await;
+    assert_eq!(poison.attempts, 3, "the culprit alone spent its budget");
+    let reason = poison.last_error.unwrap_or_default();
+    assert!(
+        reason.starts_with("attempt budget exhausted after 3 of 3 claims: sink panicked: ")
+            && reason.contains("cannot serialize poison"),
+        "{reason}"
+    );
+    let calls = sink.calls();
+    let names = |call: &[Seen]| call.iter().map(|s| s.event_id.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&calls[0]), ["a", "poison", "b", "c"], "the batch");
+    assert_eq!(
+        calls[1..5].iter().map(|c| names(c)).collect::<Vec<_>>(),
+        [["a"], ["poison"], ["b"], ["c"]],
+        "then one event at a time"
+    );
+    relay.stop().await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// Runs `relay` until it returns on its own; fails the test if it keeps running.
+async fn run_until_it_gives_up<T: Outbox, S: Sink<T>>(relay: Relay<T, S>) -> OutboxError {
+    let outcome = timeout(Duration::from_secs(20), relay.run(CancellationToken::new()))
+        .await
+        .expect("a fatal error ends run promptly instead of backing off forever");
+    let error = outcome.expect_err("run cannot succeed");
+    assert!(!error.is_transient(), "{error:?}");
+    error
+}
+
+/// A pool on `db`'s schema that connects as `user` (trust authentication), to `database`.
+async fn pool_as(db: &TestSchema, user: &str, database: Option<&str>) -> TestResult<PgPool> {
+    let mut options: PgConnectOptions = db.url().parse()?;
+    options = options.username(user);
+    if let Some(database) = database {
+        options = options.database(database);
+    }
+    Ok(PgPoolOptions::new()
+        .max_connections(3)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with(options))
+}
+
+#[tokio::test]
+async fn a_relay_whose_role_may_not_update_stops_with_permission_denied() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    budgeted("e").enqueue(db.pool()).await?;
+    // The application's role: it may enqueue, not publish.
+    let role = format!("outbox_app_{}", db.name());
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA {schema} TO {role}; \
+         GRANT SELECT, INSERT ON budget_events TO {role};",
+        schema = db.name()
+    )))
+    .execute(db.pool())
+    .await?;
+    let pool = pool_as(&db, &role, None).await?;
+
+    let sink = MemorySink::<Budgeted>::new();
+    let error = run_until_it_gives_up(fast(Relay::new(pool.clone(), sink.clone()))).await;
+    assert!(
+        matches!(
+            error,
+            OutboxError::PermissionDenied {
+                table: "budget_events",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(sink.published().is_empty());
+    assert_eq!(
+        status::<Budgeted>(db.pool(), "e").await,
+        "READY",
+        "nothing lost"
+    );
+
+    pool.close().await;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "DROP OWNED BY {role}; DROP ROLE {role}"
+    )))
+    .execute(db.pool())
+    .await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_relay_refused_by_the_server_stops_and_says_where() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    for (user, database, cause) in [
+        ("no_such_role", None, "no_such_role"),
+        ("root", Some("no_such_database"), "no_such_database"),
+    ] {
+        let pool = pool_as(&db, user, database).await?;
+        let error = run_until_it_gives_up(fast(Relay::new(
+            pool.clone(),
+            MemorySink::<Budgeted>::new(),
+        )))
+        .await;
+        let OutboxError::Connect { endpoint, .. } = &error else {
+            panic!("expected Connect, got {error:?}");
+        };
+        assert!(endpoint.contains(&format!(" as {user}")), "{endpoint}");
+        assert!(error.to_string().contains(cause), "{error}");
+        pool.close().await;
+    }
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_relay_on_a_table_that_lost_a_column_stops_with_drift() -> TestResult {
+    let db = schema_with(&[OrderPlaced::migrations()]).await?;
+    sqlx::query("ALTER TABLE order_events DROP COLUMN note")
+        .execute(db.pool())
+        .await?;
+    let error = run_until_it_gives_up(fast(Relay::new(
+        db.pool().clone(),
+        MemorySink::<OrderPlaced>::new(),
+    )))
+    .await;
+    assert!(
+        matches!(
+            error,
+            OutboxError::Drift {
+                table: "order_events",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
     db.drop_schema().await?;
     Ok(())
 }

@@ -101,6 +101,10 @@ impl<T: Outbox> Claim<T> {
     /// Hands the event back for another attempt after `delay` (or the type's
     /// `retry_delay` when `None`). When the attempt budget is spent the row moves to
     /// `DEAD` instead; the returned [`Retried`] says which.
+    ///
+    /// A delay above [`MAX_INTERVAL`](crate::MAX_INTERVAL) is refused with
+    /// [`OutboxError::IntervalOutOfRange`] and records nothing: the event is claimed
+    /// again once this claim's lease ends.
     pub async fn retry<'e>(
         self,
         executor: impl PgExecutor<'e>,
