@@ -1358,7 +1358,7 @@ async fn run_until_it_gives_up<T: Outbox, S: Sink<T>>(relay: Relay<T, S>) -> Out
 }
 
 /// A pool on `db`'s schema that connects as `user` (trust authentication), to `database`.
-async fn pool_as(db: &TestSchema, user: &str, database: Option<&str>) -> TestResult<PgPool> {
+fn pool_as(db: &TestSchema, user: &str, database: Option<&str>) -> TestResult<PgPool> {
     let mut options: PgConnectOptions = db.url().parse()?;
     options = options.username(user);
     if let Some(database) = database {
@@ -1383,7 +1383,7 @@ async fn a_relay_whose_role_may_not_update_stops_with_permission_denied() -> Tes
     )))
     .execute(db.pool())
     .await?;
-    let pool = pool_as(&db, &role, None).await?;
+    let pool = pool_as(&db, &role, None)?;
 
     let sink = MemorySink::<Budgeted>::new();
     let error = run_until_it_gives_up(fast(Relay::new(pool.clone(), sink.clone()))).await;
@@ -1421,7 +1421,7 @@ async fn a_relay_refused_by_the_server_stops_and_says_where() -> TestResult {
         ("no_such_role", None, "no_such_role"),
         ("root", Some("no_such_database"), "no_such_database"),
     ] {
-        let pool = pool_as(&db, user, database).await?;
+        let pool = pool_as(&db, user, database)?;
         let error = run_until_it_gives_up(fast(Relay::new(
             pool.clone(),
             MemorySink::<Budgeted>::new(),

@@ -157,7 +157,7 @@ fn checked(model: &Model, sql: &Sql) -> TokenStream {
         const _: () = {
             #[allow(dead_code, clippy::all, clippy::pedantic)]
             async fn checked(pool: &::sqlx::PgPool, event: &#ident) -> ::core::result::Result<(), ::sqlx::Error> {
-                ::sqlx::query!(#enqueue, "event id" #(, #fields)*).execute(pool).await?;
+                ::sqlx::query!(#enqueue, "event id" #(, #fields)*).fetch_optional(pool).await?;
                 ::sqlx::query!(#claim, 1_i64).fetch_all(pool).await?;
                 ::sqlx::query!(#complete, 1_i64, 1_i64).fetch_optional(pool).await?;
                 ::sqlx::query!(#retry, 1_i64, 1_i64, ::std::time::Duration::ZERO as _, ::core::option::Option::<&str>::None)
@@ -167,7 +167,7 @@ fn checked(model: &Model, sql: &Sql) -> TokenStream {
                 ::sqlx::query!(#fail, 1_i64, 1_i64, "reason").fetch_optional(pool).await?;
                 let (ids, texts): (&[i64], &[::std::string::String]) = (&[], &[]);
                 let delays: &[::std::time::Duration] = &[];
-                ::sqlx::query!(#enqueue_all, texts #(, #arrays)*).execute(pool).await?;
+                ::sqlx::query!(#enqueue_all, texts #(, #arrays)*).fetch_all(pool).await?;
                 ::sqlx::query!(#complete_batch, ids, ids).fetch_all(pool).await?;
                 ::sqlx::query!(#record, ids, ids, texts, delays as _, texts).fetch_all(pool).await?;
                 ::sqlx::query!(#renew_batch, ids, ids).fetch_all(pool).await?;

@@ -8,7 +8,7 @@ use crate::spec::interval;
 /// The longest delay or age the outbox accepts: 10,000 years (of 365.25 days). Far
 /// beyond any sensible retry delay, and short enough that `now() ± MAX_INTERVAL` is
 /// always a valid `timestamptz` and fits an `interval`.
-pub const MAX_INTERVAL: Duration = Duration::from_secs(10_000 * 31_557_600);
+pub const MAX_INTERVAL: Duration = Duration::from_hours(10_000 * 8_766);
 
 /// `value`, truncated to microseconds, or the error that names `what` on `table`.
 pub(crate) fn checked(
