@@ -428,6 +428,13 @@ pub async fn run(number: u8, protocol: Protocol, child: &ChildCommand) -> Outcom
     outbox::migrate(db.pool(), &[LabEvent::migrations()])
         .await
         .map_err(|e| e.to_string())?;
+    // The article's schema starts generations at 0, and its scenarios expect 1, then 2.
+    // The derived table starts them at a random value (so that a claim can never match
+    // another table's row); the lab pins the article's start to check its numbers.
+    sqlx::query("ALTER TABLE outbox_lab ALTER COLUMN generation SET DEFAULT 0")
+        .execute(db.pool())
+        .await
+        .map_err(|e| e.to_string())?;
     let outcome = match number {
         1 => scenario_1(&db, protocol, child).await,
         2 => scenario_2(&db, protocol).await,
