@@ -955,7 +955,7 @@ mod tests {
         database_url().await.unwrap();
         println!("cluster dir: {}", CLUSTER.get().unwrap().dir.display());
         if then == "wait" {
-            tokio::time::sleep(Duration::from_secs(120)).await;
+            tokio::time::sleep(Duration::from_mins(2)).await;
         }
     }
 
