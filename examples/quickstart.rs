@@ -77,15 +77,14 @@ async fn place_order(pool: &PgPool) -> Result {
         .bind(order.total_cents)
         .execute(&mut *tx)
         .await?;
-        match order.enqueue(&mut *tx).await? {
-            Enqueued::New(id) => {
-                println!("{request}: order {id} and its event, committed together")
-            }
-            Enqueued::Duplicate(id) => println!(
-                "{request}: event {id} is already queued; enqueue wrote nothing and the \
-                 transaction went on (the order id is the event id)"
+        let said = match order.enqueue(&mut *tx).await? {
+            Enqueued::New(id) => format!("order {id} and its event, committed together"),
+            Enqueued::Duplicate(id) => format!(
+                "event {id} is already queued; enqueue wrote nothing and the transaction \
+                 went on (the order id is the event id)"
             ),
-        }
+        };
+        println!("{request}: {said}");
         tx.commit().await?;
     }
     Ok(())
@@ -137,10 +136,12 @@ async fn recover(pool: &PgPool) -> Result {
     );
 
     match a.complete(pool).await {
-        Err(OutboxError::Stale { .. }) => println!(
-            "A woke up, sent the payment, and reported it complete: rejected, because \
-             the event now belongs to B. Nothing was recorded for A."
-        ),
+        Err(OutboxError::Stale { .. }) => {
+            println!(
+                "A woke up, sent the payment, and reported it complete: rejected, because \
+                 the event now belongs to B. Nothing was recorded for A."
+            );
+        }
         other => return Err(format!("a stale owner must be rejected, got {other:?}").into()),
     }
     b.renew(pool).await?; // a slow send extends its lease, guarded the same way
