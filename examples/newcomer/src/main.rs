@@ -41,7 +41,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
 
     let url = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL")?;
-    let pool = PgPool::connect(&url).await?;
+    let pool = PgPool::connect(&url)
+        .await
+        .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
 
     // At startup: creates the outbox table the first time, checks it afterwards.
     outbox::migrate(&pool, &[OrderPlaced::migrations()]).await?;
