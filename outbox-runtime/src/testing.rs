@@ -9,10 +9,10 @@
 //!
 //! When the process exits normally (`main` returns or calls [`std::process::exit`], which is
 //! how a test binary ends, failed tests included), every throwaway cluster it started is shut
-//! down and its directory removed. A process killed by a signal (SIGKILL, an abort) cannot clean
-//! up after itself: on Linux the kernel still stops its server (a parent-death signal), but the
-//! directory stays in the temporary directory until the next cluster start, in any process,
-//! removes the leftovers of processes that are gone.
+//! down and its directory removed. A process killed by a signal (Ctrl-C, SIGKILL, an abort)
+//! cannot clean up after itself: on Linux the kernel still stops its server (a parent-death
+//! signal), but the directory stays in the temporary directory until the next cluster start, in
+//! any process, removes the leftovers of processes that are gone.
 //!
 //! [`TestSchema`] creates a uniquely named schema in that database, with a pool whose
 //! connections all use it as their `search_path`, so tests can run concurrently without seeing
