@@ -36,9 +36,10 @@ use sqlx::postgres::PgPoolOptions;
 type Result<T = (), E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
 
 /// The floor's claim: what a careful hand-written loop does without the toolkit, the
-/// seed's claim reduced to READY rows (no reclaim of expired leases), on the same
-/// partial index as the relay's. (The seed's single OR predicate would be a weaker
-/// floor: it sorts every eligible row, so it slows down as the backlog grows.)
+/// usual `FOR UPDATE SKIP LOCKED` claim reduced to READY rows (no reclaim of expired
+/// leases), on the same partial index as the relay's. (A single OR predicate over READY
+/// and expired rows would be a weaker floor: it sorts every eligible row, so it slows
+/// down as the backlog grows.)
 const FLOOR_CLAIM: &str = "UPDATE bench_events SET status = 'INPROGRESS', generation = generation + 1, \
      lease_until = statement_timestamp() + interval '30 seconds' \
      WHERE id IN (SELECT id FROM bench_events \
@@ -255,7 +256,7 @@ impl Bench {
         }
     }
 
-    /// Events/s of the floor: the seed's claim and an unguarded `= ANY` completion.
+    /// Events/s of the floor: the READY-only claim and an unguarded `= ANY` completion.
     async fn drain_floor(&self, n: usize, batch: u32, workers: usize) -> Result<f64> {
         self.fill(n).await?;
         let pool = self.pool(workers).await?;

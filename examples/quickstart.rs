@@ -1,7 +1,11 @@
-//! The main job, end to end: migrate at startup, enqueue an event in the same
-//! transaction as the business write, claim it, publish it (to stdout), record the
-//! outcome. Then the two failures the protocol exists for: a publisher that dies
-//! holding a claim, and a paused publisher that wakes up after someone else took over.
+//! The main job, end to end, then the failure the protocol exists for:
+//!
+//! 1. startup: the application's migrations, then the outbox tables';
+//! 2. an order and its `OrderPlaced` event, committed in one transaction (and a
+//!    retried request that enqueues the same event again: a no-op);
+//! 3. the relay publishes the event (to stdout), then shuts down gracefully;
+//! 4. recovery: publisher A stalls holding a claim, its lease runs out, publisher B
+//!    takes over, and A's late outcome is rejected.
 //!
 //! ```text
 //! cargo run --example quickstart            # DATABASE_URL, or a throwaway PostgreSQL
@@ -12,18 +16,30 @@ mod common;
 use std::time::Duration;
 
 use common::{Line, OrderPlaced, PaymentCaptured};
-use outbox::OutboxError;
+use outbox::{Enqueued, OutboxError, Relay, StdoutSink};
+use sqlx::PgPool;
 
 type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 
 #[tokio::main]
 async fn main() -> Result {
-    // A fresh schema on DATABASE_URL (or on a throwaway cluster when it is unset), so
-    // the example leaves nothing behind. In an application: `PgPool::connect(url)`.
+    // A scratch schema, dropped at the end (on DATABASE_URL, or on a throwaway local
+    // PostgreSQL when it is unset). In your application: `PgPool::connect(&database_url)`.
     let sandbox = outbox::testing::TestSchema::new().await?;
     let pool = sandbox.pool();
 
-    // Startup: the application's own refinery migrations, then the outbox tables'.
+    startup(pool).await?;
+    place_order(pool).await?;
+    publish(pool).await?;
+    recover(pool).await?;
+
+    sandbox.drop_schema().await?;
+    Ok(())
+}
+
+/// At startup, in every process: idempotent, and safe when several start at once.
+async fn startup(pool: &PgPool) -> Result {
+    println!("== 1. startup");
     let app = outbox::refinery::Runner::new(&common::app_migrations());
     let report = outbox::migrate_with_app(
         pool,
@@ -34,8 +50,12 @@ async fn main() -> Result {
     for m in report.applied() {
         println!("migrated {:<14} {}", m.target(), m.name());
     }
+    Ok(())
+}
 
-    // The business write and its event commit together, or not at all.
+/// The business write and its event commit together, or not at all.
+async fn place_order(pool: &PgPool) -> Result {
+    println!("\n== 2. an order and its event, in one transaction");
     let order = OrderPlaced {
         order_id: uuid::Uuid::now_v7(),
         customer: "ada@example.com".into(),
@@ -46,69 +66,89 @@ async fn main() -> Result {
             quantity: 2,
         }],
     };
-    let mut tx = pool.begin().await?;
-    sqlx::query("INSERT INTO orders (id, customer, total_cents) VALUES ($1, $2, $3)")
+    for request in ["the request", "the client's retry of the same request"] {
+        let mut tx = pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO orders (id, customer, total_cents) VALUES ($1, $2, $3) \
+             ON CONFLICT (id) DO NOTHING",
+        )
         .bind(order.order_id)
         .bind(&order.customer)
         .bind(order.total_cents)
         .execute(&mut *tx)
         .await?;
-    let event_id = order.enqueue(&mut *tx).await?.into_event_id();
-    tx.commit().await?;
-    println!("\nenqueued OrderPlaced {event_id} with its order");
-
-    // The publisher: claim, send, record. Consumers dedupe on the event id.
-    while let Some(claim) = OrderPlaced::claim(pool).await? {
-        println!(
-            "publish  event_id={} generation={} attempt={} {:?}",
-            claim.event_id(),
-            claim.generation(),
-            claim.attempt(),
-            claim.event()
-        );
-        claim.complete(pool).await?;
+        let said = match order.enqueue(&mut *tx).await? {
+            Enqueued::New(id) => format!("order {id} and its event, committed together"),
+            Enqueued::Duplicate(id) => format!(
+                "event {id} is already queued; enqueue wrote nothing and the transaction \
+                 went on (the order id is the event id)"
+            ),
+        };
+        println!("{request}: {said}");
+        tx.commit().await?;
     }
-    println!("recorded SENT");
+    Ok(())
+}
 
-    // Recovery: publisher A claims a payment event and stops before recording anything
-    // (it crashed, or it is paused: a GC pause, a frozen VM, a SIGSTOP).
+/// The relay claims the event, hands it to the sink, and records it `SENT`.
+async fn publish(pool: &PgPool) -> Result {
+    println!("\n== 3. the relay publishes (StdoutSink prints: event_id generation attempt event)");
+    common::publish_all(pool, Relay::<OrderPlaced, _>::new(pool.clone(), StdoutSink)).await?;
+    let stats = outbox::stats::<OrderPlaced>(pool).await?;
+    println!(
+        "the relay shut down: {} event sent, {} waiting",
+        stats.sent,
+        stats.ready + stats.in_progress
+    );
+    Ok(())
+}
+
+/// Recovery, by hand with the claim API (the relay does all of this on its own):
+/// `PaymentCaptured` has a 1-second lease, so the story takes a second.
+async fn recover(pool: &PgPool) -> Result {
+    println!("\n== 4. a publisher stalls; another takes over");
     let payment = PaymentCaptured {
         payment_id: uuid::Uuid::now_v7(),
         amount_cents: 4_200,
     };
     payment.enqueue(pool).await?;
-    let publisher_a = PaymentCaptured::claim(pool).await?.ok_or("a due payment")?;
-    println!(
-        "\npublisher A claimed {} (generation {}) and stopped",
-        publisher_a.event_id(),
-        publisher_a.generation()
-    );
-    assert!(
-        PaymentCaptured::claim(pool).await?.is_none(),
-        "the lease still protects A's claim"
-    );
 
-    tokio::time::sleep(Duration::from_millis(1_100)).await; // the 1s lease expires
-    let mut takeover = PaymentCaptured::claim(pool)
+    let a = PaymentCaptured::claim(pool).await?.ok_or("a due payment")?;
+    let id = a.event_id().clone();
+    println!(
+        "Publisher A claimed payment event {id} (generation {}, a 1-second lease), \
+         then stalled: a GC pause, a frozen VM, a network partition.",
+        a.generation()
+    );
+    if PaymentCaptured::claim(pool).await?.is_some() {
+        return Err("a live lease must protect A's claim".into());
+    }
+    println!("Publisher B looked for work and found none: A's lease still protects the event.");
+
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let mut b = PaymentCaptured::claim(pool)
         .await?
         .ok_or("the expired claim is claimable again")?;
     println!(
-        "publisher B reclaimed {} with generation {}",
-        takeover.event_id(),
-        takeover.generation()
+        "A's lease ran out. B claimed the event again: generation {}, attempt {}.",
+        b.generation(),
+        b.attempt()
     );
 
-    // A was only paused. It wakes up and tries to record its outcome: fenced off.
-    match publisher_a.complete(pool).await {
-        Err(e @ OutboxError::Stale { .. }) => {
-            println!("publisher A woke up; its complete was rejected: {e}");
+    match a.complete(pool).await {
+        Err(OutboxError::Stale { .. }) => {
+            println!(
+                "A woke up, sent the payment, and reported it complete: rejected, because \
+                 the event now belongs to B. Nothing was recorded for A."
+            );
         }
         other => return Err(format!("a stale owner must be rejected, got {other:?}").into()),
     }
-    takeover.renew(pool).await?; // B's send is slow: it renews its lease, guarded the same way
-    takeover.complete(pool).await?;
-    println!("publisher B recorded SENT; the event may have been sent twice, under one event_id");
-
-    sandbox.drop_schema().await?;
+    b.renew(pool).await?; // a slow send extends its lease, guarded the same way
+    b.complete(pool).await?;
+    println!(
+        "B sent it and recorded it SENT. The consumer may have received the payment \
+         twice, from A and from B, both times as event {id}: it deduplicates on that id."
+    );
     Ok(())
 }

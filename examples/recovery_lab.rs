@@ -1,5 +1,6 @@
-//! Prints the seed's recovery matrix: six scenarios, the leased protocol against the
-//! unsafe baseline, each on real PostgreSQL (`DATABASE_URL`, or a throwaway cluster).
+//! Prints the recovery matrix of "Kill the Outbox Worker: Recovering PostgreSQL Claims
+//! with Leases and Generations": six scenarios, the leased protocol against the unsafe
+//! baseline, each on real PostgreSQL (`DATABASE_URL`, or a throwaway cluster).
 //!
 //! ```text
 //! cargo run --example recovery_lab

@@ -73,13 +73,20 @@
 //!
 //! [`Relay`] is the long-running publisher: batch claims, a [`Sink`] per batch, lease
 //! renewal during slow sends, retries with backoff, dead letters, `NOTIFY` wake-ups,
-//! and a graceful shutdown that hands unsent events back.
+//! and a graceful shutdown that hands unsent events back. It returns early only on a
+//! fatal error ([`OutboxError::is_transient`] tells which are not).
+//!
+//! A sink of your own implements [`Sink::publish`]: it gets each claimed batch and
+//! returns one result per [`Delivery`], in order: `Ok` (recorded `SENT`),
+//! [`SinkError::Transient`] (retried with backoff) or [`SinkError::Permanent`] (`DEAD`
+//! now). The README walks through one, with a consumer that deduplicates on the event
+//! id, and `examples/custom_sink.rs` runs it.
 //!
 //! ```no_run
 //! # #[derive(outbox::Outbox, Debug, Clone)] struct OrderPlaced { customer: String }
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), outbox::OutboxError> {
 //! use std::time::Duration;
-//! use outbox::relay::{CancellationToken, StdoutSink};
+//! use outbox::{CancellationToken, StdoutSink};
 //!
 //! let shutdown = CancellationToken::new(); // cancel it on SIGTERM
 //! let relay = outbox::Relay::<OrderPlaced, _>::new(pool, StdoutSink)

@@ -1,9 +1,14 @@
 //! The example application's event types, shared by the examples and the tests (the
-//! tests compare their generated migrations with the golden files in `migrations/`).
+//! tests compare their generated migrations with the golden files in `migrations/`),
+//! and the examples' way of running a relay until it has published everything.
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::time::Duration;
+
+use outbox::{CancellationToken, Outbox, Relay, Sink};
 use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
 
 /// One line of an order, stored inside the event as jsonb.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -63,7 +68,7 @@ pub struct PaymentCaptured {
     pub amount_cents: i64,
 }
 
-/// The benchmark's event: a 100-byte payload, as in `../shared/notes/batch-costs.md`.
+/// The benchmark's event: a 100-byte payload.
 #[derive(outbox::Outbox, Debug, Clone)]
 #[outbox(table = "bench_events", lease = "30s", retry_delay = "1s")]
 pub struct BenchEvent {
@@ -81,4 +86,35 @@ pub fn app_migrations() -> Vec<outbox::refinery::Migration> {
         outbox::refinery::Migration::unapplied(name, sql).expect("a valid migration name")
     })
     .collect()
+}
+
+/// Runs `relay` until its table has nothing left to publish (no `READY` or `INPROGRESS`
+/// row, retries included), then shuts it down gracefully. A service runs its relay until
+/// SIGTERM instead; the examples stop when their events are out.
+pub async fn publish_all<T: Outbox, S: Sink<T>>(
+    pool: &PgPool,
+    relay: Relay<T, S>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let shutdown = CancellationToken::new();
+    let mut running = std::pin::pin!(relay.run(shutdown.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_mins(1);
+    loop {
+        let stats = outbox::stats::<T>(pool).await?;
+        if stats.ready + stats.in_progress == 0 {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!("still unpublished after a minute: {stats:?}").into());
+        }
+        tokio::select! {
+            stopped = &mut running => {
+                stopped?; // a fatal error: a missing table, permission denied, ...
+                return Err("the relay stopped on its own".into());
+            }
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+    shutdown.cancel(); // graceful: in-flight sends finish and are recorded
+    running.await?;
+    Ok(())
 }

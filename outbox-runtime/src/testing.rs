@@ -3,8 +3,16 @@
 //! [`database_url`] uses `DATABASE_URL` when it is set. Otherwise it starts one throwaway
 //! PostgreSQL cluster per process (in a temporary directory, from the server binaries found via
 //! `pg_config`, `/usr/lib/postgresql/*/bin` or `initdb` on `PATH`), shared by every test in the
-//! binary. On Linux the server is shut down when the test process exits; leftover directories of
-//! dead test processes are removed the next time a cluster starts.
+//! binary.
+//!
+//! # Cleaning up
+//!
+//! When the process exits normally (`main` returns or calls [`std::process::exit`], which is
+//! how a test binary ends, failed tests included), every throwaway cluster it started is shut
+//! down and its directory removed. A process killed by a signal (Ctrl-C, SIGKILL, an abort)
+//! cannot clean up after itself: on Linux the kernel still stops its server (a parent-death
+//! signal), but the directory stays in the temporary directory until the next cluster start, in
+//! any process, removes the leftovers of processes that are gone.
 //!
 //! [`TestSchema`] creates a uniquely named schema in that database, with a pool whose
 //! connections all use it as their `search_path`, so tests can run concurrently without seeing
@@ -85,8 +93,8 @@ impl TestSupportError {
 
 /// The throwaway cluster's URL. A tokio `OnceCell` is not tied to a runtime, so each
 /// `#[tokio::test]` may ask from its own: the first caller starts the cluster, the others wait.
-/// A static is never dropped: the shared server stops when the process exits (parent-death
-/// signal) and its directory is removed by the next cluster start.
+/// A static is never dropped: the shared server is stopped and its directory removed by
+/// [`at_exit`] when the process exits.
 static CLUSTER: OnceCell<Cluster> = OnceCell::const_new();
 
 /// The base URL in use (`DATABASE_URL` or the throwaway cluster), starting the cluster if needed.
@@ -259,10 +267,11 @@ fn quote_ident(identifier: &str) -> String {
 /// A dedicated throwaway PostgreSQL cluster that its owner can restart.
 ///
 /// Like the shared cluster behind [`database_url`], it lives in a temporary directory, runs as
-/// `nobody` when the caller is root, and stops if the process dies. Unlike it, the caller owns
-/// the server: [`restart`](Self::restart) stops it (fast shutdown: every session is cut) and
-/// starts it again on the same port and data directory, so connection URLs stay valid.
-/// Dropping the value stops the server and removes the directory.
+/// `nobody` when the caller is root, and is cleaned up when the process exits (see the
+/// [module docs](self#cleaning-up)). Unlike it, the caller owns the server:
+/// [`restart`](Self::restart) stops it (fast shutdown: every session is cut) and starts it
+/// again on the same port and data directory, so connection URLs stay valid. Dropping the
+/// value stops the server and removes the directory.
 #[derive(Debug)]
 pub struct Cluster {
     bindir: PathBuf,
@@ -297,6 +306,7 @@ impl Cluster {
         ));
         fs::create_dir(&dir)
             .map_err(TestSupportError::io(format!("creating {}", dir.display())))?;
+        at_exit::track(&dir);
         let mut cluster = Cluster {
             bindir,
             dir,
@@ -546,7 +556,7 @@ impl Cluster {
             .stderr(log_err);
         die_with_parent(&mut postgres);
         let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
-        let (pid, mut exited) = spawn_postmaster(postgres)?;
+        let (pid, mut exited) = spawn_postmaster(postgres, &self.dir)?;
         match wait_until_ready(&url, &mut exited).await {
             Startup::Ready => {
                 self.port = port;
@@ -598,14 +608,106 @@ impl Drop for Cluster {
                 thread::sleep(Duration::from_millis(50));
             }
             if !stopped {
-                // Leave the directory: the next cluster start removes it once we are gone.
+                // Leave the directory: the process's exit tries again, or the next cluster
+                // start removes it once we are gone.
                 tracing::warn!(pid = %postmaster.pid, "throwaway PostgreSQL did not stop");
                 return;
             }
         }
-        if let Err(error) = fs::remove_dir_all(&self.dir) {
-            tracing::debug!(dir = %self.dir.display(), %error, "could not remove test cluster");
+        match fs::remove_dir_all(&self.dir) {
+            Ok(()) => at_exit::untrack(&self.dir),
+            Err(error) => {
+                tracing::debug!(dir = %self.dir.display(), %error, "could not remove test cluster");
+            }
         }
+    }
+}
+
+/// Stops the servers of this process's throwaway clusters and removes their directories when
+/// the process exits normally (an `atexit(3)` handler: statics are never dropped, and the
+/// shared cluster is one).
+mod at_exit {
+    use std::path::{Path, PathBuf};
+    use std::sync::{Mutex, MutexGuard, Once, PoisonError};
+    use std::thread;
+    use std::time::Duration;
+
+    use nix::sys::signal::{self, Signal};
+    use nix::unistd::Pid;
+
+    /// A cluster directory this process created and has not removed, and its running server.
+    struct Tracked {
+        dir: PathBuf,
+        server: Option<Pid>,
+    }
+
+    static TRACKED: Mutex<Vec<Tracked>> = Mutex::new(Vec::new());
+    static REGISTER: Once = Once::new();
+
+    fn tracked() -> MutexGuard<'static, Vec<Tracked>> {
+        TRACKED.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `dir` is removed at exit, after its server (if any) stopped.
+    pub(super) fn track(dir: &Path) {
+        REGISTER.call_once(register);
+        tracked().push(Tracked {
+            dir: dir.to_owned(),
+            server: None,
+        });
+    }
+
+    /// `dir` was removed.
+    pub(super) fn untrack(dir: &Path) {
+        tracked().retain(|t| t.dir != dir);
+    }
+
+    /// The server `pid` runs in `dir`, until it is reaped ([`server_exited`]).
+    pub(super) fn server_started(dir: &Path, pid: Pid) {
+        if let Some(t) = tracked().iter_mut().find(|t| t.dir == dir) {
+            t.server = Some(pid);
+        }
+    }
+
+    /// The server `pid` exited and was reaped.
+    pub(super) fn server_exited(pid: Pid) {
+        for t in tracked().iter_mut().filter(|t| t.server == Some(pid)) {
+            t.server = None;
+        }
+    }
+
+    #[allow(unsafe_code)]
+    fn register() {
+        unsafe extern "C" {
+            // atexit(3), from the C library every Rust program on Unix links.
+            safe fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
+        }
+        // Failure (no room for another handler) only means leftovers for the next start.
+        let _ = atexit(clean_up);
+    }
+
+    /// Runs in the exiting thread while the others still run, so the threads that reap the
+    /// servers report their exit as usual. Fast shutdown first, immediate after 10 s; a
+    /// directory whose server did not stop is left for the next cluster start.
+    extern "C" fn clean_up() {
+        let running = || -> Vec<Pid> { tracked().iter().filter_map(|t| t.server).collect() };
+        for (signal, rounds) in [(Signal::SIGINT, 200), (Signal::SIGQUIT, 100)] {
+            let servers = running();
+            if servers.is_empty() {
+                break;
+            }
+            for pid in servers {
+                let _ = signal::kill(pid, signal);
+            }
+            for _ in 0..rounds {
+                if running().is_empty() {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let mut tracked = tracked();
+        tracked.retain(|t| t.server.is_some() || std::fs::remove_dir_all(&t.dir).is_err());
     }
 }
 
@@ -650,15 +752,21 @@ fn die_with_parent(_: &mut Command) {}
 /// test. The thread also reaps the server and reports its exit.
 fn spawn_postmaster(
     mut command: Command,
+    dir: &Path,
 ) -> Result<(Pid, oneshot::Receiver<ExitStatus>), TestSupportError> {
     let (spawned_tx, spawned_rx) = std::sync::mpsc::channel();
     let (exited_tx, exited_rx) = oneshot::channel();
+    let dir = dir.to_owned();
     thread::Builder::new()
         .name("outbox-test-postgres".into())
         .spawn(move || match command.spawn() {
             Ok(mut child) => {
-                let _ = spawned_tx.send(Ok(Pid::from_raw(child.id().cast_signed())));
-                if let Ok(status) = child.wait() {
+                let pid = Pid::from_raw(child.id().cast_signed());
+                at_exit::server_started(&dir, pid);
+                let _ = spawned_tx.send(Ok(pid));
+                let status = child.wait();
+                at_exit::server_exited(pid);
+                if let Ok(status) = status {
                     let _ = exited_tx.send(status);
                 }
             }
@@ -833,6 +941,69 @@ mod tests {
         schema.drop_schema().await.unwrap();
         drop(cluster);
         assert!(!dir.exists());
+    }
+
+    /// Set for the child processes of the clean-up tests.
+    const CHILD: &str = "OUTBOX_TEST_CLUSTER_CHILD";
+
+    /// In a child process (see below): starts the shared cluster, prints its directory, and
+    /// then returns (`exit`) or waits to be killed (`wait`).
+    #[tokio::test]
+    #[ignore = "run in a child process by the clean-up tests"]
+    async fn cluster_child() {
+        let Ok(then) = env::var(CHILD) else { return };
+        database_url().await.unwrap();
+        println!("cluster dir: {}", CLUSTER.get().unwrap().dir.display());
+        if then == "wait" {
+            tokio::time::sleep(Duration::from_mins(2)).await;
+        }
+    }
+
+    /// Runs [`cluster_child`] in a child process without `DATABASE_URL`; `None` without
+    /// server binaries.
+    fn spawn_cluster_child(then: &str) -> Option<(process::Child, PathBuf)> {
+        use std::io::BufRead as _;
+        find_bindir()?;
+        let mut child = Command::new(env::current_exe().unwrap())
+            .args(["--exact", "testing::tests::cluster_child", "--ignored"])
+            .args(["--nocapture", "--test-threads=1"])
+            .env_remove("DATABASE_URL")
+            .env(CHILD, then)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = io::BufReader::new(child.stdout.take().unwrap());
+        let dir = (&mut stdout)
+            .lines()
+            .map_while(Result::ok)
+            // libtest prints the test's name on the same line.
+            .find_map(|line| Some(PathBuf::from(line.split_once("cluster dir: ")?.1)))
+            .expect("the child prints its cluster's directory");
+        // The child must not fail on writing what follows.
+        thread::spawn(move || io::copy(&mut stdout, &mut io::sink()));
+        assert!(dir.join("data").is_dir());
+        Some((child, dir))
+    }
+
+    #[test]
+    fn a_process_that_exits_removes_its_cluster() {
+        let Some((mut child, dir)) = spawn_cluster_child("exit") else {
+            return; // nothing to start without binaries
+        };
+        assert!(child.wait().unwrap().success());
+        assert!(!dir.exists(), "{} was left behind", dir.display());
+    }
+
+    #[tokio::test]
+    async fn a_killed_process_leaves_its_cluster_to_the_next_start() {
+        let Some((mut child, dir)) = spawn_cluster_child("wait") else {
+            return;
+        };
+        child.kill().unwrap(); // SIGKILL: no clean-up runs
+        child.wait().unwrap();
+        assert!(dir.join("data").is_dir());
+        remove_stale_clusters().await;
+        assert!(!dir.exists(), "{} was left behind", dir.display());
     }
 
     #[test]
