@@ -348,7 +348,7 @@ impl Bench {
                 let Some(row) = row else { break };
                 let (id, generation): (i64, i64) =
                     (sqlx::Row::get(&row, 0), sqlx::Row::get(&row, 2));
-                sqlx::query(sql.complete())
+                sqlx::query(sql.get(outbox::__private::Statement::Complete))
                     .bind(id)
                     .bind(generation)
                     .execute(&self.pool)

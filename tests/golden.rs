@@ -1,7 +1,7 @@
 //! The SQL the derive generates for the example event types is checked in under
-//! `migrations/outbox/<table>/`: a change to the derive's output shows up in review as
-//! a diff, and this test fails until the files are regenerated with
-//! `OUTBOX_BLESS=1 cargo test --test golden`. (Once released, a table's applied
+//! `migrations/outbox/<table>/`, its migrations and its statements (`statements.sql`):
+//! a change to the derive's output shows up in review as a diff of SQL, and this test
+//! fails until the files are regenerated with `OUTBOX_BLESS=1 cargo test --test golden`. (Once released, a table's applied
 //! migrations must never change: refinery would report them as edited.)
 
 #[path = "chaos/mod.rs"]
@@ -12,33 +12,57 @@ mod common;
 mod lab;
 mod shapes;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use outbox::__private::Statement;
 use outbox::TableMigrations;
 
+/// Every statement of `table`, as the runtime runs it (the claim with a limit of 100).
+fn statements(table: &TableMigrations) -> String {
+    let sql = table.spec().sql();
+    Statement::ALL
+        .into_iter()
+        .map(|statement| {
+            let text = match statement {
+                Statement::Claim => sql.claim_limited(100),
+                other => sql.get(other).to_owned(),
+            };
+            format!("-- {}\n{text};\n", statement.name())
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Records `path` as stale unless it holds `generated`; with `OUTBOX_BLESS`, writes it.
+fn compare(path: &Path, generated: &str, stale: &mut Vec<String>) {
+    if std::env::var_os("OUTBOX_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, generated).unwrap();
+    } else if std::fs::read_to_string(path).ok().as_deref() != Some(generated) {
+        stale.push(format!(
+            "{}\n--- the derive generates:\n{generated}",
+            path.display()
+        ));
+    }
+}
+
 fn check(tables: &[TableMigrations]) {
-    let bless = std::env::var_os("OUTBOX_BLESS").is_some();
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("migrations/outbox");
     let mut stale = Vec::new();
     for table in tables {
         let dir = root.join(table.table());
         for step in table.spec().migrations() {
-            let path = dir.join(format!("{}.sql", step.name));
-            if bless {
-                std::fs::create_dir_all(&dir).unwrap();
-                std::fs::write(&path, step.sql).unwrap();
-            } else if std::fs::read_to_string(&path).ok().as_deref() != Some(step.sql) {
-                stale.push(format!(
-                    "{}\n--- the derive generates:\n{}",
-                    path.display(),
-                    step.sql
-                ));
-            }
+            compare(
+                &dir.join(format!("{}.sql", step.name)),
+                step.sql,
+                &mut stale,
+            );
         }
+        compare(&dir.join("statements.sql"), &statements(table), &mut stale);
     }
     assert!(
         stale.is_empty(),
-        "golden migrations differ (regenerate with OUTBOX_BLESS=1):\n{}",
+        "golden files differ (regenerate with OUTBOX_BLESS=1):\n{}",
         stale.join("\n")
     );
 }

@@ -1,32 +1,23 @@
 //! Stage 4: code generation. Generated code names our dependencies only through
 //! `::outbox::__private`, so users need not depend on sqlx themselves.
 
+use outbox_internals::{BOOKKEEPING, Statement};
 use proc_macro2::TokenStream;
-use quote::{quote, quote_spanned};
-use syn::spanned::Spanned;
+use quote::quote;
 
 use crate::model::{Field, Model};
-use crate::sql::Sql;
-
-/// Bookkeeping columns as `format_type()` prints them: (name, type, nullable).
-const BOOKKEEPING: &[(&str, &str, bool)] = &[
-    ("id", "bigint", false),
-    ("event_id", "text", false),
-    ("status", "text", false),
-    ("generation", "bigint", false),
-    ("attempts", "integer", false),
-    ("lease_until", "timestamp with time zone", true),
-    ("next_attempt_at", "timestamp with time zone", false),
-    ("last_error", "text", true),
-    ("created_at", "timestamp with time zone", false),
-];
+use crate::statements::{self, Definition, LIMIT, Table};
 
 pub(crate) fn expand(model: &Model) -> TokenStream {
     let p = quote!(::outbox::__private);
     let ident = &model.ident;
-    let sql = Sql::render(model);
-    let statements = statements(&p, &sql);
-    let migrations = &sql.migrations;
+    let table_sql = Table::new(model);
+    let definitions: Vec<Definition> = Statement::ALL
+        .into_iter()
+        .map(|statement| statements::define(statement, &table_sql))
+        .collect();
+    let statements = statements(&p, &table_sql, &definitions);
+    let migrations = crate::sql::migrations(model);
     let (table, history_table, max_attempts) =
         (&model.table, &model.history_table, model.max_attempts);
     let lease = micros(model.lease);
@@ -34,7 +25,10 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
 
     let columns = BOOKKEEPING
         .iter()
-        .map(|&(name, ty, nullable)| quote!(#p::Column { name: #name, sql_type: #ty, nullable: #nullable }))
+        .map(|c| {
+            let (name, ty, nullable) = (c.name, c.catalog_type, c.nullable);
+            quote!(#p::Column { name: #name, sql_type: #ty, nullable: #nullable })
+        })
         .chain(model.fields.iter().map(|f| {
             let (name, ty, nullable) = (&f.column, f.sql_type.catalog, f.nullable());
             quote!(#p::Column { name: #name, sql_type: #ty, nullable: #nullable })
@@ -64,7 +58,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
     let decodes = model.fields.iter().map(|f| decode(&p, f));
     let inherent = inherent_methods(&p, model);
     let checked = if cfg!(feature = "checked") {
-        checked(model, &sql)
+        checked(model, &definitions)
     } else {
         TokenStream::new()
     };
@@ -116,65 +110,16 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
 /// compiler then verifies the SQL the runtime executes against the live schema, and the
 /// type of each field against its column through the enqueue statement's parameters.
 /// (`query!` expands to `::sqlx` paths: the user's crate depends on sqlx.)
-fn checked(model: &Model, sql: &Sql) -> TokenStream {
+fn checked(model: &Model, definitions: &[Definition]) -> TokenStream {
     let ident = &model.ident;
-    let Sql {
-        enqueue,
-        enqueue_all,
-        claim,
-        complete,
-        retry,
-        renew,
-        fail,
-        complete_batch,
-        record,
-        renew_batch,
-        requeue_dead,
-        requeue_all_dead,
-        prune_sent,
-        stats,
-        ..
-    } = sql;
-    // The columns' types are checked through `enqueue`; here the arrays are taken as they are.
-    let arrays = model.fields.iter().map(|_| quote!(texts as _));
-    let fields = model.fields.iter().map(|f| {
-        // Spanned at the field's type, so a mismatch with its column points there.
-        let (field, ty, span) = (&f.ident, &f.ty, f.ty.span());
-        if f.json {
-            // jsonb parameters are `serde_json::Value` to sqlx; `Json<T>` encodes to it.
-            quote_spanned!(span => ::sqlx::types::Json(&event.#field) as _)
-        } else if f.sql_type.is_date_time() {
-            // Whether a date/time column maps to chrono or time is the user's sqlx.toml
-            // setting; the explicit type lets either be used, and skips only that check.
-            quote_spanned!(span => &event.#field as &#ty)
-        } else if f.nullable() {
-            quote_spanned!(span => event.#field.as_ref())
-        } else {
-            quote_spanned!(span => &event.#field)
-        }
-    });
+    let checks = definitions.iter().map(|d| &d.checked);
     quote! {
         const _: () = {
             #[allow(dead_code, clippy::all, clippy::pedantic)]
             async fn checked(pool: &::sqlx::PgPool, event: &#ident) -> ::core::result::Result<(), ::sqlx::Error> {
-                ::sqlx::query!(#enqueue, "event id" #(, #fields)*).fetch_optional(pool).await?;
-                ::sqlx::query!(#claim, 1_i64).fetch_all(pool).await?;
-                ::sqlx::query!(#complete, 1_i64, 1_i64).fetch_optional(pool).await?;
-                ::sqlx::query!(#retry, 1_i64, 1_i64, ::std::time::Duration::ZERO as _, ::core::option::Option::<&str>::None)
-                    .fetch_optional(pool)
-                    .await?;
-                ::sqlx::query!(#renew, 1_i64, 1_i64).fetch_optional(pool).await?;
-                ::sqlx::query!(#fail, 1_i64, 1_i64, "reason").fetch_optional(pool).await?;
                 let (ids, texts): (&[i64], &[::std::string::String]) = (&[], &[]);
                 let delays: &[::std::time::Duration] = &[];
-                ::sqlx::query!(#enqueue_all, texts #(, #arrays)*).fetch_all(pool).await?;
-                ::sqlx::query!(#complete_batch, ids, ids).fetch_all(pool).await?;
-                ::sqlx::query!(#record, ids, ids, texts, delays as _, texts).fetch_all(pool).await?;
-                ::sqlx::query!(#renew_batch, ids, ids).fetch_all(pool).await?;
-                ::sqlx::query!(#requeue_dead, texts).fetch_all(pool).await?;
-                ::sqlx::query!(#requeue_all_dead).fetch_one(pool).await?;
-                ::sqlx::query!(#prune_sent, ::std::time::Duration::ZERO as _, 1_i64).execute(pool).await?;
-                ::sqlx::query!(#stats).fetch_one(pool).await?;
+                #(#checks)*
                 ::core::result::Result::Ok(())
             }
         };
@@ -197,11 +142,11 @@ fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
             }
 
             #[doc = concat!("Writes `events` into `", #table, "` in one statement (pass the business transaction), returning what happened to each, in order: an id already there (or earlier in `events`) is `Enqueued::Duplicate` and not written again.")]
-            pub async fn enqueue_all<'e>(
+            pub async fn enqueue_all<'c>(
                 events: &[Self],
-                executor: impl #p::PgExecutor<'e>,
+                conn: impl #p::Acquire<'c, Database = #p::Postgres>,
             ) -> ::core::result::Result<::std::vec::Vec<#p::Enqueued>, #p::OutboxError> {
-                #p::enqueue_all(events, executor).await
+                #p::enqueue_all(events, conn).await
             }
 
             #[doc = concat!("Claims the next due event of `", #table, "`, if any, under a fresh lease and generation.")]
@@ -227,43 +172,15 @@ fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
     }
 }
 
-/// The statements, as a call of the derive-only `Statements` constructor (its
-/// arguments in the order of `Statements`' fields).
-fn statements(p: &TokenStream, sql: &Sql) -> TokenStream {
-    let Sql {
-        enqueue,
-        enqueue_all,
-        claim,
-        complete,
-        retry,
-        renew,
-        fail,
-        complete_batch,
-        record,
-        renew_batch,
-        requeue_dead,
-        requeue_all_dead,
-        prune_sent,
-        stats,
-        ..
-    } = sql;
+/// The statements, as a call of the derive-only `Statements` constructor: their texts
+/// in the order of `Statement::ALL`, and the claim in pieces, between which the runtime
+/// writes its row limit.
+fn statements(p: &TokenStream, table: &Table<'_>, definitions: &[Definition]) -> TokenStream {
+    let texts = definitions.iter().map(|d| &d.sql);
+    let claim = table.claim(LIMIT);
+    let claim_parts = claim.split(LIMIT);
     quote! {
-        #p::derive_only_statements(
-            #enqueue,
-            #enqueue_all,
-            #claim,
-            #complete,
-            #retry,
-            #renew,
-            #fail,
-            #complete_batch,
-            #record,
-            #renew_batch,
-            #requeue_dead,
-            #requeue_all_dead,
-            #prune_sent,
-            #stats,
-        )
+        #p::derive_only_statements([#(#texts),*], &[#(#claim_parts),*])
     }
 }
 

@@ -15,6 +15,7 @@ mod attr;
 mod expand;
 mod model;
 mod sql;
+mod statements;
 
 use proc_macro::TokenStream;
 use syn::{DeriveInput, parse_macro_input};

@@ -8,7 +8,7 @@ use refinery_core::error::{Kind, WrapMigrationError};
 use refinery_core::traits::r#async::{AsyncMigrate, AsyncQuery, AsyncTransaction};
 use refinery_core::{Migration, Report, Runner, SchemaVersion};
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::PgRow;
+use sqlx::postgres::{PgAdvisoryLock, PgAdvisoryLockGuard, PgAdvisoryLockKey, PgRow};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgExecutor, PgPool, Postgres, Row};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -176,9 +176,15 @@ async fn run(
         .iter()
         .map(|t| table_runner(t.spec))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut lock = MigrationLock::acquire(pool).await?;
-    let result = run_locked(&mut lock.conn, app, tables, &runners).await;
-    lock.release().await;
+    let mut lock = migration_lock(pool).await?;
+    let result = run_locked(&mut lock, app, tables, &runners).await;
+    match lock.release_now().await {
+        // Closing the connection would release it too; close it either way.
+        Ok(conn) => drop(conn),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot release the migration lock; closing its connection")
+        }
+    }
     result
 }
 
@@ -277,12 +283,7 @@ enum SpecError {
 }
 
 fn is_identifier(name: &str) -> bool {
-    let mut chars = name.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        && name.len() <= 63
+    outbox_internals::is_plain_identifier(name) && name.len() <= outbox_internals::MAX_IDENTIFIER
 }
 
 /// Wraps a refinery error, singling out an edited applied migration.
@@ -307,62 +308,34 @@ fn migration_error(target: &str, source: refinery_core::Error) -> OutboxError {
     }
 }
 
-/// A pooled connection holding the session-level migration lock.
+/// The migration lock: sqlx's advisory lock, held on one pooled connection for the whole
+/// run, on which every migration runs.
 ///
 /// refinery takes no lock of its own, so concurrent starts would race on `CREATE
-/// TABLE` and on the history rows. Like sqlx's migrator, this holds an advisory lock
-/// on one connection for the whole run and runs every migration on that connection.
-struct MigrationLock {
-    conn: PoolConnection<Postgres>,
-    key: i64,
-}
-
-impl MigrationLock {
-    /// Waits until no other migration runs in the current schema.
-    async fn acquire(pool: &PgPool) -> Result<Self, OutboxError> {
-        const TARGET: &str = "outbox::migrate";
-        let db = |e| OutboxError::from_sqlx(TARGET, e);
-        // From the pool rather than fresh, so its `after_connect` (e.g. a `SET
-        // search_path`) applies: the lock key and every table name depend on it.
-        let mut conn = crate::connect::acquire(pool, TARGET).await?;
-        // A session lock must never go back to the pool, even if this future is
-        // dropped mid-run: closing the connection releases it.
-        conn.close_on_drop();
-        // Computed once: a migration that changes the search_path must not change
-        // the key the unlock uses.
-        let key: i64 = sqlx::query_scalar(LOCK_KEY)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(db)?;
-        tracing::debug!(key, "waiting for the migration lock");
-        sqlx::query("SELECT pg_advisory_lock($1)")
-            .bind(key)
-            .execute(&mut *conn)
-            .await
-            .map_err(db)?;
-        Ok(Self { conn, key })
-    }
-
-    /// Unlocks, then closes the connection (which would release the lock anyway).
-    async fn release(mut self) {
-        let unlocked: Result<bool, _> = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
-            .bind(self.key)
-            .fetch_one(&mut *self.conn)
-            .await;
-        match unlocked {
-            Ok(true) => {}
-            Ok(false) => tracing::warn!(key = self.key, "the migration lock was not held"),
-            Err(e) => {
-                tracing::warn!(
-                    error = %e,
-                    "cannot release the migration lock; closing its connection"
-                );
-            }
-        }
-        if let Err(e) = self.conn.close().await {
-            tracing::debug!(error = %e, "cannot close the migration connection");
-        }
-    }
+/// TABLE` and on the history rows. The key is per schema (see [`LOCK_KEY`]); builds of
+/// every version compute it the same way, so an old and a new build never migrate at
+/// once during a rolling deploy.
+async fn migration_lock(
+    pool: &PgPool,
+) -> Result<PgAdvisoryLockGuard<PoolConnection<Postgres>>, OutboxError> {
+    const TARGET: &str = "outbox::migrate";
+    let db = |e| OutboxError::from_sqlx(TARGET, e);
+    // From the pool rather than fresh, so its `after_connect` (e.g. a `SET
+    // search_path`) applies: the lock key and every table name depend on it.
+    let mut conn = crate::connect::acquire(pool, TARGET).await?;
+    // A session lock must never go back to the pool, even if this future is dropped
+    // mid-run: closing the connection releases it.
+    conn.close_on_drop();
+    // Computed once: a migration that changes the search_path must not change the key.
+    let key: i64 = sqlx::query_scalar(LOCK_KEY)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?;
+    tracing::debug!(key, "waiting for the migration lock");
+    PgAdvisoryLock::with_key(PgAdvisoryLockKey::BigInt(key))
+        .acquire(conn)
+        .await
+        .map_err(db)
 }
 
 /// refinery's async driver over a sqlx connection, so migrations need no second driver.
@@ -549,7 +522,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::spec::{Column, MigrationStep, Statements};
+    use crate::spec::{Column, MigrationStep, Statement};
 
     const V1: MigrationStep = MigrationStep {
         version: 1,
@@ -598,22 +571,7 @@ mod tests {
             lease: Duration::from_secs(30),
             retry_delay: Duration::from_secs(1),
             max_attempts: 5,
-            sql: Statements {
-                enqueue: "",
-                claim: "",
-                complete: "",
-                retry: "",
-                renew: "",
-                fail: "",
-                enqueue_all: "",
-                complete_batch: "",
-                record: "",
-                renew_batch: "",
-                requeue_dead: "",
-                requeue_all_dead: "",
-                prune_sent: "",
-                stats: "",
-            },
+            sql: crate::spec::derive_only_statements([""; Statement::COUNT], &[]),
             columns,
             migrations,
         }

@@ -8,7 +8,7 @@ use sqlx::postgres::types::PgInterval;
 
 use crate::error::OutboxError;
 use crate::interval;
-use crate::spec::Outbox;
+use crate::spec::{Outbox, Statement};
 
 /// A snapshot of one outbox table, for dashboards and alerts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -40,7 +40,7 @@ pub async fn stats<'e, T: Outbox>(executor: impl PgExecutor<'e>) -> Result<Stats
         i64,
         i64,
         Option<PgInterval>,
-    ) = sqlx::query_as(spec.sql.stats)
+    ) = sqlx::query_as(spec.sql.get(Statement::Stats))
         .fetch_one(executor)
         .await
         .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
@@ -69,7 +69,7 @@ pub async fn requeue_dead<'e, T: Outbox>(
 ) -> Result<Vec<crate::EventId>, OutboxError> {
     let spec = T::SPEC;
     let ids: Vec<&str> = event_ids.iter().map(AsRef::as_ref).collect();
-    let requeued: Vec<String> = sqlx::query_scalar(spec.sql.requeue_dead)
+    let requeued: Vec<String> = sqlx::query_scalar(spec.sql.get(Statement::RequeueDead))
         .bind(ids)
         .fetch_all(executor)
         .await
@@ -83,7 +83,7 @@ pub async fn requeue_all_dead<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
 ) -> Result<u64, OutboxError> {
     let spec = T::SPEC;
-    let count: i64 = sqlx::query_scalar(spec.sql.requeue_all_dead)
+    let count: i64 = sqlx::query_scalar(spec.sql.get(Statement::RequeueAllDead))
         .fetch_one(executor)
         .await
         .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
@@ -99,7 +99,7 @@ pub async fn prune_sent<'e, T: Outbox>(
     batch: u32,
 ) -> Result<u64, OutboxError> {
     let spec = T::SPEC;
-    let done = sqlx::query(spec.sql.prune_sent)
+    let done = sqlx::query(spec.sql.get(Statement::PruneSent))
         .bind(interval::checked(spec.table, "prune age", older_than)?)
         .bind(i64::from(batch))
         .execute(executor)

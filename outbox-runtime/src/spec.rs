@@ -2,173 +2,43 @@
 
 use std::time::Duration;
 
+pub(crate) use outbox_internals::Statement;
 use sqlx::postgres::{PgArguments, PgRow};
 
 /// A query whose arguments are being bound.
 pub type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, PgArguments>;
 
-/// The statements of one outbox table. Every one is a `&'static str` produced by the
-/// derive, and nothing from a caller reaches the SQL text except through bound
-/// parameters; the one exception, the claim's row limit, is an integer (see
+/// The statements of one outbox table, by [`Statement`]. Every one is a `&'static str`
+/// produced by the derive, and nothing from a caller reaches the SQL text except through
+/// bound parameters; the one exception, the claim's row limit, is an integer (see
 /// [`claim_limited`](Self::claim_limited)).
 ///
 /// Not part of the public API: only `#[derive(Outbox)]` builds one, through
 /// `__private::derive_only_statements`, because the guards the runtime relies on (the
-/// lease, the generation) live in this SQL. Outside code reads it through
-/// [`TableSpec::sql`] and the accessors below, never through its fields.
+/// lease, the generation) live in this SQL. Each [`Statement`]'s documentation is its
+/// contract: its parameters and its result.
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct Statements {
-    /// `INSERT` of one event, `$1` the event id then one parameter per field, and a
-    /// `pg_notify` on the table's name, delivered when the transaction commits.
-    pub(crate) enqueue: &'static str,
-    /// `INSERT` of many events from one array per column (`$1` the event ids), and one
-    /// `pg_notify`.
-    pub(crate) enqueue_all: &'static str,
-    /// Claim of up to `$1` rows: due `READY` rows and expired `INPROGRESS` rows, each
-    /// branch read from its own partial index and locked with `SKIP LOCKED`; expired
-    /// rows over their attempt budget move to `DEAD` in the same statement. Returns
-    /// id, event_id, generation, attempts, lease_until, reclaimed, then the payload.
-    /// `$1` is its only parameter; it runs as [`claim_limited`](Self::claim_limited).
-    pub(crate) claim: &'static str,
-    /// Guarded `INPROGRESS -> SENT` of (`$1` id, `$2` generation).
-    pub(crate) complete: &'static str,
-    /// Guarded `INPROGRESS -> READY` after `$3` (or `DEAD` when the budget is spent),
-    /// `$4` optional error text.
-    pub(crate) retry: &'static str,
-    /// Guarded lease extension of (`$1` id, `$2` generation).
-    pub(crate) renew: &'static str,
-    /// Guarded `INPROGRESS -> DEAD` of (`$1` id, `$2` generation) with `$3` as `last_error`.
-    pub(crate) fail: &'static str,
-    /// Guarded `INPROGRESS -> SENT` of a batch, each row guarded on its own (`$1` ids,
-    /// `$2` generations). Returns the ids it recorded.
-    pub(crate) complete_batch: &'static str,
-    /// The outcomes of a batch, each row guarded on its own (`$1`..`$5`: arrays of ids,
-    /// generations, outcomes `SENT`/`RETRY`/`DEAD`/`RELEASE`, retry delays, errors).
-    /// Returns (id, new status) per recorded row; a row missing there was stale.
-    pub(crate) record: &'static str,
-    /// Guarded lease extension of a batch (`$1` ids, `$2` generations); returns (id, lease).
-    pub(crate) renew_batch: &'static str,
-    /// `DEAD -> READY` with a fresh budget, for the event ids in `$1`; returns the ids.
-    pub(crate) requeue_dead: &'static str,
-    /// `DEAD -> READY` with a fresh budget for every dead row; returns the count.
-    pub(crate) requeue_all_dead: &'static str,
-    /// Deletes up to `$2` `SENT` rows created more than `$1` ago.
-    pub(crate) prune_sent: &'static str,
-    /// Counts per status, expired claims, and the age of the oldest eligible event.
-    pub(crate) stats: &'static str,
+    texts: [&'static str; Statement::COUNT],
+    /// The claim, in pieces between which its row limit is written.
+    claim: &'static [&'static str],
 }
 
 /// Builds the [`Statements`] of a table: for `#[derive(Outbox)]` only, which renders
 /// every statement with its guards. Not part of the public API.
 #[doc(hidden)]
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one argument per statement, written only by the derive"
-)]
 pub const fn derive_only_statements(
-    enqueue: &'static str,
-    enqueue_all: &'static str,
-    claim: &'static str,
-    complete: &'static str,
-    retry: &'static str,
-    renew: &'static str,
-    fail: &'static str,
-    complete_batch: &'static str,
-    record: &'static str,
-    renew_batch: &'static str,
-    requeue_dead: &'static str,
-    requeue_all_dead: &'static str,
-    prune_sent: &'static str,
-    stats: &'static str,
+    texts: [&'static str; Statement::COUNT],
+    claim: &'static [&'static str],
 ) -> Statements {
-    Statements {
-        enqueue,
-        enqueue_all,
-        claim,
-        complete,
-        retry,
-        renew,
-        fail,
-        complete_batch,
-        record,
-        renew_batch,
-        requeue_dead,
-        requeue_all_dead,
-        prune_sent,
-        stats,
-    }
+    Statements { texts, claim }
 }
 
 impl Statements {
-    /// The `enqueue` statement, as documented on its field.
-    pub const fn enqueue(&self) -> &'static str {
-        self.enqueue
-    }
-
-    /// The `enqueue_all` statement, as documented on its field.
-    pub const fn enqueue_all(&self) -> &'static str {
-        self.enqueue_all
-    }
-
-    /// The `claim` statement, as documented on its field.
-    pub const fn claim(&self) -> &'static str {
-        self.claim
-    }
-
-    /// The `complete` statement, as documented on its field.
-    pub const fn complete(&self) -> &'static str {
-        self.complete
-    }
-
-    /// The `retry` statement, as documented on its field.
-    pub const fn retry(&self) -> &'static str {
-        self.retry
-    }
-
-    /// The `renew` statement, as documented on its field.
-    pub const fn renew(&self) -> &'static str {
-        self.renew
-    }
-
-    /// The `fail` statement, as documented on its field.
-    pub const fn fail(&self) -> &'static str {
-        self.fail
-    }
-
-    /// The `complete_batch` statement, as documented on its field.
-    pub const fn complete_batch(&self) -> &'static str {
-        self.complete_batch
-    }
-
-    /// The `record` statement, as documented on its field.
-    pub const fn record(&self) -> &'static str {
-        self.record
-    }
-
-    /// The `renew_batch` statement, as documented on its field.
-    pub const fn renew_batch(&self) -> &'static str {
-        self.renew_batch
-    }
-
-    /// The `requeue_dead` statement, as documented on its field.
-    pub const fn requeue_dead(&self) -> &'static str {
-        self.requeue_dead
-    }
-
-    /// The `requeue_all_dead` statement, as documented on its field.
-    pub const fn requeue_all_dead(&self) -> &'static str {
-        self.requeue_all_dead
-    }
-
-    /// The `prune_sent` statement, as documented on its field.
-    pub const fn prune_sent(&self) -> &'static str {
-        self.prune_sent
-    }
-
-    /// The `stats` statement, as documented on its field.
-    pub const fn stats(&self) -> &'static str {
-        self.stats
+    /// The text of `statement`.
+    pub const fn get(&self, statement: Statement) -> &'static str {
+        self.texts[statement.index()]
     }
 
     /// The claim of up to `limit` rows, with the limit written into the text.
@@ -181,7 +51,7 @@ impl Statements {
     /// table's statistics change.
     #[must_use]
     pub fn claim_limited(&self, limit: u32) -> String {
-        self.claim.replace("$1", &limit.to_string())
+        self.claim.join(&limit.to_string())
     }
 }
 

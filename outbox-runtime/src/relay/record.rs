@@ -8,7 +8,8 @@ use sqlx::{Connection as _, PgConnection, PgExecutor};
 
 use crate::claim::{Claim, claim_on};
 use crate::error::{OutboxError, storable_reason};
-use crate::spec::{Outbox, interval};
+use crate::spec::{Outbox, Statement, interval};
+use outbox_internals::{Outcome as Recording, Status};
 
 /// What to record for one claimed row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,7 +44,7 @@ impl Recorded {
     /// The status row `id` was left in, or `None` if its outcome was rejected as stale.
     pub(crate) fn status(&self, id: i64) -> Option<&str> {
         match self {
-            Self::Sent(recorded) => recorded.contains(&id).then_some("SENT"),
+            Self::Sent(recorded) => recorded.contains(&id).then_some(Status::Sent.as_sql()),
             Self::Statuses(statuses) => statuses.get(&id).map(String::as_str),
         }
     }
@@ -90,7 +91,7 @@ async fn record<'e, T: Outbox>(
     let db = |e| OutboxError::from_sqlx(spec.table, e);
     let (ids, generations) = columns(outcomes.iter().map(|(row, _)| row));
     if outcomes.iter().all(|(_, o)| *o == Outcome::Sent) {
-        let recorded: Vec<i64> = sqlx::query_scalar(spec.sql.complete_batch)
+        let recorded: Vec<i64> = sqlx::query_scalar(spec.sql.get(Statement::CompleteBatch))
             .bind(ids)
             .bind(generations)
             .fetch_all(executor)
@@ -105,16 +106,16 @@ async fn record<'e, T: Outbox>(
         );
         for (_, outcome) in outcomes {
             let (kind, delay, error) = match outcome {
-                Outcome::Sent => ("SENT", Duration::ZERO, None),
-                Outcome::Retry { delay, error } => ("RETRY", *delay, Some(error.as_str())),
-                Outcome::Dead { error } => ("DEAD", Duration::ZERO, Some(error.as_str())),
-                Outcome::Release => ("RELEASE", Duration::ZERO, None),
+                Outcome::Sent => (Recording::Sent, Duration::ZERO, None),
+                Outcome::Retry { delay, error } => (Recording::Retry, *delay, Some(error.as_str())),
+                Outcome::Dead { error } => (Recording::Dead, Duration::ZERO, Some(error.as_str())),
+                Outcome::Release => (Recording::Release, Duration::ZERO, None),
             };
-            kinds.push(kind);
+            kinds.push(kind.as_sql());
             delays.push(interval(delay));
             errors.push(error.map(storable_reason));
         }
-        let statuses = sqlx::query_as(spec.sql.record)
+        let statuses = sqlx::query_as(spec.sql.get(Statement::Record))
             .bind(ids)
             .bind(generations)
             .bind(kinds)
@@ -134,7 +135,7 @@ pub(crate) async fn renew<'e, T: Outbox>(
 ) -> Result<Vec<(i64, DateTime<Utc>)>, OutboxError> {
     let spec = T::SPEC;
     let (ids, generations) = columns(rows);
-    sqlx::query_as(spec.sql.renew_batch)
+    sqlx::query_as(spec.sql.get(Statement::RenewBatch))
         .bind(ids)
         .bind(generations)
         .fetch_all(executor)

@@ -1,0 +1,337 @@
+//! The vocabulary that `outbox-derive` (which writes the SQL) and `outbox-runtime`
+//! (which runs it) must agree on, in one place: the row statuses, the relay's outcomes,
+//! the bookkeeping columns, the claim's result header, the statements, and the
+//! identifier rule. No dependencies, no public API of the `outbox` crate: the derive
+//! uses it at expansion time, the runtime at run time.
+
+/// The states of an outbox row, as stored in its `status` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// Waiting for a claim once `next_attempt_at` has come.
+    Ready,
+    /// Claimed by a publisher until `lease_until`.
+    InProgress,
+    /// Published, and recorded so by the current owner.
+    Sent,
+    /// Given up on: a permanent failure, a spent budget, or a payload that does not
+    /// decode. Kept for an operator.
+    Dead,
+}
+
+impl Status {
+    /// Every status, in the order a row moves through them.
+    pub const ALL: [Self; 4] = [Self::Ready, Self::InProgress, Self::Sent, Self::Dead];
+
+    /// The value in the `status` column.
+    pub const fn as_sql(self) -> &'static str {
+        match self {
+            Self::Ready => "READY",
+            Self::InProgress => "INPROGRESS",
+            Self::Sent => "SENT",
+            Self::Dead => "DEAD",
+        }
+    }
+
+    /// The status a `status` value names.
+    pub fn from_sql(value: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_sql() == value)
+    }
+}
+
+/// What the relay records for one claimed row, as its `record` statement spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Published: `SENT`.
+    Sent,
+    /// Failed, worth another attempt after a delay: `READY` (or `DEAD` once the budget
+    /// is spent).
+    Retry,
+    /// Failed for good: `DEAD`.
+    Dead,
+    /// Not sent (shutdown): back to `READY`, due now, the attempt not counted.
+    Release,
+}
+
+impl Outcome {
+    /// The value the `record` statement matches on.
+    pub const fn as_sql(self) -> &'static str {
+        match self {
+            Self::Sent => "SENT",
+            Self::Retry => "RETRY",
+            Self::Dead => "DEAD",
+            Self::Release => "RELEASE",
+        }
+    }
+}
+
+/// A column every outbox table has, beside the event's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bookkeeping {
+    /// The column's name.
+    pub name: &'static str,
+    /// Its definition in `CREATE TABLE`, after the name.
+    pub definition: &'static str,
+    /// Its type as `format_type()` prints it, for the drift check.
+    pub catalog_type: &'static str,
+    /// Whether it accepts NULL.
+    pub nullable: bool,
+}
+
+const fn column(
+    name: &'static str,
+    definition: &'static str,
+    catalog_type: &'static str,
+    nullable: bool,
+) -> Bookkeeping {
+    Bookkeeping {
+        name,
+        definition,
+        catalog_type,
+        nullable,
+    }
+}
+
+/// The bookkeeping columns, in table order. Once a table is released, its `CREATE
+/// TABLE` must never change (the migration's checksum would), so neither may these.
+pub const BOOKKEEPING: [Bookkeeping; 9] = [
+    column(
+        "id",
+        "bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+        "bigint",
+        false,
+    ),
+    // Matched byte for byte, never sorted: its unique index takes an entry on every
+    // update, where a locale-aware comparison costs far more than a `memcmp`.
+    column(
+        "event_id",
+        "text COLLATE \"C\" NOT NULL UNIQUE",
+        "text",
+        false,
+    ),
+    column(
+        "status",
+        "text NOT NULL DEFAULT 'READY'\n        CHECK (status IN ('READY', 'INPROGRESS', 'SENT', 'DEAD'))",
+        "text",
+        false,
+    ),
+    // A random start: a claim token (id, generation) can then never match a row of
+    // another table, schema or database, nor of this one after its ids restart.
+    column(
+        "generation",
+        "bigint NOT NULL DEFAULT (random() * (2 ^ 62))::bigint",
+        "bigint",
+        false,
+    ),
+    column("attempts", "integer NOT NULL DEFAULT 0", "integer", false),
+    column(
+        "lease_until",
+        "timestamptz",
+        "timestamp with time zone",
+        true,
+    ),
+    column(
+        "next_attempt_at",
+        "timestamptz NOT NULL DEFAULT statement_timestamp()",
+        "timestamp with time zone",
+        false,
+    ),
+    column("last_error", "text", "text", true),
+    column(
+        "created_at",
+        "timestamptz NOT NULL DEFAULT statement_timestamp()",
+        "timestamp with time zone",
+        false,
+    ),
+];
+
+/// The columns the claim statement returns before the payload, in order: what a
+/// [`Claim`](https://docs.rs/outbox) is made of.
+pub mod claim_header {
+    /// The row id.
+    pub const ID: usize = 0;
+    /// The stable event id.
+    pub const EVENT_ID: usize = 1;
+    /// The generation this claim holds.
+    pub const GENERATION: usize = 2;
+    /// Claims used of the budget, this one included.
+    pub const ATTEMPTS: usize = 3;
+    /// The new lease's end; NULL when the claim moved the row to `DEAD` instead.
+    pub const LEASE_UNTIL: usize = 4;
+    /// Whether the claim took over an expired claim.
+    pub const RECLAIMED: usize = 5;
+    /// The header, as the statement writes it (`o.` is the claimed row).
+    pub const COLUMNS: [&str; 6] = [
+        "o.id",
+        "o.event_id",
+        "o.generation",
+        "o.attempts",
+        "o.lease_until",
+        "o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed",
+    ];
+    /// The result name of [`RECLAIMED`]: not a column, so no payload column may take it.
+    pub const RECLAIMED_NAME: &str = "outbox_reclaimed";
+}
+
+/// Every statement of an outbox table. The derive writes each one's text (and, with
+/// the `checked` feature, its compile-time check) in one exhaustive `match`; the runtime
+/// runs it from the table's spec by this name. Each variant's documentation is its
+/// contract: its parameters and what it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Statement {
+    /// `INSERT` of one event, skipping an event id already there. `$1` the event id
+    /// (`text`), then one parameter per payload column. Returns the row's `id`, or no
+    /// row for a duplicate; notifies the table's channel on commit.
+    Enqueue,
+    /// `INSERT` of many events, one array per column: `$1` the event ids (`text[]`), then
+    /// one array per payload column. Returns nothing; raises a unique violation on a
+    /// duplicate. Notifies once on commit.
+    EnqueueAll,
+    /// [`EnqueueAll`](Self::EnqueueAll) that skips event ids already there (or earlier
+    /// in the arrays). Returns the `event_id` of every row written.
+    EnqueueAllSkipping,
+    /// Claims up to a limit of due `READY` rows and expired `INPROGRESS` rows. No
+    /// parameters: the limit is written into the text (see `Statements::claim`).
+    /// Returns the [`claim_header`] columns, then the payload columns.
+    Claim,
+    /// Guarded `INPROGRESS -> SENT`: `$1` id, `$2` generation (`bigint`). Returns `id`.
+    Complete,
+    /// Guarded `INPROGRESS -> READY` after `$3` (`interval`), or `DEAD` when the budget is
+    /// spent; `$4` the error (`text`, nullable). Returns the new `status`.
+    Retry,
+    /// Guarded lease extension: `$1` id, `$2` generation. Returns the new `lease_until`.
+    Renew,
+    /// Guarded `INPROGRESS -> DEAD`: `$1` id, `$2` generation, `$3` the reason. Returns `id`.
+    Fail,
+    /// Guarded `INPROGRESS -> SENT` of a batch, each row on its own: `$1` ids, `$2`
+    /// generations (`bigint[]`). Returns the `id`s recorded.
+    CompleteBatch,
+    /// The outcomes of a batch, each row on its own: `$1` ids, `$2` generations, `$3`
+    /// [`Outcome`]s (`text[]`), `$4` retry delays (`interval[]`), `$5` errors (`text[]`).
+    /// Returns (`id`, new `status`) per row recorded; a row missing there was stale.
+    Record,
+    /// Guarded lease extension of a batch: `$1` ids, `$2` generations. Returns (`id`,
+    /// `lease_until`) per row still owned.
+    RenewBatch,
+    /// `DEAD -> READY` with a fresh budget for the event ids in `$1` (`text[]`). Returns
+    /// the `event_id`s requeued.
+    RequeueDead,
+    /// `DEAD -> READY` with a fresh budget for every dead row. Returns the count.
+    RequeueAllDead,
+    /// Deletes up to `$2` (`bigint`) `SENT` rows created more than `$1` (`interval`) ago.
+    PruneSent,
+    /// Counts per status, expired claims, and the age of the oldest eligible event.
+    Stats,
+}
+
+impl Statement {
+    /// Every statement, in the order the spec stores them.
+    pub const ALL: [Self; 15] = [
+        Self::Enqueue,
+        Self::EnqueueAll,
+        Self::EnqueueAllSkipping,
+        Self::Claim,
+        Self::Complete,
+        Self::Retry,
+        Self::Renew,
+        Self::Fail,
+        Self::CompleteBatch,
+        Self::Record,
+        Self::RenewBatch,
+        Self::RequeueDead,
+        Self::RequeueAllDead,
+        Self::PruneSent,
+        Self::Stats,
+    ];
+
+    /// How many statements a table has.
+    pub const COUNT: usize = Self::ALL.len();
+
+    /// This statement's place in [`ALL`](Self::ALL).
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Its name, in snake case: for snapshots and logs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Enqueue => "enqueue",
+            Self::EnqueueAll => "enqueue_all",
+            Self::EnqueueAllSkipping => "enqueue_all_skipping",
+            Self::Claim => "claim",
+            Self::Complete => "complete",
+            Self::Retry => "retry",
+            Self::Renew => "renew",
+            Self::Fail => "fail",
+            Self::CompleteBatch => "complete_batch",
+            Self::Record => "record",
+            Self::RenewBatch => "renew_batch",
+            Self::RequeueDead => "requeue_dead",
+            Self::RequeueAllDead => "requeue_all_dead",
+            Self::PruneSent => "prune_sent",
+            Self::Stats => "stats",
+        }
+    }
+}
+
+/// PostgreSQL truncates longer identifiers, so the derive refuses them.
+pub const MAX_IDENTIFIER: usize = 63;
+
+/// A plain lowercase SQL identifier: nothing to quote, nothing to inject. (Its length
+/// is a separate rule: at most [`MAX_IDENTIFIER`] bytes.)
+pub fn is_plain_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_are_indexed_in_the_order_of_all() {
+        for (i, s) in Statement::ALL.into_iter().enumerate() {
+            assert_eq!(s.index(), i, "{}", s.name());
+        }
+    }
+
+    #[test]
+    fn statuses_round_trip_through_their_column_values() {
+        for s in Status::ALL {
+            assert_eq!(Status::from_sql(s.as_sql()), Some(s));
+        }
+        assert_eq!(Status::from_sql("ready"), None);
+    }
+
+    #[test]
+    fn the_status_column_allows_every_status_and_only_those() {
+        let status = BOOKKEEPING.iter().find(|c| c.name == "status").unwrap();
+        let allowed: Vec<String> = Status::ALL
+            .iter()
+            .map(|s| format!("'{}'", s.as_sql()))
+            .collect();
+        assert!(
+            status
+                .definition
+                .ends_with(&format!("CHECK (status IN ({}))", allowed.join(", "))),
+            "{}",
+            status.definition
+        );
+    }
+
+    #[test]
+    fn plain_identifiers() {
+        assert!(is_plain_identifier("order_events"));
+        assert!(is_plain_identifier("_x1"));
+        assert!(!is_plain_identifier("1x"));
+        assert!(!is_plain_identifier("Order"));
+        assert!(!is_plain_identifier("a;drop"));
+        assert!(!is_plain_identifier(""));
+        assert!(
+            is_plain_identifier(&"a".repeat(64)),
+            "length is a rule of its own"
+        );
+    }
+}
