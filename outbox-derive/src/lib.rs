@@ -3,8 +3,11 @@
 //! The macro works in stages, each in its own module:
 //! `attr` parses `#[outbox(..)]` attributes, `model` validates them into a model
 //! of the table, `sql` renders every statement and migration as text, and
-//! `expand` generates the code. Errors are accumulated, each spanned at the
-//! offending token, so one compile shows every mistake.
+//! `expand` generates the code. `model` assembles the rules of its own modules:
+//! `ident` (table, column and history table names), `duration` (`lease`,
+//! `retry_delay`), `types` (Rust type to column type) and `fields` (the struct's
+//! fields). Errors are accumulated, each spanned at the offending token, so one
+//! compile shows every mistake.
 //!
 //! Use it through the `outbox` crate (`#[derive(outbox::Outbox)]`): the generated code
 //! names the runtime only through `::outbox::__private`. The attribute reference is the
@@ -12,9 +15,13 @@
 //! derive's page.
 
 mod attr;
+mod duration;
 mod expand;
+mod fields;
+mod ident;
 mod model;
 mod sql;
+mod types;
 
 use proc_macro::TokenStream;
 use syn::{DeriveInput, parse_macro_input};
