@@ -7,7 +7,8 @@
 //! `ident` (table, column and history table names), `duration` (`lease`,
 //! `retry_delay`), `types` (Rust type to column type) and `fields` (the struct's
 //! fields). Errors are accumulated, each spanned at the offending token, so one
-//! compile shows every mistake.
+//! compile shows every mistake; `fallback` emits them with a stand-in
+//! implementation, so the type's uses elsewhere report nothing more.
 //!
 //! Use it through the `outbox` crate (`#[derive(outbox::Outbox)]`): the generated code
 //! names the runtime only through `::outbox::__private`. The attribute reference is the
@@ -17,6 +18,7 @@
 mod attr;
 mod duration;
 mod expand;
+mod fallback;
 mod fields;
 mod ident;
 mod model;
@@ -140,9 +142,9 @@ use syn::{DeriveInput, parse_macro_input};
 #[proc_macro_derive(Outbox, attributes(outbox))]
 pub fn derive_outbox(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
-    model::Model::from_input(&input)
-        .map_or_else(syn::Error::into_compile_error, |model| {
-            expand::expand(&model)
-        })
-        .into()
+    match model::Model::from_input(&input) {
+        Ok(model) => expand::expand(&model),
+        Err(errors) => fallback::fallback(&input, errors),
+    }
+    .into()
 }
