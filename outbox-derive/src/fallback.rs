@@ -27,8 +27,9 @@ pub(crate) fn fallback(input: &DeriveInput, errors: syn::Error) -> TokenStream {
     out
 }
 
-/// `impl Outbox` whose functions panic, with an empty `SPEC`, and the inherent methods `expand` generates, with
-/// their signatures, on a model without table or fields.
+/// `impl Outbox` with an empty `SPEC` and functions that panic, and the inherent
+/// methods `expand` generates (so their signatures have one source), for a model
+/// without table or fields.
 fn stand_in(input: &DeriveInput) -> TokenStream {
     let p = quote!(::outbox::__private);
     let ident = &input.ident;
