@@ -20,6 +20,16 @@ impl Errors {
     pub(crate) fn finish<T>(self, value: T) -> syn::Result<T> {
         self.0.map_or(Ok(value), Err)
     }
+
+    /// Every message, in order.
+    #[cfg(test)]
+    pub(crate) fn messages(self) -> Vec<String> {
+        self.0
+            .into_iter()
+            .flatten()
+            .map(|e| e.to_string())
+            .collect()
+    }
 }
 
 pub(crate) const CONTAINER_KEYS: &[&str] = &["table", "lease", "retry_delay", "max_attempts"];
@@ -230,4 +240,40 @@ pub(crate) fn parse_field(attrs: &[Attribute], errors: &mut Errors) -> FieldAttr
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn edit_distance_counts_insertions_deletions_and_substitutions() {
+        assert_eq!(edit_distance("table", "table"), 0);
+        assert_eq!(edit_distance("", "lease"), 5);
+        assert_eq!(edit_distance("lease", ""), 5);
+        assert_eq!(edit_distance("tabel", "table"), 2);
+        assert_eq!(edit_distance("lese", "lease"), 1);
+        assert_eq!(edit_distance("leases", "lease"), 1);
+        assert_eq!(edit_distance("lEase", "lease"), 1);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn closest_suggests_a_key_within_two_edits() {
+        assert_eq!(closest("tabel", CONTAINER_KEYS), Some("table"));
+        assert_eq!(closest("retry_dealy", CONTAINER_KEYS), Some("retry_delay"));
+        assert_eq!(closest("max_attempt", CONTAINER_KEYS), Some("max_attempts"));
+        assert_eq!(closest("jsn", FIELD_KEYS), Some("json"));
+        assert_eq!(closest("columns", FIELD_KEYS), Some("column"));
+        assert_eq!(closest("eventid", FIELD_KEYS), Some("event_id"));
+        // Three edits or more: no guess.
+        assert_eq!(closest("name", CONTAINER_KEYS), None);
+        assert_eq!(closest("nullable", FIELD_KEYS), None);
+    }
+
+    #[test]
+    fn closest_prefers_the_nearest_key_then_the_first() {
+        assert_eq!(closest("abx", &["abcd", "ab"]), Some("ab"));
+        assert_eq!(closest("ab", &["abc", "ab_"]), Some("abc"));
+    }
 }

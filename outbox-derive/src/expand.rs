@@ -128,7 +128,7 @@ fn checked(model: &Model, definitions: &[Definition]) -> TokenStream {
 
 /// `T::enqueue`, `T::claim`, `T::claim_batch`, `T::migrations`: inherent, so users need
 /// not import a trait to call them.
-fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
+pub(crate) fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
     let (ident, table) = (&model.ident, &model.table);
     quote! {
         #[automatically_derived]

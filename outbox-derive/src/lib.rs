@@ -3,8 +3,12 @@
 //! The macro works in stages, each in its own module:
 //! `attr` parses `#[outbox(..)]` attributes, `model` validates them into a model
 //! of the table, `sql` renders every statement and migration as text, and
-//! `expand` generates the code. Errors are accumulated, each spanned at the
-//! offending token, so one compile shows every mistake.
+//! `expand` generates the code. `model` assembles the rules of its own modules:
+//! `ident` (table, column and history table names), `duration` (`lease`,
+//! `retry_delay`), `types` (Rust type to column type) and `fields` (the struct's
+//! fields). Errors are accumulated, each spanned at the offending token, so one
+//! compile shows every mistake; `fallback` emits them with a stand-in
+//! implementation, so the type's uses elsewhere report nothing more.
 //!
 //! Use it through the `outbox` crate (`#[derive(outbox::Outbox)]`): the generated code
 //! names the runtime only through `::outbox::__private`. The attribute reference is the
@@ -12,10 +16,15 @@
 //! derive's page.
 
 mod attr;
+mod duration;
 mod expand;
+mod fallback;
+mod fields;
+mod ident;
 mod model;
 mod sql;
 mod statements;
+mod types;
 
 use proc_macro::TokenStream;
 use syn::{DeriveInput, parse_macro_input};
@@ -134,9 +143,9 @@ use syn::{DeriveInput, parse_macro_input};
 #[proc_macro_derive(Outbox, attributes(outbox))]
 pub fn derive_outbox(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
-    model::Model::from_input(&input)
-        .map_or_else(syn::Error::into_compile_error, |model| {
-            expand::expand(&model)
-        })
-        .into()
+    match model::Model::from_input(&input) {
+        Ok(model) => expand::expand(&model),
+        Err(errors) => fallback::fallback(&input, errors),
+    }
+    .into()
 }
