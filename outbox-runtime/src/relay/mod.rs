@@ -309,14 +309,9 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             // claim runs is not lost.
             let mut notified = pin!(self.wake.notified());
             notified.as_mut().enable();
-            let limit = if stopping { 0 } else { self.relay.batch_size };
-            let claimed = async {
-                record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, limit).await
-            };
-            match claimed.await {
-                Ok((claims, recorded)) => {
+            match self.record_and_claim(&mut conn, &pending, stopping).await {
+                Ok(claims) => {
                     failures = 0;
-                    account::<T>(&pending.outcomes, &recorded);
                     pending = Pending::default();
                     if claims.is_empty() {
                         // Idle: the connection goes back to the pool until there is work.
@@ -337,6 +332,21 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                 }
             }
         }
+    }
+
+    /// Records the `pending` outcomes and claims the next batch (none when `stopping`) in
+    /// one transaction, recording first: [`record::record_and_claim`] says why that order.
+    async fn record_and_claim(
+        &self,
+        conn: &mut Connection<'_>,
+        pending: &Pending,
+        stopping: bool,
+    ) -> Result<Vec<Claim<T>>, OutboxError> {
+        let limit = if stopping { 0 } else { self.relay.batch_size };
+        let (claims, recorded) =
+            record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, limit).await?;
+        account::<T>(&pending.outcomes, &recorded);
+        Ok(claims)
     }
 
     /// Waits for a notification, the poll interval or shutdown.
