@@ -10,25 +10,29 @@
 //! in-flight sends within a grace period and hands the rest back.
 
 mod backoff;
+mod in_flight;
 mod record;
+mod renewal;
 mod sink;
 
-use std::collections::HashSet;
 use std::marker::PhantomData;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgListener;
 use sqlx::{PgConnection, PgPool, Postgres};
 use tokio::sync::Notify;
+use tokio::sync::futures::Notified;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, sleep_until};
 use tracing::Instrument as _;
 
 pub use backoff::Backoff;
+use in_flight::InFlight;
 use record::{Outcome, Owned, Recorded};
+use renewal::Renewal;
 pub use sink::{BoxError, Delivery, MemorySink, Published, Sink, SinkError, StdoutSink};
 /// The shutdown signal [`Relay::run`] takes (re-exported from tokio-util).
 pub use tokio_util::sync::CancellationToken;
@@ -259,15 +263,43 @@ struct Pending {
     lease_deadline: Option<Instant>,
 }
 
+/// The worker's connection: acquired when there is work, kept while there is. Each
+/// pass through the pool costs two round trips (sqlx pings a connection when it is
+/// acquired and when it is released), as much as a small batch's statements.
+struct Connection<'p> {
+    pool: &'p PgPool,
+    table: &'static str,
+    held: Option<PoolConnection<Postgres>>,
+}
+
+impl Connection<'_> {
+    /// The connection held, or one from the pool.
+    async fn get(&mut self) -> Result<&mut PgConnection, OutboxError> {
+        let held = match self.held.take() {
+            Some(held) => held,
+            None => crate::connect::acquire(self.pool, self.table).await?,
+        };
+        Ok(self.held.insert(held))
+    }
+
+    /// Gives the connection back to the pool (which tests it, and closes it if it is
+    /// broken).
+    fn release(&mut self) {
+        self.held = None;
+    }
+}
+
 impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// Claim, publish, then record the outcomes *and* claim the next batch in one
     /// transaction: one commit per batch.
     async fn run(self) -> Result<(), OutboxError> {
-        let table = T::SPEC.table;
-        let db_backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+        let mut conn = Connection {
+            pool: &self.relay.pool,
+            table: T::SPEC.table,
+            held: None,
+        };
         let mut failures = 0;
         let mut pending = Pending::default();
-        let mut conn = None;
         loop {
             let stopping = self.stop.is_cancelled();
             if stopping && pending.outcomes.is_empty() {
@@ -277,25 +309,15 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             // claim runs is not lost.
             let mut notified = pin!(self.wake.notified());
             notified.as_mut().enable();
-            let limit = if stopping { 0 } else { self.relay.batch_size };
-            let claimed = async {
-                let c = self.connection(&mut conn).await?;
-                record::record_and_claim::<T>(c, &pending.outcomes, limit).await
-            };
-            match claimed.await {
-                Ok((claims, recorded)) => {
+            match self.record_and_claim(&mut conn, &pending, stopping).await {
+                Ok(claims) => {
                     failures = 0;
-                    account::<T>(&pending.outcomes, &recorded);
                     pending = Pending::default();
                     if claims.is_empty() {
                         // Idle: the connection goes back to the pool until there is work.
-                        conn = None;
+                        conn.release();
                         if !stopping {
-                            tokio::select! {
-                                () = notified => {}
-                                () = sleep(self.relay.poll_interval) => {}
-                                () = self.stop.cancelled() => {}
-                            }
+                            self.idle(notified).await;
                         }
                     } else {
                         pending = self.publish(claims, &mut conn).await;
@@ -304,44 +326,62 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                 Err(error) if !error.is_transient() => return Err(error),
                 Err(error) => {
                     // The pool tests it on release, and closes it if it is broken.
-                    conn = None;
+                    conn.release();
                     failures += 1;
-                    let delay = db_backoff.delay(failures);
-                    let hopeless = pending
-                        .lease_deadline
-                        .is_some_and(|end| Instant::now() + delay >= end);
-                    if pending.outcomes.is_empty() {
-                        tracing::warn!(table, %error, "claim failed; backing off");
-                    } else if hopeless {
-                        tracing::error!(table, %error, rows = pending.outcomes.len(),
-                            "cannot record outcomes before the leases end; the events will be claimed and published again");
-                        pending = Pending::default();
-                    } else {
-                        tracing::warn!(table, %error, "recording outcomes failed; retrying");
-                    }
-                    if pending.outcomes.is_empty() {
-                        self.pause(delay).await;
-                    } else {
-                        // Outcomes are waiting: retry even while shutting down.
-                        sleep(delay).await;
-                    }
+                    self.back_off(&error, failures, &mut pending).await;
                 }
             }
         }
     }
 
-    /// The worker's connection: acquired when there is work, kept while there is. Each
-    /// pass through the pool costs two round trips (sqlx pings a connection when it is
-    /// acquired and when it is released), as much as a small batch's statements.
-    async fn connection<'c>(
+    /// Records the `pending` outcomes and claims the next batch (none when `stopping`) in
+    /// one transaction, recording first: [`record::record_and_claim`] says why that order.
+    async fn record_and_claim(
         &self,
-        conn: &'c mut Option<PoolConnection<Postgres>>,
-    ) -> Result<&'c mut PgConnection, OutboxError> {
-        let held = match conn.take() {
-            Some(held) => held,
-            None => crate::connect::acquire(&self.relay.pool, T::SPEC.table).await?,
-        };
-        Ok(conn.insert(held))
+        conn: &mut Connection<'_>,
+        pending: &Pending,
+        stopping: bool,
+    ) -> Result<Vec<Claim<T>>, OutboxError> {
+        let limit = if stopping { 0 } else { self.relay.batch_size };
+        let (claims, recorded) =
+            record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, limit).await?;
+        account::<T>(&pending.outcomes, &recorded);
+        Ok(claims)
+    }
+
+    /// Waits for a notification, the poll interval or shutdown.
+    async fn idle(&self, notified: Pin<&mut Notified<'_>>) {
+        tokio::select! {
+            () = notified => {}
+            () = sleep(self.relay.poll_interval) => {}
+            () = self.stop.cancelled() => {}
+        }
+    }
+
+    /// After the batch transaction failed (transiently) for the `failures`th time in a
+    /// row: waits before the next try, and gives up on the `pending` outcomes if their
+    /// leases would end first.
+    async fn back_off(&self, error: &OutboxError, failures: u32, pending: &mut Pending) {
+        let table = T::SPEC.table;
+        let delay = Backoff::new(Duration::from_millis(50), Duration::from_secs(5)).delay(failures);
+        let hopeless = pending
+            .lease_deadline
+            .is_some_and(|end| Instant::now() + delay >= end);
+        if pending.outcomes.is_empty() {
+            tracing::warn!(table, %error, "claim failed; backing off");
+        } else if hopeless {
+            tracing::error!(table, %error, rows = pending.outcomes.len(),
+                "cannot record outcomes before the leases end; the events will be claimed and published again");
+            *pending = Pending::default();
+        } else {
+            tracing::warn!(table, %error, "recording outcomes failed; retrying");
+        }
+        if pending.outcomes.is_empty() {
+            self.pause(delay).await;
+        } else {
+            // Outcomes are waiting: retry even while shutting down.
+            sleep(delay).await;
+        }
     }
 
     async fn pause(&self, delay: Duration) {
@@ -352,11 +392,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     }
 
     /// Publishes one claimed batch; returns the outcomes to record.
-    async fn publish(
-        &self,
-        claims: Vec<Claim<T>>,
-        conn: &mut Option<PoolConnection<Postgres>>,
-    ) -> Pending {
+    async fn publish(&self, claims: Vec<Claim<T>>, conn: &mut Connection<'_>) -> Pending {
         let table = T::SPEC.table;
         let span = tracing::info_span!(
             "outbox.batch",
@@ -365,121 +401,50 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             first_id = claims[0].id()
         );
         async {
-            tracing::debug!(event_ids = ?claims.iter().map(|c| c.event_id().as_str()).collect::<Vec<_>>(), "claimed");
-            metrics::counter!(metric::CLAIMED, "table" => table).increment(claims.len() as u64);
-            let reclaimed = claims.iter().filter(|c| c.is_reclaim()).count();
-            metrics::counter!(metric::RECLAIMED, "table" => table).increment(reclaimed as u64);
-            #[allow(clippy::cast_precision_loss)]
-            metrics::histogram!(metric::BATCH_SIZE, "table" => table).record(claims.len() as f64);
-
-            let (results, owned, lease_deadline) = self.send(&claims, conn).await;
-            let outcomes: Vec<(Owned, Outcome)> = claims
-                .iter()
-                .zip(owned)
-                .enumerate()
-                .filter(|(_, (_, owned))| *owned)
-                .map(|(i, (claim, _))| {
-                    let row = Owned { id: claim.id(), generation: claim.generation().get() };
-                    let outcome = match results.as_ref().map(|r| r.get(i)) {
-                        None => Outcome::Release,
-                        Some(Some(Ok(()))) => Outcome::Sent,
-                        Some(Some(Err(SinkError::Permanent(e)))) => Outcome::Dead { error: e.to_string() },
-                        Some(Some(Err(SinkError::Transient(e)))) => {
-                            Outcome::Retry { delay: self.relay.retry.delay(claim.attempt()), error: e.to_string() }
-                        }
-                        Some(None) => Outcome::Retry {
-                            delay: self.relay.retry.delay(claim.attempt()),
-                            error: "the sink returned no result for this event".to_owned(),
-                        },
-                    };
-                    (row, outcome)
-                })
-                .collect();
-            Pending { outcomes, lease_deadline: Some(lease_deadline) }
+            count_claimed(&claims);
+            let deliveries: Vec<Delivery<'_, T>> = claims.iter().map(InFlight::delivery).collect();
+            let rows = InFlight::pair(&claims, &deliveries);
+            let (results, lease_deadline) = self.send(&rows, &deliveries, conn).await;
+            Pending {
+                outcomes: in_flight::outcomes(&rows, results, &self.relay.retry),
+                lease_deadline: Some(lease_deadline),
+            }
         }
         .instrument(span)
         .await
     }
 
-    /// Runs the sink on `claims`, renewing their leases meanwhile. Returns the sink's
-    /// results (`None`: abandoned at shutdown or ownership lost), which rows are still
-    /// owned, and when the earliest of their leases ends. Renewals run on the worker's
-    /// connection (a pool with one connection per worker has no other to spare).
+    /// Runs the sink on `deliveries`, renewing the leases of their `rows` meanwhile.
+    /// Returns the sink's results (`None`: abandoned at shutdown or every row lost), and
+    /// when the earliest lease of the rows still owned ends.
     async fn send(
         &self,
-        claims: &[Claim<T>],
-        conn: &mut Option<PoolConnection<Postgres>>,
-    ) -> (Option<Vec<Result<(), SinkError>>>, Vec<bool>, Instant) {
+        rows: &[InFlight<'_, T>],
+        deliveries: &[Delivery<'_, T>],
+        conn: &mut Connection<'_>,
+    ) -> (Option<Vec<Result<(), SinkError>>>, Instant) {
         let table = T::SPEC.table;
         let relay = &self.relay;
-        let deliveries: Vec<Delivery<'_, T>> = claims
-            .iter()
-            .map(|c| Delivery {
-                event_id: c.event_id(),
-                generation: c.generation(),
-                attempt: c.attempt(),
-                event: c.event(),
-                lost: CancellationToken::new(),
-            })
-            .collect();
-        let mut owned = vec![true; claims.len()];
-        let mut lease_deadline = deadline(claims.iter().map(Claim::lease_until));
-        let renew_every = T::SPEC.lease / 3;
         let started = Instant::now();
-        let mut next_renewal = started + renew_every;
+        let mut renewal = Renewal::new(rows, started);
         let mut grace: Option<Instant> = None;
         let mut sending = pin!(tokio::time::timeout(
             relay.send_timeout,
-            sink::publish_contained::<T, S>(&relay.sink, &deliveries)
+            sink::publish_contained::<T, S>(&relay.sink, deliveries)
         ));
 
         let results = loop {
             tokio::select! {
                 biased;
                 sent = &mut sending => {
-                    break Some(sent.unwrap_or_else(|_| {
-                        tracing::warn!(table, timeout = ?relay.send_timeout, "publish timed out; retrying the batch later");
-                        claims.iter().map(|_| Err(SinkError::transient(format!("publish timed out after {:?}", relay.send_timeout)))).collect()
-                    }));
+                    break Some(sent.unwrap_or_else(|_| self.timed_out(rows.len())));
                 }
-                () = sleep_until(next_renewal) => {
-                    next_renewal += renew_every;
-                    let rows: Vec<Owned> = claims
-                        .iter()
-                        .zip(&owned)
-                        .filter(|(_, owned)| **owned)
-                        .map(|(c, _)| Owned { id: c.id(), generation: c.generation().get() })
-                        .collect();
-                    // Bounded, so an unreachable database cannot hold up the send
-                    // timeout or the shutdown grace for long.
-                    let renewal = async {
-                        let c = self.connection(conn).await?;
-                        record::renew::<T>(c, &rows).await
-                    };
-                    let renewal = tokio::time::timeout(renew_every, renewal).await;
-                    if !matches!(renewal, Ok(Ok(_))) {
-                        // Possibly cut off mid-statement: not worth keeping.
-                        *conn = None;
+                () = sleep_until(renewal.due()) => {
+                    for row in renewal.renew(conn).await {
+                        row.lose();
                     }
-                    match renewal {
-                        Ok(Ok(renewed)) => {
-                            let still: HashSet<i64> = renewed.iter().map(|(id, _)| *id).collect();
-                            for (i, claim) in claims.iter().enumerate() {
-                                if owned[i] && !still.contains(&claim.id()) {
-                                    owned[i] = false;
-                                    deliveries[i].lost.cancel();
-                                    metrics::counter!(metric::STALE, "table" => table).increment(1);
-                                    tracing::warn!(table, id = claim.id(), event_id = %claim.event_id(), generation = %claim.generation(),
-                                        "lease renewal rejected: another publisher owns this event now");
-                                }
-                            }
-                            lease_deadline = deadline(renewed.into_iter().map(|(_, until)| until.into()));
-                            if !owned.contains(&true) {
-                                break None;
-                            }
-                        }
-                        Ok(Err(error)) => tracing::warn!(table, %error, "lease renewal failed; trying again"),
-                        Err(_) => tracing::warn!(table, "lease renewal timed out; trying again"),
+                    if renewal.lost_all() {
+                        break None;
                     }
                 }
                 () = self.stop.cancelled(), if grace.is_none() => {
@@ -494,8 +459,36 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         #[allow(clippy::cast_precision_loss)]
         metrics::histogram!(metric::PUBLISH_SECONDS, "table" => table)
             .record(started.elapsed().as_secs_f64());
-        (results, owned, lease_deadline)
+        (results, renewal.lease_deadline())
     }
+
+    /// The results of a batch of `size` whose publish timed out: a transient failure each.
+    fn timed_out(&self, size: usize) -> Vec<Result<(), SinkError>> {
+        let timeout = self.relay.send_timeout;
+        tracing::warn!(
+            table = T::SPEC.table,
+            ?timeout,
+            "publish timed out; retrying the batch later"
+        );
+        (0..size)
+            .map(|_| {
+                Err(SinkError::transient(format!(
+                    "publish timed out after {timeout:?}"
+                )))
+            })
+            .collect()
+    }
+}
+
+/// Logs and counts a claimed batch.
+fn count_claimed<T: Outbox>(claims: &[Claim<T>]) {
+    let table = T::SPEC.table;
+    tracing::debug!(event_ids = ?claims.iter().map(|c| c.event_id().as_str()).collect::<Vec<_>>(), "claimed");
+    metrics::counter!(metric::CLAIMED, "table" => table).increment(claims.len() as u64);
+    let reclaimed = claims.iter().filter(|c| c.is_reclaim()).count();
+    metrics::counter!(metric::RECLAIMED, "table" => table).increment(reclaimed as u64);
+    #[allow(clippy::cast_precision_loss)]
+    metrics::histogram!(metric::BATCH_SIZE, "table" => table).record(claims.len() as f64);
 }
 
 /// Counts what happened to recorded outcomes.
@@ -530,11 +523,4 @@ fn account<T: Outbox>(outcomes: &[(Owned, Outcome)], recorded: &Recorded) {
             metrics::counter!(name, "table" => table).increment(value);
         }
     }
-}
-
-/// The tokio instant of the earliest lease end (now, if there is none).
-fn deadline(leases: impl Iterator<Item = SystemTime>) -> Instant {
-    let now = SystemTime::now();
-    let earliest = leases.min().unwrap_or(now);
-    Instant::now() + earliest.duration_since(now).unwrap_or_default()
 }

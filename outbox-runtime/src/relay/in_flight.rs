@@ -1,0 +1,179 @@
+//! One claimed row while its batch is out, and what to record for it afterwards.
+
+use tokio_util::sync::CancellationToken;
+
+use super::record::{Outcome, Owned};
+use super::{Backoff, Delivery, SinkError, metric};
+use crate::claim::Claim;
+use crate::spec::Outbox;
+
+/// A claimed row while the sink has its batch: the claim, and its delivery's ownership
+/// token, which also says whether the relay still owns the row.
+pub(super) struct InFlight<'a, T: Outbox> {
+    claim: &'a Claim<T>,
+    /// Cancelled once a lease renewal finds that another publisher owns the row; the
+    /// sink sees it through [`Delivery::is_owned`].
+    lost: &'a CancellationToken,
+}
+
+impl<'a, T: Outbox> InFlight<'a, T> {
+    /// What the sink is handed for `claim`.
+    pub(super) fn delivery(claim: &Claim<T>) -> Delivery<'_, T> {
+        Delivery {
+            event_id: claim.event_id(),
+            generation: claim.generation(),
+            attempt: claim.attempt(),
+            event: claim.event(),
+            lost: CancellationToken::new(),
+        }
+    }
+
+    /// Each claim with its delivery (built from it by [`delivery`](Self::delivery)).
+    pub(super) fn pair(claims: &'a [Claim<T>], deliveries: &'a [Delivery<'a, T>]) -> Vec<Self> {
+        claims
+            .iter()
+            .zip(deliveries)
+            .map(|(claim, delivery)| Self {
+                claim,
+                lost: &delivery.lost,
+            })
+            .collect()
+    }
+
+    pub(super) fn claim(&self) -> &'a Claim<T> {
+        self.claim
+    }
+
+    /// The row, as the guarded statements name it.
+    pub(super) fn row(&self) -> Owned {
+        Owned {
+            id: self.claim.id(),
+            generation: self.claim.generation().get(),
+        }
+    }
+
+    /// Whether the relay still owns the row: no renewal was rejected.
+    pub(super) fn is_owned(&self) -> bool {
+        !self.lost.is_cancelled()
+    }
+
+    /// Marks the row lost to another publisher: the sink can stop sending it, and the
+    /// relay records nothing for it.
+    pub(super) fn lose(&self) {
+        let table = T::SPEC.table;
+        let claim = self.claim;
+        self.lost.cancel();
+        metrics::counter!(metric::STALE, "table" => table).increment(1);
+        tracing::warn!(table, id = claim.id(), event_id = %claim.event_id(), generation = %claim.generation(),
+            "lease renewal rejected: another publisher owns this event now");
+    }
+}
+
+/// What became of one delivery.
+enum Delivered {
+    /// The sink published it.
+    Sent,
+    /// The sink returned an error for it.
+    Failed(SinkError),
+    /// The sink returned fewer results than deliveries, none for this one.
+    Missing,
+    /// The batch was abandoned before the sink returned (the shutdown grace ran out, or
+    /// every row was lost).
+    Abandoned,
+}
+
+impl Delivered {
+    /// One per delivery, in order, and endless: `results` is what the sink returned, or
+    /// `None` for an abandoned batch.
+    fn each(results: Option<Vec<Result<(), SinkError>>>) -> impl Iterator<Item = Self> {
+        let abandoned = results.is_none();
+        let returned = results.into_iter().flatten().map(|result| match result {
+            Ok(()) => Self::Sent,
+            Err(error) => Self::Failed(error),
+        });
+        returned.chain(std::iter::repeat_with(move || {
+            if abandoned {
+                Self::Abandoned
+            } else {
+                Self::Missing
+            }
+        }))
+    }
+
+    /// What to record for a delivery of a claim's `attempt`: a transient failure and a
+    /// missing result are retried after `retry`'s delay; an abandoned one is handed back.
+    fn outcome(self, attempt: u32, retry: &Backoff) -> Outcome {
+        match self {
+            Self::Sent => Outcome::Sent,
+            Self::Failed(SinkError::Permanent(e)) => Outcome::Dead {
+                error: e.to_string(),
+            },
+            Self::Failed(SinkError::Transient(e)) => Outcome::Retry {
+                delay: retry.delay(attempt),
+                error: e.to_string(),
+            },
+            Self::Missing => Outcome::Retry {
+                delay: retry.delay(attempt),
+                error: "the sink returned no result for this event".to_owned(),
+            },
+            Self::Abandoned => Outcome::Release,
+        }
+    }
+}
+
+/// The outcomes to record for a sent batch, one per row still owned: `results` is what
+/// the sink returned for `rows`, in order, or `None` for an abandoned batch.
+pub(super) fn outcomes<T: Outbox>(
+    rows: &[InFlight<'_, T>],
+    results: Option<Vec<Result<(), SinkError>>>,
+    retry: &Backoff,
+) -> Vec<(Owned, Outcome)> {
+    rows.iter()
+        .zip(Delivered::each(results))
+        .filter(|(row, _)| row.is_owned())
+        .map(|(row, delivered)| (row.row(), delivered.outcome(row.claim.attempt(), retry)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn outcomes_of(results: Option<Vec<Result<(), SinkError>>>, rows: usize) -> Vec<Outcome> {
+        let retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(1));
+        Delivered::each(results)
+            .take(rows)
+            .map(|delivered| delivered.outcome(1, &retry))
+            .collect()
+    }
+
+    #[test]
+    fn each_result_maps_to_its_outcome_and_a_missing_one_is_retried() {
+        let results = vec![
+            Ok(()),
+            Err(SinkError::permanent("rejected")),
+            Err(SinkError::transient("unavailable")),
+        ];
+        let outcomes = outcomes_of(Some(results), 4);
+        assert_eq!(outcomes[0], Outcome::Sent);
+        assert_eq!(
+            outcomes[1],
+            Outcome::Dead {
+                error: "rejected".to_owned()
+            }
+        );
+        assert!(
+            matches!(&outcomes[2], Outcome::Retry { delay, error } if *delay >= Duration::from_millis(500) && error == "unavailable")
+        );
+        assert!(
+            matches!(&outcomes[3], Outcome::Retry { error, .. } if error == "the sink returned no result for this event")
+        );
+    }
+
+    #[test]
+    fn an_abandoned_batch_releases_every_row() {
+        assert_eq!(outcomes_of(None, 3), vec![Outcome::Release; 3]);
+    }
+}

@@ -1,0 +1,104 @@
+//! Renewing the leases of a batch while the sink has it.
+
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use super::Connection;
+use super::in_flight::InFlight;
+use super::record::{self, Owned};
+use crate::spec::Outbox;
+
+/// The lease renewals of one batch in flight: every third of the lease, each bounded by
+/// a third of the lease, on the worker's connection (a pool with one connection per
+/// worker has no other to spare). Guarded like the outcomes: a row whose renewal is
+/// rejected belongs to someone else now.
+pub(super) struct Renewal<'r, 'a, T: Outbox> {
+    /// The batch's rows; those still owned are renewed.
+    rows: &'r [InFlight<'a, T>],
+    /// A third of the lease: between renewals, and how long one may take.
+    every: Duration,
+    /// When the next renewal is due.
+    next: Instant,
+    /// When the earliest lease of the rows still owned ends.
+    lease_deadline: Instant,
+}
+
+impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
+    /// The renewals of `rows`, whose send started at `started`.
+    pub(super) fn new(rows: &'r [InFlight<'a, T>], started: Instant) -> Self {
+        let lease_deadline = deadline(rows.iter().map(|row| row.claim().lease_until()));
+        let every = T::SPEC.lease / 3;
+        Self {
+            rows,
+            every,
+            next: started + every,
+            lease_deadline,
+        }
+    }
+
+    /// When the next renewal is due.
+    pub(super) fn due(&self) -> Instant {
+        self.next
+    }
+
+    /// When the earliest lease of the rows still owned ends: recording after that cannot
+    /// succeed.
+    pub(super) fn lease_deadline(&self) -> Instant {
+        self.lease_deadline
+    }
+
+    /// Whether every row was lost to another publisher.
+    pub(super) fn lost_all(&self) -> bool {
+        !self.rows.iter().any(InFlight::is_owned)
+    }
+
+    /// Renews the leases of the rows still owned, and schedules the next renewal.
+    /// Returns the rows whose renewal was rejected, for the caller to [`lose`]; a renewal
+    /// that fails or times out is logged, loses nothing, and is tried again next time.
+    ///
+    /// [`lose`]: InFlight::lose
+    pub(super) async fn renew(&mut self, conn: &mut Connection<'_>) -> Vec<&'r InFlight<'a, T>> {
+        let table = T::SPEC.table;
+        self.next += self.every;
+        let rows: Vec<Owned> = self
+            .rows
+            .iter()
+            .filter(|row| row.is_owned())
+            .map(InFlight::row)
+            .collect();
+        // Bounded, so an unreachable database cannot hold up the send timeout or the
+        // shutdown grace for long.
+        let renewal = async { record::renew::<T>(conn.get().await?, &rows).await };
+        let renewal = tokio::time::timeout(self.every, renewal).await;
+        if !matches!(renewal, Ok(Ok(_))) {
+            // Possibly cut off mid-statement: not worth keeping.
+            conn.release();
+        }
+        let renewed = match renewal {
+            Ok(Ok(renewed)) => renewed,
+            Ok(Err(error)) => {
+                tracing::warn!(table, %error, "lease renewal failed; trying again");
+                return Vec::new();
+            }
+            Err(_) => {
+                tracing::warn!(table, "lease renewal timed out; trying again");
+                return Vec::new();
+            }
+        };
+        let still: HashSet<i64> = renewed.iter().map(|(id, _)| *id).collect();
+        self.lease_deadline = deadline(renewed.into_iter().map(|(_, until)| until.into()));
+        self.rows
+            .iter()
+            .filter(|row| row.is_owned() && !still.contains(&row.claim().id()))
+            .collect()
+    }
+}
+
+/// The tokio instant of the earliest lease end (now, if there is none).
+fn deadline(leases: impl Iterator<Item = SystemTime>) -> Instant {
+    let now = SystemTime::now();
+    let earliest = leases.min().unwrap_or(now);
+    Instant::now() + earliest.duration_since(now).unwrap_or_default()
+}
