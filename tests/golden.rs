@@ -18,7 +18,7 @@ use outbox::__private::Statement;
 use outbox::TableMigrations;
 
 /// Every statement of `table`, as the runtime runs it (the claim with a limit of 100).
-fn statements(table: &TableMigrations) -> String {
+fn statements(table: TableMigrations) -> String {
     let sql = table.spec().sql();
     Statement::ALL
         .into_iter()
@@ -58,7 +58,7 @@ fn check(tables: &[TableMigrations]) {
                 &mut stale,
             );
         }
-        compare(&dir.join("statements.sql"), &statements(table), &mut stale);
+        compare(&dir.join("statements.sql"), &statements(*table), &mut stale);
     }
     assert!(
         stale.is_empty(),

@@ -178,12 +178,9 @@ async fn run(
         .collect::<Result<Vec<_>, _>>()?;
     let mut lock = migration_lock(pool).await?;
     let result = run_locked(&mut lock, app, tables, &runners).await;
-    match lock.release_now().await {
-        // Closing the connection would release it too; close it either way.
-        Ok(conn) => drop(conn),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot release the migration lock; closing its connection")
-        }
+    // The connection is closed when dropped, which would release the lock too.
+    if let Err(e) = lock.release_now().await {
+        tracing::warn!(error = %e, "cannot release the migration lock; closing its connection");
     }
     result
 }

@@ -40,6 +40,7 @@ pub use tokio_util::sync::CancellationToken;
 use crate::claim::Claim;
 use crate::error::OutboxError;
 use crate::spec::Outbox;
+use outbox_internals::Status;
 
 /// Metric names the relay emits through the `metrics` crate, each labelled `table`.
 pub mod metric {
@@ -506,7 +507,7 @@ fn account<T: Outbox>(outcomes: &[(Owned, Outcome)], recorded: &Recorded) {
                     "outcome rejected: the claim is stale"
                 );
             }
-            (Some("DEAD"), _) => dead += 1,
+            (Some(Status::Dead), _) => dead += 1,
             (Some(_), Outcome::Sent) => sent += 1,
             (Some(_), Outcome::Release) => released += 1,
             (Some(_), _) => retried += 1,

@@ -37,15 +37,15 @@ pub(crate) enum Recorded {
     /// An all-`SENT` batch: the rows recorded; a row missing here was stale.
     Sent(HashSet<i64>),
     /// The status each recorded row was left in, by id; a row missing here was stale.
-    Statuses(HashMap<i64, String>),
+    Statuses(HashMap<i64, Status>),
 }
 
 impl Recorded {
     /// The status row `id` was left in, or `None` if its outcome was rejected as stale.
-    pub(crate) fn status(&self, id: i64) -> Option<&str> {
+    pub(crate) fn status(&self, id: i64) -> Option<Status> {
         match self {
-            Self::Sent(recorded) => recorded.contains(&id).then_some(Status::Sent.as_sql()),
-            Self::Statuses(statuses) => statuses.get(&id).map(String::as_str),
+            Self::Sent(recorded) => recorded.contains(&id).then_some(Status::Sent),
+            Self::Statuses(statuses) => statuses.get(&id).copied(),
         }
     }
 }
@@ -115,7 +115,7 @@ async fn record<'e, T: Outbox>(
             delays.push(interval(delay));
             errors.push(error.map(storable_reason));
         }
-        let statuses = sqlx::query_as(spec.sql.get(Statement::Record))
+        let statuses: Vec<(i64, String)> = sqlx::query_as(spec.sql.get(Statement::Record))
             .bind(ids)
             .bind(generations)
             .bind(kinds)
@@ -124,7 +124,13 @@ async fn record<'e, T: Outbox>(
             .fetch_all(executor)
             .await
             .map_err(db)?;
-        Ok(Recorded::Statuses(statuses.into_iter().collect()))
+        // The table's CHECK allows only the four statuses.
+        Ok(Recorded::Statuses(
+            statuses
+                .into_iter()
+                .filter_map(|(id, status)| Some((id, Status::from_sql(&status)?)))
+                .collect(),
+        ))
     }
 }
 
