@@ -725,10 +725,7 @@ async fn a_claim_never_records_an_outcome_on_another_tables_row() -> TestResult 
     let row = claim_a.id();
     let err = claim_a.complete(tenant_b.pool()).await.unwrap_err();
     assert!(err.is_stale(), "{err}");
-    assert_eq!(
-        status::<Budgeted>(tenant_b.pool(), row).await,
-        "INPROGRESS"
-    );
+    assert_eq!(status::<Budgeted>(tenant_b.pool(), row).await, "INPROGRESS");
     // B's real owner still records its outcome.
     assert_eq!(
         claim_b.retry(tenant_b.pool(), Duration::ZERO).await?,
