@@ -5,9 +5,8 @@
 //! generation that held the row.
 //!
 //! Each relay is a child process re-executing the current binary (`support::child`, as
-//! in the recovery lab) that runs [`outbox::Relay`] into a
-//! sink recording every delivery in `chaos_deliveries`, a plain table outside the
-//! outbox. A trigger notes every transition to `SENT` in `chaos_sent`, with the
+//! in the recovery lab) that runs [`outbox::Relay`] into a sink recording every delivery
+//! in `chaos_deliveries`, a plain table outside the outbox. A trigger notes every transition to `SENT` in `chaos_sent`, with the
 //! recording session's `application_name`, which names the relay process: the end state
 //! must show each `SENT` recorded by the process that delivered the row's final
 //! generation, after delivering it (a fencing bug that lets a stale owner's outcome
