@@ -18,6 +18,9 @@
 // Event counts stay far below 2^52: converting them to f64 for rates is exact.
 #![allow(clippy::cast_precision_loss)]
 
+// The memory probe is a child process: the test harness's protocol for one.
+#[path = "../tests/support/child.rs"]
+mod child;
 mod common;
 
 use std::cell::{Cell, RefCell};
@@ -27,6 +30,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use child::ChildCommand;
+use clap::Parser as _;
+use clap::builder::RangedU64ValueParser;
 use common::BenchEvent;
 use outbox::relay::{CancellationToken, Delivery, Sink, SinkError};
 use outbox::{Outbox, Relay};
@@ -53,80 +59,59 @@ const RAW_INSERT: &str = "INSERT INTO bench_events (event_id, payload) VALUES ($
 const RAW_INSERT_MANY: &str =
     "INSERT INTO bench_events (event_id, payload) SELECT * FROM unnest($1::text[], $2::text[])";
 
-/// What `--only` can select (without `--only`, endurance runs only with `--endurance`).
-const SECTIONS: [&str; 6] = [
-    "drain",
-    "per-event",
-    "enqueue",
-    "scale",
-    "endurance",
-    "memory",
-];
-
+/// The outbox against the raw-SQL floor, measured in one run: every figure is the median
+/// of `--runs` runs with its spread, every comparison a ratio measured in the same run.
+/// Runs against DATABASE_URL (or a throwaway cluster, which runs with fsync=off), in a
+/// schema of its own.
+#[derive(clap::Parser, Debug)]
+#[command(name = "bench")]
 struct Args {
+    /// Events in a backlog: the memory section's, and the drain section's largest (it
+    /// drains 1,000 per row of the batch size, at least 200).
+    #[arg(long, value_name = "N", default_value_t = 50_000, value_parser = at_least_one())]
     events: usize,
+    /// Runs per figure.
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = at_least_one())]
     runs: usize,
+    /// Batch sizes the drain section measures.
+    #[arg(long, value_name = "N,..", value_delimiter = ',', default_value = "1,10,100", value_parser = clap::value_parser!(u32).range(1..))]
     batches: Vec<u32>,
+    /// Worker counts the drain section measures, for each batch size.
+    #[arg(long, value_name = "N,..", value_delimiter = ',', default_value = "1,4,8", value_parser = at_least_one())]
     concurrency: Vec<usize>,
+    /// Also run the 5-minute steady-load endurance section.
+    #[arg(long)]
     endurance: bool,
-    only: Option<Vec<String>>,
+    /// Run only these sections [default: all but endurance, which needs --endurance].
+    #[arg(long, value_name = "SECTION,..", value_delimiter = ',')]
+    only: Option<Vec<Section>>,
+    /// Storage parameters set on the table before the endurance run, as `ALTER TABLE ..
+    /// SET (<STORAGE>)` takes them.
+    #[arg(long, value_name = "STORAGE")]
     storage: Option<String>,
+    /// Also write the report (Markdown) to this file.
+    #[arg(long, value_name = "FILE")]
     out: Option<String>,
 }
 
-impl Args {
-    fn parse() -> Result<Self> {
-        let mut args = Self {
-            events: 50_000,
-            runs: 3,
-            batches: vec![1, 10, 100],
-            concurrency: vec![1, 4, 8],
-            endurance: false,
-            only: None,
-            storage: None,
-            out: None,
-        };
-        let mut it = std::env::args().skip(1);
-        while let Some(flag) = it.next() {
-            let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-            match flag.as_str() {
-                "--events" => args.events = value()?.parse()?,
-                "--runs" => args.runs = value()?.parse()?,
-                "--batches" => args.batches = list(&value()?)?,
-                "--concurrency" => args.concurrency = list(&value()?)?,
-                "--out" => args.out = Some(value()?),
-                "--endurance" => args.endurance = true,
-                "--only" => args.only = Some(list(&value()?)?),
-                "--storage" => args.storage = Some(value()?),
-                _ => {
-                    return Err(format!(
-                        "unknown argument {flag}; see the header of examples/bench.rs"
-                    )
-                    .into());
-                }
-            }
-        }
-        if let Some(unknown) = args
-            .only
-            .iter()
-            .flatten()
-            .find(|s| !SECTIONS.contains(&s.as_str()))
-        {
-            return Err(format!(
-                "unknown section {unknown}; sections: {}",
-                SECTIONS.join(",")
-            )
-            .into());
-        }
-        Ok(args)
-    }
+/// The sections of the report, in order.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Section {
+    Drain,
+    PerEvent,
+    Enqueue,
+    Scale,
+    Endurance,
+    Memory,
+}
 
+impl Args {
     /// Whether this run includes `section`: the ones `--only` names, or else every one
     /// (endurance only with `--endurance`).
-    fn selects(&self, section: &str) -> bool {
+    fn selects(&self, section: Section) -> bool {
         match &self.only {
-            Some(only) => only.iter().any(|s| s == section),
-            None => section != "endurance" || self.endurance,
+            Some(only) => only.contains(&section),
+            None => section != Section::Endurance || self.endurance,
         }
     }
 
@@ -136,11 +121,8 @@ impl Args {
     }
 }
 
-fn list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>>
-where
-    T::Err: std::error::Error + Send + Sync + 'static,
-{
-    Ok(s.split(',').map(str::parse).collect::<Result<_, _>>()?)
+fn at_least_one() -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::new().range(1..)
 }
 
 /// Median and spread of repeated measurements.
@@ -469,16 +451,19 @@ impl Bench {
     async fn memory(&self, args: &Args) -> Result {
         self.heading("6. Memory: peak RSS of a relay process (batch 100, concurrency 8)");
         self.fill(args.events).await?;
-        let output = tokio::process::Command::new(std::env::current_exe()?)
-            .env(RSS_CHILD, &self.url)
-            .env(RSS_EVENTS, args.events.to_string())
-            .output()
-            .await?;
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let peak = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .map_or("unknown".into(), |v| v.trim().to_owned());
+        let mut probe = ChildCommand::binary().spawn(
+            MEMORY_PROBE,
+            &[("URL", &self.url), ("EVENTS", &args.events.to_string())],
+        )?;
+        let line = child::handshake(probe.stderr()?, PEAK_RSS, Duration::from_hours(1)).await;
+        probe.wait()?;
+        let peak = match line {
+            Ok(line) => line[PEAK_RSS.len()..].trim().to_owned(),
+            Err(error) => {
+                eprintln!("the memory probe: {error}");
+                "unknown".into()
+            }
+        };
         self.line(&format!(
             "Peak RSS after draining {} events: **{peak}** (target < 64 MiB).",
             args.events
@@ -736,10 +721,12 @@ impl<T: Send + Sync + 'static> Sink<T> for CountingSink {
     }
 }
 
-const RSS_CHILD: &str = "OUTBOX_BENCH_RSS_URL";
-const RSS_EVENTS: &str = "OUTBOX_BENCH_RSS_EVENTS";
+/// The child role that measures a relay's memory (see `tests/support/child.rs`).
+const MEMORY_PROBE: &str = "memory probe";
+/// The probe's handshake: the `VmHWM:` line of `/proc/self/status`.
+const PEAK_RSS: &str = "VmHWM:";
 
-/// The memory child: runs a relay until the backlog is drained, then prints its peak RSS.
+/// The memory probe: runs a relay until the backlog is drained, then prints its peak RSS.
 async fn rss_child(url: String, events: usize) -> Result {
     let pool = PgPoolOptions::new()
         .max_connections(10)
@@ -752,8 +739,8 @@ async fn rss_child(url: String, events: usize) -> Result {
         .run(stop)
         .await?;
     let status = std::fs::read_to_string("/proc/self/status")?;
-    for line in status.lines().filter(|l| l.starts_with("VmHWM:")) {
-        println!("{line}");
+    for line in status.lines().filter(|l| l.starts_with(PEAK_RSS)) {
+        child::say(line);
     }
     Ok(())
 }
@@ -807,10 +794,13 @@ async fn environment(pool: &PgPool) -> Result<String> {
 
 #[tokio::main]
 async fn main() -> Result {
-    if let (Ok(url), Ok(events)) = (std::env::var(RSS_CHILD), std::env::var(RSS_EVENTS)) {
+    if child::requested(MEMORY_PROBE) {
+        let (Some(url), Some(events)) = (child::param("URL"), child::param("EVENTS")) else {
+            return Err("the memory probe needs a URL and EVENTS".into());
+        };
         return rss_child(url, events.parse()?).await;
     }
-    let args = Args::parse()?;
+    let args = Args::parse();
     let schema = outbox::testing::TestSchema::new().await?;
     outbox::migrate(schema.pool(), &[BenchEvent::migrations()]).await?;
     // Ctrl-C still drops the schema: a benchmark leaves nothing behind.
@@ -834,22 +824,22 @@ async fn run(args: &Args, schema: &outbox::testing::TestSchema) -> Result {
         "## Benchmark\n\n`cargo run --release --example bench -- {command}`\n"
     ));
     bench.line(&environment(&bench.pool).await?);
-    if args.selects("drain") {
+    if args.selects(Section::Drain) {
         bench.drain(args).await?;
     }
-    if args.selects("per-event") {
+    if args.selects(Section::PerEvent) {
         bench.per_event(args).await?;
     }
-    if args.selects("enqueue") {
+    if args.selects(Section::Enqueue) {
         bench.enqueue(args).await?;
     }
-    if args.selects("scale") {
+    if args.selects(Section::Scale) {
         bench.scale().await?;
     }
-    if args.selects("endurance") {
+    if args.selects(Section::Endurance) {
         bench.endurance(args).await?;
     }
-    if args.selects("memory") {
+    if args.selects(Section::Memory) {
         bench.memory(args).await?;
     }
     if let Some(path) = &args.out {

@@ -13,67 +13,103 @@
 
 #[path = "../tests/chaos/mod.rs"]
 mod chaos;
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-const USAGE: &str = "usage: chaos [--events N] [--relays N] [--rate EVENTS_PER_SEC] [--batch N] \
-     [--concurrency N] [--prefill FRACTION] [--seed N] [--no-restart] [--verbose]";
+use clap::Parser as _;
+use clap::builder::RangedU64ValueParser;
+use support::child::ChildCommand;
 
-fn parse(args: impl Iterator<Item = String>) -> Result<chaos::Config, String> {
-    let mut config = chaos::Config::new(10_000);
-    let mut args = args.peekable();
-    while let Some(flag) = args.next() {
-        let mut value = || {
-            args.next()
-                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
-        };
-        let number = |v: String| v.parse::<u64>().map_err(|e| format!("{flag} {v}: {e}"));
-        match flag.as_str() {
-            "--events" => config.events = usize::try_from(number(value()?)?).unwrap_or(usize::MAX),
-            "--relays" => config.relays = usize::try_from(number(value()?)?).unwrap_or(1).max(1),
-            "--batch" => config.batch_size = u32::try_from(number(value()?)?).unwrap_or(50),
-            "--concurrency" => {
-                config.concurrency = usize::try_from(number(value()?)?).unwrap_or(1).max(1);
-            }
-            "--rate" => {
-                let v = value()?;
-                config.rate = v.parse().map_err(|e| format!("--rate {v}: {e}"))?;
-                if config.rate <= 0.0 || !config.rate.is_finite() {
-                    return Err(format!("--rate must be positive\n{USAGE}"));
-                }
-            }
-            "--prefill" => {
-                let v = value()?;
-                config.prefill = v.parse().map_err(|e| format!("--prefill {v}: {e}"))?;
-                if !(0.0..=1.0).contains(&config.prefill) {
-                    return Err(format!("--prefill is a fraction in 0..=1\n{USAGE}"));
-                }
-            }
-            "--seed" => config.seed = number(value()?)?,
-            "--no-restart" => config.restart_postgres = false,
-            "--verbose" => config.verbose = true,
-            "--help" | "-h" => return Err(USAGE.to_owned()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+/// Relay processes publish while this program SIGKILLs and restarts them, SIGSTOPs them
+/// past their lease, terminates their database sessions and restarts PostgreSQL once;
+/// then it checks that every event ended SENT exactly once, was delivered, and was
+/// recorded by the generation that held it.
+#[derive(clap::Parser, Debug)]
+#[command(name = "chaos")]
+struct Args {
+    /// Events enqueued in all.
+    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = at_least_one())]
+    events: usize,
+    /// Relay processes.
+    #[arg(long, value_name = "N", default_value_t = defaults().relays, value_parser = at_least_one())]
+    relays: usize,
+    /// Events per second enqueued while the relays run (the rest is enqueued before they
+    /// start).
+    #[arg(long, value_name = "EVENTS_PER_SEC", default_value_t = defaults().rate, value_parser = rate)]
+    rate: f64,
+    /// Rows per claim of each relay.
+    #[arg(long, value_name = "N", default_value_t = defaults().batch_size, value_parser = clap::value_parser!(u32).range(1..))]
+    batch: u32,
+    /// Workers per relay.
+    #[arg(long, value_name = "N", default_value_t = defaults().concurrency, value_parser = at_least_one())]
+    concurrency: usize,
+    /// Share of the events enqueued before the relays start.
+    #[arg(long, value_name = "FRACTION", default_value_t = defaults().prefill, value_parser = fraction)]
+    prefill: f64,
+    /// Seed of the driver's choices (which relay, which action, how long) [default:
+    /// random, printed].
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+    /// Skip the PostgreSQL restart.
+    #[arg(long)]
+    no_restart: bool,
+    /// Echo every line the relays log.
+    #[arg(long)]
+    verbose: bool,
+}
+
+/// The driver's defaults, which the flags override.
+fn defaults() -> chaos::Config {
+    chaos::Config::new(0)
+}
+
+impl Args {
+    fn config(self) -> chaos::Config {
+        let mut config = chaos::Config::new(self.events);
+        config.relays = self.relays;
+        config.rate = self.rate;
+        config.batch_size = self.batch;
+        config.concurrency = self.concurrency;
+        config.prefill = self.prefill;
+        if let Some(seed) = self.seed {
+            config.seed = seed;
         }
+        config.restart_postgres = !self.no_restart;
+        config.verbose = self.verbose;
+        config.drain_timeout = Duration::from_mins(2);
+        config
     }
-    if config.events == 0 {
-        return Err(format!("--events must be at least 1\n{USAGE}"));
+}
+
+fn at_least_one() -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::new().range(1..)
+}
+
+fn rate(value: &str) -> Result<f64, String> {
+    let rate: f64 = value.parse().map_err(|e| format!("{e}"))?;
+    if rate > 0.0 && rate.is_finite() {
+        Ok(rate)
+    } else {
+        Err("the rate must be positive".to_owned())
     }
-    config.drain_timeout = Duration::from_mins(2);
-    Ok(config)
+}
+
+fn fraction(value: &str) -> Result<f64, String> {
+    let fraction: f64 = value.parse().map_err(|e| format!("{e}"))?;
+    if (0.0..=1.0).contains(&fraction) {
+        Ok(fraction)
+    } else {
+        Err("a fraction is in 0..=1".to_owned())
+    }
 }
 
 fn main() -> ExitCode {
     // The relays are this binary, re-executed with the chaos environment.
     chaos::child_main_if_requested();
-    let config = match parse(std::env::args().skip(1)) {
-        Ok(config) => config,
-        Err(message) => {
-            eprintln!("{message}");
-            return ExitCode::from(2);
-        }
-    };
+    let config = Args::parse().config();
     println!(
         "chaos: {} events, {} relays (batch {}, {} workers each), {}/s while they run, seed {}",
         config.events,
@@ -84,8 +120,7 @@ fn main() -> ExitCode {
         config.seed
     );
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
-    let child = chaos::ChildCommand { args: Vec::new() };
-    match runtime.block_on(chaos::run(&config, &child)) {
+    match runtime.block_on(chaos::run(&config, &ChildCommand::binary())) {
         Ok(report) => {
             println!("{report}");
             if report.failures.is_empty() {

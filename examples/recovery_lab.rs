@@ -8,11 +8,13 @@
 
 #[path = "../tests/lab/mod.rs"]
 mod lab;
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 fn main() {
     // Scenario 1 re-executes this binary as the publisher it kills.
     lab::child_main_if_requested();
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
-    let rows = runtime.block_on(lab::matrix(&lab::ChildCommand { args: Vec::new() }));
+    let rows = runtime.block_on(lab::matrix(&support::child::ChildCommand::binary()));
     print!("{}", lab::render(&rows));
 }

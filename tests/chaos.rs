@@ -4,8 +4,12 @@
 //! event must end `SENT` exactly once, delivered at least once, recorded by the
 //! generation that held it. `cargo run --release --example chaos` is the long form.
 
+// `mod chaos;` alone would find this file as well as the driver.
 #[path = "chaos/mod.rs"]
 mod chaos;
+mod support;
+
+use support::child::ChildCommand;
 
 /// A relay process: re-executed by the test with the chaos environment set, it runs a
 /// relay until SIGTERM. A no-op in a normal test run.
@@ -22,12 +26,7 @@ async fn relays_deliver_every_event_through_kills_pauses_terminations_and_a_rest
         .unwrap_or(2_000);
     let mut config = chaos::Config::new(events);
     config.verbose = std::env::var_os("OUTBOX_CHAOS_VERBOSE").is_some();
-    let child = chaos::ChildCommand {
-        args: ["--exact", "chaos_child", "--nocapture", "--test-threads=1"]
-            .map(String::from)
-            .to_vec(),
-    };
-    let report = chaos::run(&config, &child)
+    let report = chaos::run(&config, &ChildCommand::test("chaos_child"))
         .await
         .unwrap_or_else(|error| panic!("the chaos run could not run: {error}"));
     println!("{report}");

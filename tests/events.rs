@@ -2,19 +2,20 @@
 
 #[path = "../examples/common/mod.rs"]
 mod common;
-#[path = "support/counters.rs"]
-mod counters;
-mod shapes;
+mod support;
 
 use std::time::Duration;
 
 use common::{EmailChanged, Line, OrderPlaced};
 use outbox::testing::TestSchema;
 use outbox::{Enqueued, Outbox, OutboxError, Retried};
-use shapes::{Address, Budgeted, EveryType, Tick};
 use sqlx::PgPool;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+use support::TestResult;
+use support::counters::Counters;
+use support::events::{Address, Budgeted, EveryType, Tick};
+use support::rows::{expire, row_of, status};
+// Generations start at a random value here, as in production: these tests check that.
+use support::schema::schema_with;
 
 const DEAD_TOTAL: &str = outbox::relay::metric::DEAD;
 
@@ -67,28 +68,10 @@ fn order() -> OrderPlaced {
     }
 }
 
+/// The (status, generation, last_error) of row `id`.
 async fn status_of<T: Outbox>(pool: &PgPool, id: i64) -> (String, i64, Option<String>) {
-    let sql = format!(
-        "SELECT status, generation, last_error FROM {} WHERE id = $1",
-        T::SPEC.table()
-    );
-    sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
-async fn expire<T: Outbox>(pool: &PgPool, id: i64) {
-    let sql = format!(
-        "UPDATE {} SET lease_until = now() - interval '1 second' WHERE id = $1",
-        T::SPEC.table()
-    );
-    sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(id)
-        .execute(pool)
-        .await
-        .unwrap();
+    let row = row_of::<T>(pool, id).await;
+    (row.status, row.generation, row.last_error)
 }
 
 /// Enqueues `n` budgeted events named `e0`, `e1`, ...
@@ -101,14 +84,6 @@ async fn enqueue_numbered(pool: &PgPool, n: usize) -> Result<(), OutboxError> {
         .await?;
     }
     Ok(())
-}
-
-async fn schema_with(
-    tables: &[outbox::TableMigrations],
-) -> Result<TestSchema, Box<dyn std::error::Error>> {
-    let db = TestSchema::new().await?;
-    outbox::migrate(db.pool(), tables).await?;
-    Ok(db)
 }
 
 #[tokio::test]
@@ -451,7 +426,7 @@ async fn expired_claims_are_reclaimed_first_and_a_claim_locks_only_what_it_retur
     // e0 and e1: claimed by publishers that died; e2 and e3 still READY.
     let abandoned = Budgeted::claim_batch(pool, 2).await?;
     for claim in &abandoned {
-        expire::<Budgeted>(pool, claim.id()).await;
+        expire::<Budgeted>(pool, claim.id()).await?;
     }
 
     let mut tx = pool.begin().await?;
@@ -521,7 +496,7 @@ async fn retry_delays_the_event_and_the_next_claim_bumps_the_generation() -> Tes
 
 #[tokio::test]
 async fn the_attempt_budget_counts_abandoned_claims_and_ends_in_dead() -> TestResult {
-    let counters = counters::Counters::default();
+    let counters = Counters::default();
     let _recording = metrics::set_default_local_recorder(&counters);
     let db = schema_with(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
@@ -562,7 +537,7 @@ async fn the_attempt_budget_counts_abandoned_claims_and_ends_in_dead() -> TestRe
                 );
             }
         }
-        expire::<Budgeted>(pool, row).await;
+        expire::<Budgeted>(pool, row).await?;
     }
     assert!(
         Budgeted::claim(pool).await?.is_none(),
@@ -619,7 +594,7 @@ async fn renew_extends_a_live_lease_and_is_rejected_once_it_expired() -> TestRes
         "renewed to the full lease: {remaining:?}"
     );
 
-    expire::<Budgeted>(pool, claim.id()).await;
+    expire::<Budgeted>(pool, claim.id()).await?;
     let err = claim.renew(pool).await.unwrap_err();
     assert!(
         matches!(err, OutboxError::Stale { table: "budget_events", generation, .. } if generation == held),
@@ -652,7 +627,7 @@ async fn fail_moves_the_event_to_dead_with_the_reason() -> TestResult {
 
 #[tokio::test]
 async fn a_payload_that_cannot_be_decoded_is_moved_to_dead_not_lost() -> TestResult {
-    let counters = counters::Counters::default();
+    let counters = Counters::default();
     let _recording = metrics::set_default_local_recorder(&counters);
     let db = schema_with(&[OrderPlaced::migrations()]).await?;
     let pool = db.pool();
@@ -750,10 +725,7 @@ async fn a_claim_never_records_an_outcome_on_another_tables_row() -> TestResult 
     let row = claim_a.id();
     let err = claim_a.complete(tenant_b.pool()).await.unwrap_err();
     assert!(err.is_stale(), "{err}");
-    assert_eq!(
-        status_of::<Budgeted>(tenant_b.pool(), row).await.0,
-        "INPROGRESS"
-    );
+    assert_eq!(status::<Budgeted>(tenant_b.pool(), row).await, "INPROGRESS");
     // B's real owner still records its outcome.
     assert_eq!(
         claim_b.retry(tenant_b.pool(), Duration::ZERO).await?,
@@ -805,7 +777,7 @@ async fn a_delay_longer_than_an_interval_holds_is_refused_as_such() -> TestResul
     );
     assert!(!err.to_string().contains("encode"), "{err}");
     assert_eq!(
-        status_of::<Budgeted>(db.pool(), row).await.0,
+        status::<Budgeted>(db.pool(), row).await,
         "INPROGRESS",
         "nothing recorded: the lease brings the event back"
     );

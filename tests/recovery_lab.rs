@@ -2,8 +2,10 @@
 //! leased protocol, plus the matrix that shows the unsafe baseline failing four.
 
 mod lab;
+mod support;
 
-use lab::{ChildCommand, Protocol};
+use lab::Protocol;
+use support::child::ChildCommand;
 
 /// Scenario 1's child publisher: re-executed by the parent with the lab's environment
 /// set, it claims one event and waits for SIGKILL. A no-op in a normal test run.
@@ -13,11 +15,7 @@ fn lab_child() {
 }
 
 fn child() -> ChildCommand {
-    ChildCommand {
-        args: ["--exact", "lab_child", "--nocapture", "--test-threads=1"]
-            .map(String::from)
-            .to_vec(),
-    }
+    ChildCommand::test("lab_child")
 }
 
 async fn leased(number: u8) {

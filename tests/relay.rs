@@ -4,7 +4,7 @@
 
 #[path = "../examples/common/mod.rs"]
 mod common;
-mod shapes;
+mod support;
 
 use std::collections::{BTreeSet, HashSet};
 use std::future::pending;
@@ -15,31 +15,16 @@ use common::{BenchEvent, EmailChanged, OrderPlaced, PaymentCaptured};
 use outbox::relay::{Backoff, CancellationToken, Delivery, MemorySink, Relay, Sink, SinkError};
 use outbox::testing::TestSchema;
 use outbox::{EventId, Outbox, OutboxError};
-use shapes::Budgeted;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
+use support::events::Budgeted;
+use support::rows::{Row, count, enqueue, row_of, status};
+// Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
+// 3 (`events.rs` checks the random start of production).
+use support::schema::schema_from_zero;
+use support::{TestResult, wait_until};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
-
-type TestResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
-
-async fn schema_with(
-    tables: &[outbox::TableMigrations],
-) -> Result<TestSchema, Box<dyn std::error::Error>> {
-    let db = TestSchema::new().await?;
-    outbox::migrate(db.pool(), tables).await?;
-    // Generations start at a random value in production (see `events.rs`); here they
-    // start at 0, as in the recovery lab, so that expectations read 1, 2, 3.
-    for table in tables {
-        sqlx::query(AssertSqlSafe(format!(
-            "ALTER TABLE {} ALTER COLUMN generation SET DEFAULT 0",
-            table.table()
-        )))
-        .execute(db.pool())
-        .await?;
-    }
-    Ok(db)
-}
 
 fn budgeted(name: &str) -> Budgeted {
     Budgeted { name: name.into() }
@@ -50,22 +35,6 @@ fn payment(amount_cents: i64) -> PaymentCaptured {
         payment_id: uuid::Uuid::now_v7(),
         amount_cents,
     }
-}
-
-/// Enqueues `events` in one transaction.
-async fn enqueue<T: Outbox>(pool: &PgPool, events: &[T]) -> Vec<EventId> {
-    let mut tx = pool.begin().await.unwrap();
-    let mut ids = Vec::with_capacity(events.len());
-    for event in events {
-        ids.push(
-            outbox::enqueue(event, &mut *tx)
-                .await
-                .unwrap()
-                .into_event_id(),
-        );
-    }
-    tx.commit().await.unwrap();
-    ids
 }
 
 /// A relay running in the background.
@@ -93,72 +62,6 @@ impl Running {
             .expect("the relay returns after a shutdown")
             .expect("the relay did not panic")
     }
-}
-
-/// Polls `done` every 20 ms until it holds; fails the test after `limit`.
-async fn wait_until(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done().await {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting until {what}"
-        );
-        sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// One outbox row, as the database sees it now.
-#[derive(Debug)]
-struct Row {
-    status: String,
-    generation: i64,
-    attempts: i32,
-    last_error: Option<String>,
-    next_attempt_at: chrono::DateTime<chrono::Utc>,
-    /// Seconds until `next_attempt_at` (negative once due).
-    due_in: f64,
-    /// Seconds left on the lease, when claimed.
-    lease_left: Option<f64>,
-}
-
-async fn row_of<T: Outbox>(pool: &PgPool, event_id: impl AsRef<str>) -> Row {
-    let sql = format!(
-        "SELECT status, generation, attempts, last_error, next_attempt_at, \
-         extract(epoch FROM next_attempt_at - clock_timestamp())::float8, \
-         extract(epoch FROM lease_until - clock_timestamp())::float8 \
-         FROM {} WHERE event_id = $1",
-        T::SPEC.table()
-    );
-    let event_id = event_id.as_ref();
-    let (status, generation, attempts, last_error, next_attempt_at, due_in, lease_left) =
-        sqlx::query_as(AssertSqlSafe(sql))
-            .bind(event_id)
-            .fetch_one(pool)
-            .await
-            .unwrap_or_else(|e| panic!("row {event_id}: {e}"));
-    Row {
-        status,
-        generation,
-        attempts,
-        last_error,
-        next_attempt_at,
-        due_in,
-        lease_left,
-    }
-}
-
-async fn status<T: Outbox>(pool: &PgPool, event_id: impl AsRef<str>) -> String {
-    row_of::<T>(pool, event_id).await.status
-}
-
-/// How many rows of `T`'s table have `status`.
-async fn count<T: Outbox>(pool: &PgPool, status: &str) -> i64 {
-    let sql = format!("SELECT count(*) FROM {} WHERE status = $1", T::SPEC.table());
-    sqlx::query_scalar(AssertSqlSafe(sql))
-        .bind(status)
-        .fetch_one(pool)
-        .await
-        .unwrap()
 }
 
 /// Records every status change of `table`'s rows in a `history` table, with the delay
@@ -344,7 +247,7 @@ fn fast<T: Outbox, S: Sink<T>>(relay: Relay<T, S>) -> Relay<T, S> {
 
 #[tokio::test]
 async fn every_enqueued_event_is_published_exactly_once_and_ends_sent() -> TestResult {
-    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     let names: Vec<String> = (0..200).map(|n| format!("event-{n:03}")).collect();
     let events: Vec<Budgeted> = names.iter().map(|n| budgeted(n)).collect();
@@ -396,7 +299,7 @@ async fn every_enqueued_event_is_published_exactly_once_and_ends_sent() -> TestR
 
 #[tokio::test]
 async fn a_notification_wakes_an_idle_relay_long_before_its_poll_interval() -> TestResult {
-    let db = schema_with(&[EmailChanged::migrations()]).await?;
+    let db = schema_from_zero(&[EmailChanged::migrations()]).await?;
     let pool = db.pool();
     let sink = MemorySink::new();
     let relay = start(
@@ -440,7 +343,7 @@ async fn a_notification_wakes_an_idle_relay_long_before_its_poll_interval() -> T
 
 #[tokio::test]
 async fn lease_renewal_keeps_a_slow_send_owned() -> TestResult {
-    let db = schema_with(&[PaymentCaptured::migrations()]).await?;
+    let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;
     let pool = db.pool();
     // PaymentCaptured's lease is one second; this send takes 2.5.
     let sink = ScriptSink::new(|_, seen| Plan::after(Wait::For(Duration::from_millis(2500)), seen));
@@ -504,7 +407,7 @@ fn until_lost(victims: Vec<String>) -> ScriptSink {
 
 #[tokio::test]
 async fn a_rejected_renewal_abandons_that_event_and_records_the_rest_of_the_batch() -> TestResult {
-    let db = schema_with(&[PaymentCaptured::migrations()]).await?;
+    let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;
     let pool = db.pool();
     let ids = enqueue(pool, &[payment(1), payment(2)]).await;
     let (victim, other) = (&ids[0], &ids[1]);
@@ -560,7 +463,7 @@ async fn a_rejected_renewal_abandons_that_event_and_records_the_rest_of_the_batc
 #[tokio::test]
 async fn a_batch_published_after_a_takeover_records_sent_for_every_row_but_the_taken_one()
 -> TestResult {
-    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     let ids = enqueue(pool, &[budgeted("victim"), budgeted("other")]).await;
     let (victim, other) = (&ids[0], &ids[1]);
@@ -605,7 +508,7 @@ async fn a_batch_published_after_a_takeover_records_sent_for_every_row_but_the_t
 #[tokio::test]
 async fn a_batch_whose_every_renewal_is_rejected_is_abandoned_and_the_relay_goes_on() -> TestResult
 {
-    let db = schema_with(&[PaymentCaptured::migrations()]).await?;
+    let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;
     let pool = db.pool();
     let lost = payment(1).enqueue(pool).await?.into_event_id();
     let sink = until_lost(vec![lost.to_string()]);
@@ -653,7 +556,7 @@ async fn a_batch_whose_every_renewal_is_rejected_is_abandoned_and_the_relay_goes
 
 #[tokio::test]
 async fn transient_failures_back_off_with_growing_delays_until_the_budget_is_spent() -> TestResult {
-    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     record_history(pool, "budget_events").await;
     let sink = ScriptSink::new(|_, seen| Plan {
@@ -710,7 +613,7 @@ async fn transient_failures_back_off_with_growing_delays_until_the_budget_is_spe
 
 #[tokio::test]
 async fn retry_delays_stop_growing_at_the_backoff_cap() -> TestResult {
-    let db = schema_with(&[OrderPlaced::migrations()]).await?;
+    let db = schema_from_zero(&[OrderPlaced::migrations()]).await?;
     let pool = db.pool();
     record_history(pool, "order_events").await;
     let sink = ScriptSink::new(|_, seen| Plan {
@@ -760,7 +663,7 @@ async fn retry_delays_stop_growing_at_the_backoff_cap() -> TestResult {
 
 #[tokio::test]
 async fn a_permanent_failure_moves_the_event_to_dead_at_once() -> TestResult {
-    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     let sink = ScriptSink::new(|_, seen| Plan {
         wait: Wait::Nothing,
@@ -805,7 +708,7 @@ async fn a_permanent_failure_moves_the_event_to_dead_at_once() -> TestResult {
 
 #[tokio::test]
 async fn requeue_dead_gives_dead_events_a_fresh_budget_and_leaves_other_rows_alone() -> TestResult {
-    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     enqueue(
         pool,
@@ -884,7 +787,7 @@ async fn requeue_dead_gives_dead_events_a_fresh_budget_and_leaves_other_rows_alo
 
 #[tokio::test]
 async fn a_claim_from_before_an_event_died_cannot_record_after_requeue_and_reclaim() -> TestResult {
-    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     budgeted("e").enqueue(pool).await?;
     let old = Budgeted::claim(pool).await?.expect("due");
@@ -914,7 +817,7 @@ async fn a_claim_from_before_an_event_died_cannot_record_after_requeue_and_recla
 
 #[tokio::test]
 async fn prune_sent_deletes_only_old_sent_rows_a_batch_at_a_time() -> TestResult {
-    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     let names = [
         "old-sent-1",
@@ -974,7 +877,7 @@ async fn prune_sent_deletes_only_old_sent_rows_a_batch_at_a_time() -> TestResult
 
 #[tokio::test]
 async fn a_shutdown_hands_unsent_claims_back_without_counting_the_attempt() -> TestResult {
-    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     enqueue(
         pool,
@@ -1051,7 +954,7 @@ async fn a_shutdown_hands_unsent_claims_back_without_counting_the_attempt() -> T
 
 #[tokio::test]
 async fn a_shutdown_lets_a_send_in_flight_finish_and_records_it() -> TestResult {
-    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     let sink = ScriptSink::new(|_, seen| Plan::after(Wait::For(Duration::from_millis(300)), seen));
     let relay = start(
@@ -1081,7 +984,7 @@ async fn a_shutdown_lets_a_send_in_flight_finish_and_records_it() -> TestResult 
 
 #[tokio::test]
 async fn a_hung_sink_is_cut_off_by_the_send_timeout_and_the_batch_is_retried() -> TestResult {
-    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     // The first send hangs; the broker is back for the second.
     let sink = ScriptSink::new(|call, seen| {
@@ -1134,7 +1037,7 @@ async fn a_hung_sink_is_cut_off_by_the_send_timeout_and_the_batch_is_retried() -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_sessions_do_not_stop_the_relay_and_every_event_ends_sent_once() -> TestResult {
-    let db = schema_with(&[PaymentCaptured::migrations()]).await?;
+    let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;
     // The relay uses the schema's pool, whose sessions carry the schema's name; the test
     // enqueues, kills and checks through a pool of its own, under another name.
     let options: PgConnectOptions = outbox::testing::database_url().await?.parse()?;
@@ -1206,7 +1109,7 @@ async fn killed_sessions_do_not_stop_the_relay_and_every_event_ends_sent_once() 
 
 #[tokio::test]
 async fn stats_count_statuses_expired_claims_and_the_oldest_eligible_age() -> TestResult {
-    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     let empty = outbox::stats::<Budgeted>(pool).await?;
     assert_eq!(
@@ -1299,7 +1202,7 @@ async fn a_relay_on_a_missing_table_returns_an_error_instead_of_spinning() -> Te
 #[tokio::test]
 async fn a_sink_that_panics_on_one_event_costs_its_batch_mates_nothing_and_the_relay_goes_on()
 -> TestResult {
-    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     enqueue(pool, &["a", "poison", "b", "c"].map(budgeted)).await;
     let sink = ScriptSink::new(|_, seen| {
@@ -1372,7 +1275,7 @@ fn pool_as(db: &TestSchema, user: &str, database: Option<&str>) -> TestResult<Pg
 
 #[tokio::test]
 async fn a_relay_whose_role_may_not_update_stops_with_permission_denied() -> TestResult {
-    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     budgeted("e").enqueue(db.pool()).await?;
     // The application's role: it may enqueue, not publish.
     let role = format!("outbox_app_{}", db.name());
@@ -1416,7 +1319,7 @@ async fn a_relay_whose_role_may_not_update_stops_with_permission_denied() -> Tes
 
 #[tokio::test]
 async fn a_relay_refused_by_the_server_stops_and_says_where() -> TestResult {
-    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     for (user, database, cause) in [
         ("no_such_role", None, "no_such_role"),
         ("root", Some("no_such_database"), "no_such_database"),
@@ -1440,7 +1343,7 @@ async fn a_relay_refused_by_the_server_stops_and_says_where() -> TestResult {
 
 #[tokio::test]
 async fn a_relay_on_a_table_that_lost_a_column_stops_with_drift() -> TestResult {
-    let db = schema_with(&[OrderPlaced::migrations()]).await?;
+    let db = schema_from_zero(&[OrderPlaced::migrations()]).await?;
     sqlx::query("ALTER TABLE order_events DROP COLUMN note")
         .execute(db.pool())
         .await?;
@@ -1465,7 +1368,7 @@ async fn a_relay_on_a_table_that_lost_a_column_stops_with_drift() -> TestResult 
 
 #[tokio::test]
 async fn results_a_sink_leaves_out_are_retried() -> TestResult {
-    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     // The first call reports one result for three deliveries.
     let sink = ScriptSink::new(|call, seen| {
@@ -1557,7 +1460,7 @@ async fn eight_workers_share_a_backlog_without_a_double_claim_or_a_failed_statem
         .with_ansi(false)
         .finish()
         .set_default();
-    let db = schema_with(&[BenchEvent::migrations()]).await?;
+    let db = schema_from_zero(&[BenchEvent::migrations()]).await?;
     let events: Vec<BenchEvent> = (0..6_000)
         .map(|n| BenchEvent {
             payload: format!("{n:0>100}"),

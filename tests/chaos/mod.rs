@@ -4,10 +4,9 @@
 //! exactly once in the outbox, delivered at least once, and recorded `SENT` by the
 //! generation that held the row.
 //!
-//! Each relay is a child process re-executing the current binary (selected by
-//! environment variables, as in the recovery lab) that runs [`outbox::Relay`] into a
-//! sink recording every delivery in `chaos_deliveries`, a plain table outside the
-//! outbox. A trigger notes every transition to `SENT` in `chaos_sent`, with the
+//! Each relay is a child process re-executing the current binary (`support::child`, as
+//! in the recovery lab) that runs [`outbox::Relay`] into a sink recording every delivery
+//! in `chaos_deliveries`, a plain table outside the outbox. A trigger notes every transition to `SENT` in `chaos_sent`, with the
 //! recording session's `application_name`, which names the relay process: the end state
 //! must show each `SENT` recorded by the process that delivered the row's final
 //! generation, after delivering it (a fencing bug that lets a stale owner's outcome
@@ -15,19 +14,18 @@
 //! the relay's tracing output to stderr; the driver reads it to count stale rejections
 //! and to catch constraint violations and panics.
 //!
-//! Shared by `tests/chaos.rs` (a short run, for CI) and `examples/chaos.rs` (long runs).
+//! Shared by `tests/chaos.rs` (a short run, for CI) and `examples/chaos.rs` (long runs),
+//! which include `tests/support` beside it.
 
 #![allow(dead_code, unreachable_pub)]
 
 use std::fmt;
-use std::io::{BufRead, BufReader, Write as _};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError};
 use outbox::testing::{Cluster, TestSchema, TestSupportError};
 use sqlx::PgPool;
@@ -35,22 +33,9 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep};
 
-/// The chaos event: a short lease so that pauses outlast it within seconds, a short
-/// retry delay, and a budget that chaos never exhausts.
-#[derive(outbox::Outbox, Debug, Clone)]
-#[outbox(
-    table = "chaos_events",
-    lease = "2s",
-    retry_delay = "100ms",
-    max_attempts = 1000
-)]
-pub struct ChaosEvent {
-    /// `chaos-<seq>`.
-    #[outbox(event_id)]
-    pub key: String,
-    /// The business row (`chaos_orders.seq`) committed with the event.
-    pub order_seq: i64,
-}
+use crate::support::child::{self, Child, ChildCommand};
+use crate::support::events::ChaosEvent;
+use crate::support::schema::{Generations, migrate};
 
 fn lease() -> Duration {
     <ChaosEvent as outbox::Outbox>::SPEC.lease()
@@ -236,17 +221,8 @@ impl fmt::Display for Report {
     }
 }
 
-/// How the driver re-executes the current binary as a relay.
-#[derive(Clone, Debug)]
-pub struct ChildCommand {
-    /// Arguments that make the current executable run [`child_main_if_requested`].
-    pub args: Vec<String>,
-}
-
-const CHILD_URL: &str = "OUTBOX_CHAOS_CHILD_URL";
-const CHILD_APP: &str = "OUTBOX_CHAOS_CHILD_APP";
-const CHILD_BATCH: &str = "OUTBOX_CHAOS_CHILD_BATCH";
-const CHILD_CONCURRENCY: &str = "OUTBOX_CHAOS_CHILD_CONCURRENCY";
+/// The child role of a relay process (see `support::child`).
+const RELAY: &str = "chaos relay";
 /// Prefix of the lines a relay child writes itself (the rest is the relay's tracing).
 const MARK: &str = "chaos-relay:";
 /// Written by the sink when a batch arrives: the driver times some pauses and kills on it.
@@ -261,16 +237,18 @@ const STARTED_LINE: &str = "chaos-relay: started";
 /// In a relay child: run the relay until SIGTERM, then exit the process. Returns without
 /// doing anything in any other process.
 pub fn child_main_if_requested() {
-    let (Ok(url), Ok(app)) = (std::env::var(CHILD_URL), std::env::var(CHILD_APP)) else {
+    if !child::requested(RELAY) {
         return;
+    }
+    let (Some(url), Some(app)) = (child::param("URL"), child::param("APP")) else {
+        panic!("a chaos relay needs a URL and an APP");
     };
     let number = |name: &str, default: usize| {
-        std::env::var(name)
-            .ok()
+        child::param(name)
             .and_then(|v| v.parse().ok())
             .unwrap_or(default)
     };
-    let (batch, concurrency) = (number(CHILD_BATCH, 50), number(CHILD_CONCURRENCY, 2));
+    let (batch, concurrency) = (number("BATCH", 50), number("CONCURRENCY", 2));
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
@@ -291,8 +269,7 @@ pub fn child_main_if_requested() {
 }
 
 fn say(line: &str) {
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "{MARK} {line}").and_then(|()| err.flush());
+    child::say(&format!("{MARK} {line}"));
 }
 
 async fn relay_child(url: &str, app: &str, batch: u32, concurrency: usize) -> i32 {
@@ -318,16 +295,6 @@ async fn relay_child(url: &str, app: &str, batch: u32, concurrency: usize) -> i3
             terminate.recv().await;
             say("SIGTERM: shutting down");
             shutdown.cancel();
-        }
-    });
-    // No parent-death signal without unsafe code: an orphaned relay notices and exits.
-    let parent = nix::unistd::getppid();
-    tokio::spawn(async move {
-        loop {
-            sleep(Duration::from_millis(500)).await;
-            if nix::unistd::getppid() != parent {
-                std::process::exit(3);
-            }
         }
     });
     let sink = RecordingSink {
@@ -468,7 +435,6 @@ impl LogCounts {
 /// One relay slot: the running child process and its batch announcements.
 struct RelayProcess {
     child: Child,
-    pid: Pid,
     batches: mpsc::UnboundedReceiver<()>,
     /// Whether it said it handles SIGTERM.
     started: Arc<AtomicBool>,
@@ -514,43 +480,37 @@ impl Relays {
 
     fn spawn(&mut self, slot: usize) -> Result<RelayProcess, String> {
         self.incarnations += 1;
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let mut child = Command::new(exe)
-            .args(&self.command.args)
-            .env(CHILD_URL, &self.url)
-            .env(CHILD_APP, self.app_name(slot))
-            .env(CHILD_BATCH, self.config.batch_size.to_string())
-            .env(CHILD_CONCURRENCY, self.config.concurrency.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("spawning relay {slot}: {e}"))?;
-        let stderr = child.stderr.take().ok_or("no relay stderr")?;
-        let pid = Pid::from_raw(i32::try_from(child.id()).map_err(|e| e.to_string())?);
+        let mut child = self
+            .command
+            .spawn(
+                RELAY,
+                &[
+                    ("URL", &self.url),
+                    ("APP", &self.app_name(slot)),
+                    ("BATCH", &self.config.batch_size.to_string()),
+                    ("CONCURRENCY", &self.config.concurrency.to_string()),
+                ],
+            )
+            .map_err(|e| format!("relay {slot}: {e}"))?;
+        let stderr = child.stderr()?;
+        let pid = child.pid();
         let (tx, rx) = mpsc::unbounded_channel();
         let (logs, verbose) = (Arc::clone(&self.logs), self.config.verbose);
         let started = Arc::new(AtomicBool::new(false));
         let said_started = Arc::clone(&started);
         let announced = Arc::clone(&self.announced);
         let tag = format!("[r{slot}#{} pid {pid}]", self.incarnations);
-        let reader = std::thread::Builder::new()
-            .name(format!("chaos-relay-{slot}-log"))
-            .spawn(move || {
-                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    if line.contains(STARTED_LINE) {
-                        said_started.store(true, Ordering::Relaxed);
-                    } else if line.contains(BATCH_LINE) {
-                        announced.notify_waiters();
-                    }
-                    logs.read(&tag, &line, &tx, verbose);
-                }
-            })
-            .map_err(|e| e.to_string())?;
+        let reader = child::read_lines(format!("chaos-relay-{slot}-log"), stderr, move |line| {
+            if line.contains(STARTED_LINE) {
+                said_started.store(true, Ordering::Relaxed);
+            } else if line.contains(BATCH_LINE) {
+                announced.notify_waiters();
+            }
+            logs.read(&tag, line, &tx, verbose);
+        })?;
         self.readers.push(reader);
         Ok(RelayProcess {
             child,
-            pid,
             batches: rx,
             started,
             paused: Arc::default(),
@@ -580,9 +540,10 @@ impl Relays {
     }
 
     fn kill_and_restart(&mut self, slot: usize) -> Result<(), String> {
-        let process = &mut self.slots[slot];
-        kill(process.pid, Signal::SIGKILL).map_err(|e| format!("SIGKILL relay {slot}: {e}"))?;
-        process.child.wait().map_err(|e| e.to_string())?;
+        self.slots[slot]
+            .child
+            .kill()
+            .map_err(|e| format!("relay {slot}: {e}"))?;
         self.slots[slot] = self.spawn(slot)?;
         Ok(())
     }
@@ -590,9 +551,12 @@ impl Relays {
     /// SIGSTOPs `slot` past its lease; a task SIGCONTs it as `wake` says.
     fn pause(&mut self, slot: usize, wake: Wake) -> Result<(), String> {
         let process = &self.slots[slot];
-        kill(process.pid, Signal::SIGSTOP).map_err(|e| format!("SIGSTOP relay {slot}: {e}"))?;
+        process
+            .child
+            .signal(Signal::SIGSTOP)
+            .map_err(|e| format!("relay {slot}: {e}"))?;
         process.paused.store(true, Ordering::SeqCst);
-        let (pid, paused) = (process.pid, Arc::clone(&process.paused));
+        let (pid, paused) = (process.child.pid(), Arc::clone(&process.paused));
         let announced = Arc::clone(&self.announced);
         let verbose = self.config.verbose;
         if verbose {
@@ -643,11 +607,7 @@ impl Relays {
     /// Notes and replaces relays that exited on their own.
     fn reap_unexpected(&mut self) -> Result<(), String> {
         for slot in 0..self.slots.len() {
-            if let Some(status) = self.slots[slot]
-                .child
-                .try_wait()
-                .map_err(|e| e.to_string())?
-            {
+            if let Some(status) = self.slots[slot].child.try_wait()? {
                 self.unexpected_exits
                     .push(format!("relay {slot} exited on its own: {status}"));
                 self.slots[slot] = self.spawn(slot)?;
@@ -666,7 +626,7 @@ impl Relays {
             sleep(Duration::from_millis(20)).await;
         }
         for process in &self.slots {
-            let _ = kill(process.pid, Signal::SIGTERM);
+            let _ = process.child.signal(Signal::SIGTERM);
         }
         let mut statuses = Vec::new();
         for (slot, process) in self.slots.iter_mut().enumerate() {
@@ -690,12 +650,7 @@ impl Drop for Relays {
         for pause in &self.pauses {
             pause.abort();
         }
-        for process in &mut self.slots {
-            if matches!(process.child.try_wait(), Ok(None)) {
-                let _ = kill(process.pid, Signal::SIGKILL);
-                let _ = process.child.wait();
-            }
-        }
+        // Then the slots drop, and with them (SIGKILLed) every relay still running.
     }
 }
 
@@ -740,10 +695,11 @@ impl Server {
     }
 }
 
-async fn setup(pool: &PgPool) -> Result<(), String> {
-    outbox::migrate(pool, &[ChaosEvent::migrations()])
+async fn setup(schema: &TestSchema) -> Result<(), String> {
+    migrate(schema, &[ChaosEvent::migrations()], Generations::Random)
         .await
         .map_err(|e| format!("migrating: {e}"))?;
+    let pool = schema.pool();
     for ddl in [
         "CREATE TABLE chaos_orders (seq bigint PRIMARY KEY)",
         "CREATE TABLE chaos_deliveries (\
@@ -883,8 +839,8 @@ pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, Stri
     let schema = TestSchema::new_in(server.url())
         .await
         .map_err(|e| e.to_string())?;
+    setup(&schema).await?;
     let pool = schema.pool().clone();
-    setup(&pool).await?;
 
     let mut report = Report {
         seed: config.seed,

@@ -4,28 +4,23 @@
 //! (`Leased`) and the seed's unsafe baseline (`Baseline`: a READY-only claim and
 //! outcome updates that check the row id and status but neither the generation nor the
 //! lease). Each scenario runs in its own schema and reports pass or the reason it failed.
-//! Shared by `tests/recovery_lab.rs` and `examples/recovery_lab.rs`.
+//! Shared by `tests/recovery_lab.rs` and `examples/recovery_lab.rs`, which include
+//! `tests/support` beside it.
 
 #![allow(dead_code, unreachable_pub)]
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use outbox::testing::TestSchema;
 use sqlx::{PgConnection, PgPool};
 
-/// The lab's event: just a stable id, as in the seed's minimal table.
-#[derive(outbox::Outbox, Debug)]
-#[outbox(table = "outbox_lab", lease = "30s", retry_delay = "1m")]
-pub struct LabEvent {
-    #[outbox(event_id)]
-    pub name: String,
-}
+use crate::support::child::{self, ChildCommand};
+use crate::support::events::LabEvent;
+use crate::support::rows;
+use crate::support::schema::schema_from_zero;
 
 /// Which publisher a scenario drives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,20 +154,16 @@ async fn insert_events(pool: &PgPool, names: &[&str]) -> Result<(), String> {
 
 /// The persisted (status, generation) of a row.
 async fn row_state(pool: &PgPool, id: i64) -> Result<(String, i64), String> {
-    sqlx::query_as("SELECT status, generation FROM outbox_lab WHERE id = $1")
-        .bind(id)
-        .fetch_one(pool)
+    let row = rows::fetch_row::<LabEvent>(pool, id)
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    Ok((row.status, row.generation))
 }
 
 /// The seed's fixture: move a lease into the past instead of waiting thirty seconds.
 async fn expire_lease(pool: &PgPool, id: i64) -> Result<(), String> {
-    sqlx::query("UPDATE outbox_lab SET lease_until = statement_timestamp() - interval '1 second' WHERE id = $1")
-        .bind(id)
-        .execute(pool)
+    rows::expire::<LabEvent>(pool, id)
         .await
-        .map(drop)
         .map_err(|e| e.to_string())
 }
 
@@ -218,27 +209,22 @@ pub static SCENARIOS: [Scenario; 6] = [
     },
 ];
 
-/// How the lab re-executes the current binary as the child publisher of scenario 1.
-#[derive(Clone, Debug)]
-pub struct ChildCommand {
-    /// Arguments that make the current executable run [`child_main_if_requested`].
-    pub args: Vec<String>,
-}
-
-const CHILD_URL: &str = "OUTBOX_LAB_CHILD_URL";
-const CHILD_PROTOCOL: &str = "OUTBOX_LAB_CHILD_PROTOCOL";
+/// The child role of scenario 1: the publisher the parent kills (see `support::child`).
+const PUBLISHER: &str = "lab publisher";
+/// The publisher's handshake: `CLAIMED <id> <event_id> <generation>`.
 const CLAIMED: &str = "CLAIMED";
 
 /// In the child process: claim one event in autocommit, print the claim, and wait to
 /// be killed. Returns without doing anything in any other process.
 pub fn child_main_if_requested() {
-    let (Ok(url), Some(protocol)) = (
-        std::env::var(CHILD_URL),
-        std::env::var(CHILD_PROTOCOL)
-            .ok()
-            .and_then(|p| Protocol::parse(&p)),
-    ) else {
+    if !child::requested(PUBLISHER) {
         return;
+    }
+    let (Some(url), Some(protocol)) = (
+        child::param("URL"),
+        child::param("PROTOCOL").and_then(|p| Protocol::parse(&p)),
+    ) else {
+        panic!("the lab's publisher needs a URL and a PROTOCOL");
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -253,44 +239,23 @@ pub fn child_main_if_requested() {
             .expect("child claims")
             .expect("an event to claim");
         let (id, event_id, generation) = token.describe();
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{CLAIMED} {id} {event_id} {generation}")
-            .and_then(|()| out.flush())
-            .expect("stdout");
+        child::say(&format!("{CLAIMED} {id} {event_id} {generation}"));
         // The claim is committed; now wait for the SIGKILL without recording anything.
         std::future::pending::<()>().await;
     });
 }
 
-async fn scenario_1(db: &TestSchema, protocol: Protocol, child: &ChildCommand) -> Outcome {
+async fn scenario_1(db: &TestSchema, protocol: Protocol, command: &ChildCommand) -> Outcome {
     let pool = db.pool();
     insert_events(pool, &["event-001"]).await?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut process = Command::new(exe)
-        .args(&child.args)
-        .env(CHILD_URL, db.url())
-        .env(CHILD_PROTOCOL, protocol.as_str())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| format!("spawning the child publisher: {e}"))?;
-    let stdout = process.stdout.take().ok_or("no child stdout")?;
+    let mut publisher = command.spawn(
+        PUBLISHER,
+        &[("URL", &db.url()), ("PROTOCOL", protocol.as_str())],
+    )?;
     // Wait for the handshake: only a printed claim proves the claim committed.
-    let line = tokio::task::spawn_blocking(move || {
-        // (A test harness may print its own text before ours on the same line.)
-        BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .find_map(|l| l.find(CLAIMED).map(|at| l[at..].to_owned()))
-    });
-    let line = tokio::time::timeout(Duration::from_mins(1), line).await;
-    let pid = Pid::from_raw(i32::try_from(process.id()).map_err(|e| e.to_string())?);
-    kill(pid, Signal::SIGKILL).map_err(|e| format!("SIGKILL: {e}"))?;
-    let status = process.wait().map_err(|e| e.to_string())?;
-    let line = line
-        .map_err(|_| "the child never printed its claim")?
-        .map_err(|e| e.to_string())?;
-    let line = line.ok_or("the child exited without printing its claim")?;
+    let line = child::handshake(publisher.stderr()?, CLAIMED, Duration::from_mins(1)).await;
+    let status = publisher.kill()?;
+    let line = line?;
     expect(
         "child exit signal",
         status.signal(),
@@ -423,20 +388,15 @@ async fn scenario_6(db: &TestSchema, protocol: Protocol) -> Outcome {
 }
 
 /// Runs one scenario in a fresh schema.
-pub async fn run(number: u8, protocol: Protocol, child: &ChildCommand) -> Outcome {
-    let db = TestSchema::new().await.map_err(|e| e.to_string())?;
-    outbox::migrate(db.pool(), &[LabEvent::migrations()])
-        .await
-        .map_err(|e| e.to_string())?;
+pub async fn run(number: u8, protocol: Protocol, command: &ChildCommand) -> Outcome {
     // The article's schema starts generations at 0, and its scenarios expect 1, then 2.
     // The derived table starts them at a random value (so that a claim can never match
     // another table's row); the lab pins the article's start to check its numbers.
-    sqlx::query("ALTER TABLE outbox_lab ALTER COLUMN generation SET DEFAULT 0")
-        .execute(db.pool())
+    let db = schema_from_zero(&[LabEvent::migrations()])
         .await
         .map_err(|e| e.to_string())?;
     let outcome = match number {
-        1 => scenario_1(&db, protocol, child).await,
+        1 => scenario_1(&db, protocol, command).await,
         2 => scenario_2(&db, protocol).await,
         3 => stale_owner(&db, protocol, true).await,
         4 => stale_owner(&db, protocol, false).await,
@@ -450,12 +410,12 @@ pub async fn run(number: u8, protocol: Protocol, child: &ChildCommand) -> Outcom
 
 /// Every scenario under both protocols (the two side by side): rows of (scenario,
 /// leased, baseline).
-pub async fn matrix(child: &ChildCommand) -> Vec<(&'static Scenario, Outcome, Outcome)> {
+pub async fn matrix(command: &ChildCommand) -> Vec<(&'static Scenario, Outcome, Outcome)> {
     let mut rows = Vec::with_capacity(SCENARIOS.len());
     for scenario in &SCENARIOS {
         let (leased, baseline) = tokio::join!(
-            run(scenario.number, Protocol::Leased, child),
-            run(scenario.number, Protocol::Baseline, child)
+            run(scenario.number, Protocol::Leased, command),
+            run(scenario.number, Protocol::Baseline, command)
         );
         rows.push((scenario, leased, baseline));
     }

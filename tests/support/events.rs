@@ -1,5 +1,7 @@
-//! Struct shapes the derive must handle, shared by the event tests and the golden
-//! migrations (which the `checked` build applies before compiling them).
+//! The event types the tests define: struct shapes the derive must handle, the recovery
+//! lab's event and the chaos run's. `tests/golden.rs` compares their migrations with the
+//! golden files (which the `checked` build applies before compiling them), so this module
+//! stands alone: a test imports its events without compiling another test's driver.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -61,4 +63,29 @@ pub struct Tick {}
 pub struct Budgeted {
     #[outbox(event_id)]
     pub name: String,
+}
+
+/// The recovery lab's event: just a stable id, as in the seed's minimal table.
+#[derive(outbox::Outbox, Debug)]
+#[outbox(table = "outbox_lab", lease = "30s", retry_delay = "1m")]
+pub struct LabEvent {
+    #[outbox(event_id)]
+    pub name: String,
+}
+
+/// The chaos event: a short lease so that pauses outlast it within seconds, a short
+/// retry delay, and a budget that chaos never exhausts.
+#[derive(outbox::Outbox, Debug, Clone)]
+#[outbox(
+    table = "chaos_events",
+    lease = "2s",
+    retry_delay = "100ms",
+    max_attempts = 1000
+)]
+pub struct ChaosEvent {
+    /// `chaos-<seq>`.
+    #[outbox(event_id)]
+    pub key: String,
+    /// The business row (`chaos_orders.seq`) committed with the event.
+    pub order_seq: i64,
 }

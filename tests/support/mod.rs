@@ -1,0 +1,40 @@
+//! The harness every test shares, one place per concept:
+//!
+//! - [`schema`]: a fresh PostgreSQL schema with the event tables migrated;
+//! - [`rows`]: outbox rows enqueued, read back, and moved by fixtures;
+//! - [`wait_until`]: polling for a condition, with a deadline;
+//! - [`child`]: re-running the current executable as a child process to kill;
+//! - [`events`]: the event types the tests define (the examples' own are in
+//!   `examples/common`);
+//! - [`counters`]: a `metrics` recorder that counts.
+//!
+//! A test file includes it with `mod support;`; an example that runs a test driver (the
+//! recovery lab, the chaos run) with `#[path = "../tests/support/mod.rs"] mod support;`.
+//! `tests/golden.rs` includes only [`events`].
+
+#![allow(dead_code, unreachable_pub)]
+
+pub mod child;
+pub mod counters;
+pub mod events;
+pub mod rows;
+pub mod schema;
+
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep};
+
+/// What a test returns: `?` on any error fails it with the error's message.
+pub type TestResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+/// Polls `done` every 20 ms until it holds; fails the test after `limit`.
+pub async fn wait_until(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done().await {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting until {what}"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}
