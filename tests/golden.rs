@@ -1,8 +1,9 @@
 //! The SQL the derive generates for the example event types is checked in under
 //! `migrations/outbox/<table>/`, its migrations and its statements (`statements.sql`):
 //! a change to the derive's output shows up in review as a diff of SQL, and this test
-//! fails until the files are regenerated with `OUTBOX_BLESS=1 cargo test --test golden`. (Once released, a table's applied
-//! migrations must never change: refinery would report them as edited.)
+//! fails until the files are regenerated with `OUTBOX_BLESS=1 cargo test --test golden`.
+//! (Once released, a table's applied migrations must never change: refinery would
+//! report them as edited.)
 
 #[path = "../examples/common/mod.rs"]
 mod common;
