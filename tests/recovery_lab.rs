@@ -1,4 +1,4 @@
-//! The seed's six recovery scenarios against real PostgreSQL, one test each for the
+//! The article's six recovery scenarios against real PostgreSQL, one test each for the
 //! leased protocol, plus the matrix that shows the unsafe baseline failing four.
 
 mod lab;

@@ -1,7 +1,7 @@
-//! The seed's recovery lab ("Kill the Outbox Worker"), in Rust, on real PostgreSQL.
+//! The article's recovery lab ("Kill the Outbox Worker"), in Rust, on real PostgreSQL.
 //!
 //! Six scenarios run against two publishers: the leased protocol this crate generates
-//! (`Leased`) and the seed's unsafe baseline (`Baseline`: a READY-only claim and
+//! (`Leased`) and the article's unsafe baseline (`Baseline`: a READY-only claim and
 //! outcome updates that check the row id and status but neither the generation nor the
 //! lease). Each scenario runs in its own schema and reports pass or the reason it failed.
 //! Shared by `tests/recovery_lab.rs` and `examples/recovery_lab.rs`, which include
@@ -44,7 +44,7 @@ impl Protocol {
     }
 }
 
-/// The seed's unsafe baseline statements.
+/// The article's unsafe baseline statements.
 mod baseline {
     pub const CLAIM: &str = "UPDATE outbox_lab SET status = 'INPROGRESS', generation = generation + 1, \
          attempts = attempts + 1, lease_until = statement_timestamp() + interval '30 seconds' \
@@ -67,7 +67,7 @@ pub enum Token {
 }
 
 impl Token {
-    /// (id, event_id, generation), as the seed prints a claim.
+    /// (id, event_id, generation), as the article prints a claim.
     pub fn describe(&self) -> (i64, String, i64) {
         match self {
             Self::Leased(c) => (c.id(), c.event_id().to_string(), c.generation().get()),
@@ -160,14 +160,14 @@ async fn row_state(pool: &PgPool, id: i64) -> Result<(String, i64), String> {
     Ok((row.status, row.generation))
 }
 
-/// The seed's fixture: move a lease into the past instead of waiting thirty seconds.
+/// The article's fixture: move a lease into the past instead of waiting thirty seconds.
 async fn expire_lease(pool: &PgPool, id: i64) -> Result<(), String> {
     rows::expire::<LabEvent>(pool, id)
         .await
         .map_err(|e| e.to_string())
 }
 
-#[allow(clippy::needless_pass_by_value)] // reads like the seed: expect(what, got, want)
+#[allow(clippy::needless_pass_by_value)] // reads like the article: expect(what, got, want)
 fn expect<T: PartialEq + std::fmt::Debug>(what: &str, got: T, want: T) -> Outcome {
     if got == want {
         Ok(())
@@ -314,7 +314,7 @@ async fn scenario_2(db: &TestSchema, protocol: Protocol) -> Outcome {
 }
 
 /// Scenarios 3 and 4: worker A holds generation 1; a newer live generation is
-/// constructed directly (as the seed does); A's outcome must be rejected.
+/// constructed directly (as the article does); A's outcome must be rejected.
 async fn stale_owner(db: &TestSchema, protocol: Protocol, outcome_is_complete: bool) -> Outcome {
     let pool = db.pool();
     insert_events(pool, &["event-001"]).await?;
@@ -422,7 +422,7 @@ pub async fn matrix(command: &ChildCommand) -> Vec<(&'static Scenario, Outcome, 
     rows
 }
 
-/// The matrix as a table, like the seed reports it.
+/// The matrix as a table, like the article reports it.
 pub fn render(rows: &[(&'static Scenario, Outcome, Outcome)]) -> String {
     let cell = |o: &Outcome| match o {
         Ok(()) => "pass".to_owned(),

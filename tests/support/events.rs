@@ -65,7 +65,7 @@ pub struct Budgeted {
     pub name: String,
 }
 
-/// The recovery lab's event: just a stable id, as in the seed's minimal table.
+/// The recovery lab's event: just a stable id, as in the article's minimal table.
 #[derive(outbox::Outbox, Debug)]
 #[outbox(table = "outbox_lab", lease = "30s", retry_delay = "1m")]
 pub struct LabEvent {

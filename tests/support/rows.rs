@@ -118,7 +118,7 @@ pub async fn enqueue<T: Outbox>(pool: &PgPool, events: &[T]) -> Vec<EventId> {
 }
 
 /// Moves the lease of row `id` of `T`'s table into the past, as if its publisher had
-/// died a while ago: what the seed's fixture does instead of waiting for the lease.
+/// died a while ago: what the article's fixture does instead of waiting for the lease.
 pub async fn expire<T: Outbox>(pool: &PgPool, id: i64) -> Result<(), sqlx::Error> {
     let sql = format!(
         "UPDATE {} SET lease_until = statement_timestamp() - interval '1 second' WHERE id = $1",
