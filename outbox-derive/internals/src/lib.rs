@@ -172,104 +172,87 @@ pub mod claim_header {
     pub const RECLAIMED_NAME: &str = "outbox_reclaimed";
 }
 
-/// Every statement of an outbox table. The derive writes each one's text (and, with
-/// the `checked` feature, its compile-time check) in one exhaustive `match`; the runtime
-/// runs it from the table's spec by this name. Each variant's documentation is its
-/// contract: its parameters and what it returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Statement {
+/// Declares [`Statement`] from one list, so its variants, [`Statement::ALL`] and
+/// [`Statement::name`] cannot disagree: the spec stores statements by their place in
+/// that list.
+macro_rules! statements {
+    ($($(#[$doc:meta])* $variant:ident => $name:literal,)*) => {
+        /// Every statement of an outbox table. The derive writes each one's text (and,
+        /// with the `checked` feature, its compile-time check) in one exhaustive `match`;
+        /// the runtime runs it from the table's spec by this name. Each variant's
+        /// documentation is its contract: its parameters and what it returns.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Statement {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Statement {
+            /// Every statement, in declaration order: the order the spec stores them.
+            pub const ALL: [Self; [$($name),*].len()] = [$(Self::$variant),*];
+
+            /// Its name, in snake case: for snapshots and logs.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+statements! {
     /// `INSERT` of one event, skipping an event id already there. `$1` the event id
     /// (`text`), then one parameter per payload column. Returns the row's `id`, or no
     /// row for a duplicate; notifies the table's channel on commit.
-    Enqueue,
+    Enqueue => "enqueue",
     /// `INSERT` of many events, one array per column: `$1` the event ids (`text[]`), then
     /// one array per payload column. Returns nothing; raises a unique violation on a
     /// duplicate. Notifies once on commit.
-    EnqueueAll,
+    EnqueueAll => "enqueue_all",
     /// [`EnqueueAll`](Self::EnqueueAll) that skips event ids already there (or earlier
     /// in the arrays). Returns the `event_id` of every row written.
-    EnqueueAllSkipping,
+    EnqueueAllSkipping => "enqueue_all_skipping",
     /// Claims up to a limit of due `READY` rows and expired `INPROGRESS` rows. No
     /// parameters: the limit is written into the text (see `Statements::claim`).
     /// Returns the [`claim_header`] columns, then the payload columns.
-    Claim,
+    Claim => "claim",
     /// Guarded `INPROGRESS -> SENT`: `$1` id, `$2` generation (`bigint`). Returns `id`.
-    Complete,
+    Complete => "complete",
     /// Guarded `INPROGRESS -> READY` after `$3` (`interval`), or `DEAD` when the budget is
     /// spent; `$4` the error (`text`, nullable). Returns the new `status`.
-    Retry,
+    Retry => "retry",
     /// Guarded lease extension: `$1` id, `$2` generation. Returns the new `lease_until`.
-    Renew,
+    Renew => "renew",
     /// Guarded `INPROGRESS -> DEAD`: `$1` id, `$2` generation, `$3` the reason. Returns `id`.
-    Fail,
+    Fail => "fail",
     /// Guarded `INPROGRESS -> SENT` of a batch, each row on its own: `$1` ids, `$2`
     /// generations (`bigint[]`). Returns the `id`s recorded.
-    CompleteBatch,
+    CompleteBatch => "complete_batch",
     /// The outcomes of a batch, each row on its own: `$1` ids, `$2` generations, `$3`
     /// [`Outcome`]s (`text[]`), `$4` retry delays (`interval[]`), `$5` errors (`text[]`).
     /// Returns (`id`, new `status`) per row recorded; a row missing there was stale.
-    Record,
+    Record => "record",
     /// Guarded lease extension of a batch: `$1` ids, `$2` generations. Returns (`id`,
     /// `lease_until`) per row still owned.
-    RenewBatch,
+    RenewBatch => "renew_batch",
     /// `DEAD -> READY` with a fresh budget for the event ids in `$1` (`text[]`). Returns
     /// the `event_id`s requeued.
-    RequeueDead,
+    RequeueDead => "requeue_dead",
     /// `DEAD -> READY` with a fresh budget for every dead row. Returns the count.
-    RequeueAllDead,
+    RequeueAllDead => "requeue_all_dead",
     /// Deletes up to `$2` (`bigint`) `SENT` rows created more than `$1` (`interval`) ago.
-    PruneSent,
+    PruneSent => "prune_sent",
     /// Counts per status, expired claims, and the age of the oldest eligible event.
-    Stats,
+    Stats => "stats",
 }
 
 impl Statement {
-    /// Every statement, in the order the spec stores them.
-    pub const ALL: [Self; 15] = [
-        Self::Enqueue,
-        Self::EnqueueAll,
-        Self::EnqueueAllSkipping,
-        Self::Claim,
-        Self::Complete,
-        Self::Retry,
-        Self::Renew,
-        Self::Fail,
-        Self::CompleteBatch,
-        Self::Record,
-        Self::RenewBatch,
-        Self::RequeueDead,
-        Self::RequeueAllDead,
-        Self::PruneSent,
-        Self::Stats,
-    ];
-
     /// How many statements a table has.
     pub const COUNT: usize = Self::ALL.len();
 
     /// This statement's place in [`ALL`](Self::ALL).
     pub const fn index(self) -> usize {
         self as usize
-    }
-
-    /// Its name, in snake case: for snapshots and logs.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Enqueue => "enqueue",
-            Self::EnqueueAll => "enqueue_all",
-            Self::EnqueueAllSkipping => "enqueue_all_skipping",
-            Self::Claim => "claim",
-            Self::Complete => "complete",
-            Self::Retry => "retry",
-            Self::Renew => "renew",
-            Self::Fail => "fail",
-            Self::CompleteBatch => "complete_batch",
-            Self::Record => "record",
-            Self::RenewBatch => "renew_batch",
-            Self::RequeueDead => "requeue_dead",
-            Self::RequeueAllDead => "requeue_all_dead",
-            Self::PruneSent => "prune_sent",
-            Self::Stats => "stats",
-        }
     }
 }
 
