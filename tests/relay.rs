@@ -21,10 +21,13 @@ use support::events::Budgeted;
 use support::rows::{Row, count, enqueue, row_of, status};
 // Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
 // 3 (`events.rs` checks the random start of production).
+use support::counters::Counters;
 use support::schema::schema_from_zero;
 use support::{TestResult, wait_until};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
+
+const IDLE_CLAIMS: &str = outbox::relay::metric::IDLE_CLAIMS;
 
 fn budgeted(name: &str) -> Budgeted {
     Budgeted { name: name.into() }
@@ -336,6 +339,53 @@ async fn a_notification_wakes_an_idle_relay_long_before_its_poll_interval() -> T
         assert!(enqueued.elapsed() < Duration::from_secs(3));
         assert_eq!(sink.published()[n - 1].event, event);
     }
+    relay.stop().await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_notification_wakes_one_idle_worker_not_all_of_them() -> TestResult {
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
+    let db = schema_from_zero(&[EmailChanged::migrations()]).await?;
+    let pool = db.pool();
+    let sink = MemorySink::new();
+    let relay = start(
+        Relay::<EmailChanged, _>::new(db.connect(6).await?, sink.clone())
+            .concurrency(4)
+            .poll_interval(Duration::from_mins(1)),
+    );
+    wait_until(
+        "the workers are idle",
+        Duration::from_secs(10),
+        async || counters.get(IDLE_CLAIMS, "customer_events") >= 4,
+    )
+    .await;
+    let idle_at_start = counters.get(IDLE_CLAIMS, "customer_events");
+    let events = 20;
+    for n in 1..=events {
+        // One event per transaction, each notified on its own, to idle workers.
+        EmailChanged {
+            customer: format!("customer {n}"),
+            email: format!("{n}@example.com"),
+            referrer: None,
+        }
+        .enqueue(pool)
+        .await?;
+        wait_until("it is published", Duration::from_secs(5), async || {
+            sink.published().len() == n
+        })
+        .await;
+        sleep(Duration::from_millis(20)).await;
+    }
+    let idle_claims = counters.get(IDLE_CLAIMS, "customer_events") - idle_at_start;
+    // Each event costs the claim that finds it and the worker's next, empty one. Woken
+    // all together, the four workers made about four empty claims per event.
+    assert!(
+        idle_claims <= events as u64 + 2,
+        "{idle_claims} empty claims for {events} events"
+    );
     relay.stop().await?;
     db.drop_schema().await?;
     Ok(())
