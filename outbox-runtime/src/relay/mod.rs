@@ -264,6 +264,9 @@ struct Pending {
     outcomes: Vec<(Owned, Outcome)>,
     /// When the earliest of their leases ends: recording after that cannot succeed.
     lease_deadline: Option<Instant>,
+    /// The batch was smaller than the batch size: nothing else was due when it was
+    /// claimed.
+    drained: bool,
 }
 
 /// The worker's connection: acquired when there is work, kept while there is. Each
@@ -308,16 +311,22 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             if stopping && pending.outcomes.is_empty() {
                 return Ok(());
             }
-            match self.record_and_claim(&mut conn, &pending, stopping).await {
+            // After a batch that drained what was due, claiming again would find nothing
+            // (at a steady trickle, every other claim did): record it alone, and wait for
+            // a wake-up. Whatever was enqueued meanwhile has sent one.
+            let claim_next = !stopping && !pending.drained;
+            match self.record_and_claim(&mut conn, &pending, claim_next).await {
                 Ok(claims) => {
                     failures = 0;
                     pending = Pending::default();
                     if claims.is_empty() {
                         // Idle: the connection goes back to the pool until there is work.
                         conn.release();
-                        if !stopping {
+                        if claim_next {
                             metrics::counter!(metric::IDLE_CLAIMS, "table" => T::SPEC.table)
                                 .increment(1);
+                        }
+                        if !stopping {
                             self.idle().await;
                         }
                     } else {
@@ -340,15 +349,15 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         }
     }
 
-    /// Records the `pending` outcomes and claims the next batch (none when `stopping`) in
+    /// Records the `pending` outcomes and, with `claim_next`, claims the next batch in
     /// one transaction, recording first: [`record::record_and_claim`] says why that order.
     async fn record_and_claim(
         &self,
         conn: &mut Connection<'_>,
         pending: &Pending,
-        stopping: bool,
+        claim_next: bool,
     ) -> Result<Vec<Claim<T>>, OutboxError> {
-        let limit = if stopping { 0 } else { self.relay.batch_size };
+        let limit = if claim_next { self.relay.batch_size } else { 0 };
         let (claims, recorded) =
             record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, limit).await?;
         account::<T>(&pending.outcomes, &recorded);
@@ -361,7 +370,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// transaction with something to publish, usually less than a batch, and waking
     /// every idle worker for it made 2.5-3 claim statements per claimed batch, most of
     /// them finding nothing. A wake-up sent while no worker waits is kept, so none is
-    /// lost between a worker's empty claim and its wait; a worker that claims a full
+    /// lost between a worker's last claim and its wait; a worker that claims a full
     /// batch wakes the next.
     async fn idle(&self) {
         tokio::select! {
@@ -421,6 +430,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             Pending {
                 outcomes: in_flight::outcomes(&rows, results, &self.relay.retry),
                 lease_deadline: Some(lease_deadline),
+                drained: claims.len() < self.relay.batch_size as usize,
             }
         }
         .instrument(span)
