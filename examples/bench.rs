@@ -1,17 +1,19 @@
-//! The outbox against the raw-SQL floor, measured in one run.
+//! The outbox against the raw-SQL floor, and against pgmq, measured in one run.
 //!
 //! ```text
 //! cargo run --release --example bench                       # defaults: about two minutes on 2 cores
 //! cargo run --release --example bench -- --events 100000 --runs 5 --out BENCHMARKS.md
 //! cargo run --release --example bench -- --endurance        # adds the 5-minute steady-load run
 //! cargo run --release --example bench -- --only drain --batches 100   # one section, one batch size
+//! cargo run --release --example bench -- --only peers --payloads 2000 # the relay vs pgmq, 2 KB events
 //! cargo run --release --example bench -- --only endurance \
 //!     --storage 'autovacuum_vacuum_scale_factor = 0.01'   # the endurance run on a tuned table
 //! ```
 //!
 //! Runs against `DATABASE_URL` (or a throwaway cluster, which runs with `fsync=off`:
 //! point `DATABASE_URL` at a server with your durability settings to size a relay), in a
-//! schema of its own. Every
+//! schema of its own (the peers section installs pgmq's SQL in its schema `pgmq`, and drops
+//! that schema at the end, unless the database had pgmq already). Every
 //! figure is the median of `--runs` runs with its spread, and every comparison is a
 //! ratio measured in the same run: absolute figures on shared machines drift.
 
@@ -36,6 +38,7 @@ use clap::builder::RangedU64ValueParser;
 use common::BenchEvent;
 use outbox::relay::{CancellationToken, Delivery, Sink, SinkError};
 use outbox::{Outbox, Relay};
+use pgmq::PGMQueueExt;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
@@ -79,6 +82,9 @@ struct Args {
     /// Worker counts the drain section measures, for each batch size.
     #[arg(long, value_name = "N,..", value_delimiter = ',', default_value = "1,4,8", value_parser = at_least_one())]
     concurrency: Vec<usize>,
+    /// Payload sizes the peers section measures, in bytes.
+    #[arg(long, value_name = "BYTES,..", value_delimiter = ',', default_value = "100,2000", value_parser = at_least_one())]
+    payloads: Vec<usize>,
     /// Also run the 5-minute steady-load endurance section.
     #[arg(long)]
     endurance: bool,
@@ -103,6 +109,7 @@ enum Section {
     Scale,
     Endurance,
     Memory,
+    Peers,
 }
 
 impl Args {
@@ -171,9 +178,16 @@ impl Bench {
     /// run that follows (whichever side it fell on would write a full-page image of
     /// every page it touched first), unless `max_wal_size` forces one.
     async fn reset(&self) -> Result {
-        sqlx::query("TRUNCATE bench_events RESTART IDENTITY")
-            .execute(&self.pool)
-            .await?;
+        self.reset_tables("bench_events").await
+    }
+
+    /// Empties `tables` (a list `TRUNCATE` takes) and checkpoints, as [`Self::reset`].
+    async fn reset_tables(&self, tables: &str) -> Result {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "TRUNCATE {tables} RESTART IDENTITY"
+        )))
+        .execute(&self.pool)
+        .await?;
         if let Err(error) = sqlx::query("CHECKPOINT").execute(&self.pool).await {
             // Needs superuser or pg_checkpoint: without it, figures are only noisier.
             if !self.unchecked.replace(true) {
@@ -184,8 +198,12 @@ impl Bench {
     }
 
     async fn fill(&self, n: usize) -> Result {
+        self.fill_with(&(0..n).map(payload).collect::<Vec<_>>())
+            .await
+    }
+
+    async fn fill_with(&self, events: &[BenchEvent]) -> Result {
         self.reset().await?;
-        let events: Vec<BenchEvent> = (0..n).map(payload).collect();
         for chunk in events.chunks(10_000) {
             BenchEvent::enqueue_all(chunk, &self.pool).await?;
         }
@@ -221,8 +239,9 @@ impl Bench {
     /// Events/s of the relay draining `n` events with a no-op sink, until every outcome
     /// is recorded: the sink stops the relay at the last event, and `run` returns once
     /// the outcomes in flight are recorded.
-    async fn drain_relay(&self, n: usize, batch: u32, workers: usize) -> Result<f64> {
-        self.fill(n).await?;
+    async fn drain_relay(&self, events: &[BenchEvent], batch: u32, workers: usize) -> Result<f64> {
+        let n = events.len();
+        self.fill_with(events).await?;
         let pool = self.pool(workers + 1).await?;
         let stop = CancellationToken::new();
         let relay = Relay::<BenchEvent, _>::new(pool.clone(), CountingSink::until(n, &stop))
@@ -277,15 +296,16 @@ impl Bench {
         for &batch in &args.batches {
             for &workers in &args.concurrency {
                 let n = args.backlog(batch);
+                let events: Vec<BenchEvent> = (0..n).map(payload).collect();
                 let (mut relay, mut floor, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
                 for run in 0..args.runs {
                     // Alternating which goes first cancels the drift of a shared machine.
                     let (r, f) = if run % 2 == 0 {
-                        let r = self.drain_relay(n, batch, workers).await?;
+                        let r = self.drain_relay(&events, batch, workers).await?;
                         (r, self.drain_floor(n, batch, workers).await?)
                     } else {
                         let f = self.drain_floor(n, batch, workers).await?;
-                        (self.drain_relay(n, batch, workers).await?, f)
+                        (self.drain_relay(&events, batch, workers).await?, f)
                     };
                     relay.push(r);
                     floor.push(f);
@@ -303,6 +323,187 @@ impl Bench {
             }
         }
         Ok(())
+    }
+
+    /// The relay against pgmq, the Postgres queue a user would pick instead, draining the
+    /// same backlog of the same payloads with the same workers and connections; the three
+    /// alternate which goes first, run by run.
+    async fn peers(&self, args: &Args, leftovers: &PgmqLeftovers) -> Result {
+        self.heading(&format!(
+            "7. Peers: relay vs pgmq draining the same backlog (batch {PEER_BATCH})"
+        ));
+        let queue = self.peer_queue(leftovers).await?;
+        self.line(&format!(
+            "pgmq: {}, a queue made by `pgmq.create` with its defaults. Its consumer reads \
+             {PEER_BATCH} messages (visibility timeout {PEER_VT} s), then deletes or archives \
+             them by id: two statements, each its own transaction. Both sides get the same \
+             payloads of random letters and digits (incompressible, so a long one is stored out \
+             of line, in TOAST), as the relay's `payload` text and as pgmq's \
+             `{{\"payload\": ..}}` jsonb; the pools hold one connection per worker + 1, all \
+             open before the clock starts.\n",
+            queue.installed
+        ));
+        self.line(
+            "| payload | concurrency | events | relay events/s | pgmq archive events/s | pgmq delete events/s | relay / pgmq archive | relay / pgmq delete |",
+        );
+        self.line("|---|---|---|---|---|---|---|---|");
+        let n = args.backlog(PEER_BATCH);
+        for &bytes in &args.payloads {
+            let events = random_events(n, bytes);
+            for &workers in &args.concurrency {
+                let mut rates = [Vec::new(), Vec::new(), Vec::new()];
+                for run in 0..args.runs {
+                    // The three in turn, the order reversed every other run.
+                    let mut order = [
+                        Peer::Relay,
+                        Peer::Pgmq(Finish::Archive),
+                        Peer::Pgmq(Finish::Delete),
+                    ];
+                    if run % 2 == 1 {
+                        order.reverse();
+                    }
+                    for peer in order {
+                        let rate = match peer {
+                            Peer::Relay => {
+                                self.empty_queue(&queue).await?;
+                                self.drain_relay(&events, PEER_BATCH, workers).await?
+                            }
+                            Peer::Pgmq(finish) => {
+                                self.drain_pgmq(&queue, &events, workers, finish).await?
+                            }
+                        };
+                        rates[peer.index()].push(rate);
+                    }
+                }
+                let [relay, archive, delete] = rates;
+                let ratio = |pgmq: &[f64]| {
+                    let ratio = Figure::of(relay.iter().zip(pgmq).map(|(r, p)| r / p).collect());
+                    format!(
+                        "**{:.2}** ({:.2}–{:.2})",
+                        ratio.median, ratio.min, ratio.max
+                    )
+                };
+                let (to_archive, to_delete) = (ratio(&archive), ratio(&delete));
+                self.line(&format!(
+                    "| {bytes} B | {workers} | {n} | {} | {} | {} | {to_archive} | {to_delete} |",
+                    Figure::of(relay).show(""),
+                    Figure::of(archive).show(""),
+                    Figure::of(delete).show(""),
+                ));
+            }
+        }
+        self.empty_queue(&queue).await
+    }
+
+    /// Installs pgmq's SQL, unless the database has pgmq already, and creates the bench's
+    /// queue, noting both in `leftovers` before it makes them.
+    async fn peer_queue(&self, leftovers: &PgmqLeftovers) -> Result<PeerQueue> {
+        let pgmq = PGMQueueExt::new_with_pool(self.pool.clone()).await;
+        let existing: bool = sqlx::query_scalar("SELECT to_regnamespace('pgmq') IS NOT NULL")
+            .fetch_one(&self.pool)
+            .await?;
+        let installed = if existing {
+            "the installation already in the database".to_owned()
+        } else {
+            leftovers.schema.set(true);
+            pgmq.install_sql_from_embedded().await?;
+            let version = pgmq.installed_version().await?;
+            format!(
+                "its SQL {}installed without the extension, by the `pgmq` crate (in a schema \
+                 `pgmq` the bench drops at its end)",
+                version.map(|v| format!("v{v} ")).unwrap_or_default()
+            )
+        };
+        let name = format!("outbox_bench_{}", std::process::id());
+        leftovers.queue.replace(Some(name.clone()));
+        pgmq.create(&name).await?;
+        Ok(PeerQueue {
+            tables: format!("pgmq.q_{name}, pgmq.a_{name}"),
+            name,
+            installed,
+        })
+    }
+
+    /// Empties the queue and its archive (no checkpoint: the relay's fill checkpoints).
+    async fn empty_queue(&self, queue: &PeerQueue) -> Result {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "TRUNCATE {} RESTART IDENTITY",
+            queue.tables
+        )))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Events/s of pgmq consumers draining `events` from the queue: each worker reads a
+    /// batch and deletes or archives it, until a read finds nothing visible.
+    async fn drain_pgmq(
+        &self,
+        queue: &PeerQueue,
+        events: &[BenchEvent],
+        workers: usize,
+        finish: Finish,
+    ) -> Result<f64> {
+        // The outbox's table is emptied too: whatever autovacuum would do to it, it does
+        // not do during this run.
+        self.reset_tables(&format!("bench_events, {}", queue.tables))
+            .await?;
+        let filler = PGMQueueExt::new_with_pool(self.pool.clone()).await;
+        for chunk in events.chunks(10_000) {
+            let messages: Vec<PeerMessage> = chunk
+                .iter()
+                .map(|e| PeerMessage {
+                    payload: e.payload.clone(),
+                })
+                .collect();
+            filler.send_batch(&queue.name, &messages).await?;
+        }
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "VACUUM ANALYZE {}",
+            queue.tables
+        )))
+        .execute(&self.pool)
+        .await?;
+
+        let pool = self.pool(workers + 1).await?;
+        let pgmq = PGMQueueExt::new_with_pool(pool.clone()).await;
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..workers {
+            let (pgmq, name) = (pgmq.clone(), queue.name.clone());
+            tasks.spawn(async move {
+                let mut finished = 0;
+                loop {
+                    let batch: Vec<pgmq::Message<PeerMessage>> = pgmq
+                        .read_batch(&name, PEER_VT, PEER_BATCH.try_into().unwrap_or(i32::MAX))
+                        .await?;
+                    if batch.is_empty() {
+                        return Ok::<_, pgmq::PgmqError>(finished);
+                    }
+                    let ids: Vec<i64> = batch.iter().map(|m| m.msg_id).collect();
+                    finished += match finish {
+                        Finish::Delete => pgmq.delete_batch(&name, &ids).await?,
+                        Finish::Archive => pgmq.archive_batch(&name, &ids).await?,
+                    }
+                    .len();
+                }
+            });
+        }
+        let mut finished = 0;
+        for done in tasks.join_all().await {
+            finished += done?;
+        }
+        let elapsed = started.elapsed();
+        pool.close().await;
+        if finished == events.len() {
+            Ok(finished as f64 / elapsed.as_secs_f64())
+        } else {
+            Err(format!(
+                "the pgmq consumers finished {finished} of {} messages",
+                events.len()
+            )
+            .into())
+        }
     }
 
     /// Events/s of `claim` + `complete` one at a time, typed vs the same SQL raw.
@@ -589,6 +790,90 @@ impl Bench {
     }
 }
 
+/// The peers section's batch: the relay's claim and pgmq's read alike.
+const PEER_BATCH: u32 = 100;
+/// pgmq's visibility timeout, in seconds: the relay's lease (`BenchEvent`'s 30 s).
+const PEER_VT: i32 = 30;
+
+/// One side of the peers section.
+#[derive(Clone, Copy)]
+enum Peer {
+    Relay,
+    Pgmq(Finish),
+}
+
+impl Peer {
+    /// Its column in the table: relay, pgmq archive, pgmq delete.
+    fn index(self) -> usize {
+        match self {
+            Peer::Relay => 0,
+            Peer::Pgmq(Finish::Archive) => 1,
+            Peer::Pgmq(Finish::Delete) => 2,
+        }
+    }
+}
+
+/// How a pgmq consumer finishes a batch it has read: deleting it, or archiving it (a
+/// move to the queue's archive table, which keeps history as the outbox keeps SENT rows).
+#[derive(Clone, Copy)]
+enum Finish {
+    Delete,
+    Archive,
+}
+
+/// A pgmq message: the event's payload as jsonb, `{"payload": "<text>"}`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct PeerMessage {
+    payload: String,
+}
+
+/// The peers section's pgmq queue.
+struct PeerQueue {
+    name: String,
+    /// The queue's table and its archive, as `TRUNCATE` and `VACUUM` list them.
+    tables: String,
+    /// Which pgmq, for the report.
+    installed: String,
+}
+
+/// What the peers section made in the database, dropped by `main` when the run ends,
+/// also on Ctrl-C. pgmq's SQL names its schema, `pgmq`: it cannot go in a scratch one.
+#[derive(Default)]
+struct PgmqLeftovers {
+    /// Whether the bench installed pgmq, so drops its schema and everything in it.
+    schema: Cell<bool>,
+    /// The bench's queue, dropped alone from an installation that was there before.
+    queue: RefCell<Option<String>>,
+}
+
+impl PgmqLeftovers {
+    async fn drop_all(&self, pool: &PgPool) -> Result {
+        if self.schema.get() {
+            sqlx::query("DROP SCHEMA IF EXISTS pgmq CASCADE")
+                .execute(pool)
+                .await?;
+        } else if let Some(queue) = self.queue.take() {
+            PGMQueueExt::new_with_pool(pool.clone())
+                .await
+                .drop_queue(&queue)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// `n` events whose payloads are `bytes` random letters and digits: incompressible, so a
+/// long one is stored out of line (TOAST) as an incompressible payload of its size would
+/// be, where a padded counter would compress to almost nothing.
+fn random_events(n: usize, bytes: usize) -> Vec<BenchEvent> {
+    let mut rng = fastrand::Rng::with_seed(0x0b0c);
+    (0..n)
+        .map(|_| BenchEvent {
+            payload: (0..bytes).map(|_| rng.alphanumeric()).collect(),
+        })
+        .collect()
+}
+
 /// A sink that publishes nowhere and keeps how long each event waited since its enqueue.
 #[derive(Default)]
 struct LatencySink {
@@ -803,16 +1088,22 @@ async fn main() -> Result {
     let args = Args::parse();
     let schema = outbox::testing::TestSchema::new().await?;
     outbox::migrate(schema.pool(), &[BenchEvent::migrations()]).await?;
-    // Ctrl-C still drops the schema: a benchmark leaves nothing behind.
+    let leftovers = PgmqLeftovers::default();
+    // Ctrl-C still drops the schema and pgmq's objects: a benchmark leaves nothing behind.
     let outcome = tokio::select! {
-        outcome = run(&args, &schema) => outcome,
+        outcome = run(&args, &schema, &leftovers) => outcome,
         _ = tokio::signal::ctrl_c() => Err("interrupted".into()),
     };
+    let dropped = leftovers.drop_all(schema.pool()).await;
     schema.drop_schema().await?;
-    outcome
+    outcome.and(dropped)
 }
 
-async fn run(args: &Args, schema: &outbox::testing::TestSchema) -> Result {
+async fn run(
+    args: &Args,
+    schema: &outbox::testing::TestSchema,
+    leftovers: &PgmqLeftovers,
+) -> Result {
     let bench = Bench {
         pool: schema.connect(2).await?,
         url: schema.url(),
@@ -841,6 +1132,9 @@ async fn run(args: &Args, schema: &outbox::testing::TestSchema) -> Result {
     }
     if args.selects(Section::Memory) {
         bench.memory(args).await?;
+    }
+    if args.selects(Section::Peers) {
+        bench.peers(args, leftovers).await?;
     }
     if let Some(path) = &args.out {
         std::fs::write(path, bench.report.take())?;
