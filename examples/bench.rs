@@ -236,7 +236,7 @@ impl Bench {
         .await?)
     }
 
-    /// Events/s of the relay draining `n` events with a no-op sink, until every outcome
+    /// Events/s of the relay draining `events` with a no-op sink, until every outcome
     /// is recorded: the sink stops the relay at the last event, and `run` returns once
     /// the outcomes in flight are recorded.
     async fn drain_relay(&self, events: &[BenchEvent], batch: u32, workers: usize) -> Result<f64> {
@@ -467,6 +467,7 @@ impl Bench {
 
         let pool = self.pool(workers + 1).await?;
         let pgmq = PGMQueueExt::new_with_pool(pool.clone()).await;
+        let quantity = i32::try_from(PEER_BATCH)?;
         let started = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..workers {
@@ -474,9 +475,8 @@ impl Bench {
             tasks.spawn(async move {
                 let mut finished = 0;
                 loop {
-                    let batch: Vec<pgmq::Message<PeerMessage>> = pgmq
-                        .read_batch(&name, PEER_VT, PEER_BATCH.try_into().unwrap_or(i32::MAX))
-                        .await?;
+                    let batch: Vec<pgmq::Message<PeerMessage>> =
+                        pgmq.read_batch(&name, PEER_VT, quantity).await?;
                     if batch.is_empty() {
                         return Ok::<_, pgmq::PgmqError>(finished);
                     }
