@@ -128,7 +128,8 @@ impl Bench {
              recovery. Claim times: the server's from `pg_stat_statements` (mean and max per \
              row; buffers = shared blocks hit + read per call){}; the relay's p50/p99 from \
              sqlx's statement timing (round trip included){}. CPU in cores: the machine's \
-             (`/proc/stat`: client and server share it) and the postmaster's process tree's{}.\n",
+             (`/proc/stat`), the postmaster's process tree's{}, this process's (relay, producers, \
+             probes), and the rest (other work on the machine: it disturbs the figures).\n",
             args.rate,
             show_duration(unpinned),
             show_duration(args.pin),
@@ -225,13 +226,14 @@ impl Bench {
         ));
         if before.enqueued < 0.95 * f64::from(args.rate) {
             self.line(&format!(
-                "\nUnpinned, the producers enqueued {:.0} of the {} events/s offered (machine CPU \
-                 {}): this machine's capacity, not the offer, sets the unpinned figures.",
+                "\nUnpinned, the producers enqueued {:.0} of the {} events/s offered (the machine's \
+                 CPU: {} cores busy): what this machine had to spare, not the offer, sets the \
+                 unpinned figures.",
                 before.enqueued,
                 args.rate,
                 before
                     .machine
-                    .map_or_else(|| "n/a".to_owned(), |c| format!("{c:.2} cores")),
+                    .map_or_else(|| "n/a".to_owned(), |c| format!("{c:.2}")),
             ));
         }
         self.line(&format!(
@@ -686,6 +688,7 @@ impl Probe<'_> {
             xmin_age,
             machine: cpu.machine_cores(&mark.cpu),
             postgres: cpu.server_cores(&mark.cpu, seconds),
+            bench: cpu.client_cores(&mark.cpu, seconds),
         })
     }
 }
@@ -710,19 +713,22 @@ struct Row {
     xmin_age: i64,
     machine: Option<f64>,
     postgres: Option<f64>,
+    /// This process: the relay, the producers, the probes.
+    bench: Option<f64>,
 }
 
 impl Row {
     const HEADER: &'static str = "| | enqueued/s | published/s | backlog | enqueue → publish p50 | p99 \
         | claims/s | claim mean (server) | claim max (server) | claim p50 (relay) | claim p99 (relay) \
-        | buffers/claim | dead tuples | oldest xmin age | machine CPU | postgres CPU |";
-    const RULE: &'static str = "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
+        | buffers/claim | dead tuples | oldest xmin age | CPU: machine | postgres | bench | the rest |";
+    const RULE: &'static str =
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
 
     fn markdown(&self) -> String {
         let or_na = |v: Option<String>| v.unwrap_or_else(|| "n/a".to_owned());
         let cores = |c: Option<f64>| or_na(c.map(|c| format!("{c:.2}")));
         format!(
-            "| {} | {:.0} | {:.0} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {:.0} | {:.0} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             self.label,
             self.enqueued,
             self.published,
@@ -739,6 +745,14 @@ impl Row {
             self.xmin_age,
             cores(self.machine),
             cores(self.postgres),
+            cores(self.bench),
+            // What else ran on the machine meanwhile: other work disturbs the figures.
+            cores(
+                self.machine
+                    .zip(self.postgres)
+                    .zip(self.bench)
+                    .map(|((m, p), b)| (m - p - b).max(0.0))
+            ),
         )
     }
 }
@@ -760,13 +774,14 @@ fn show_duration(d: Duration) -> String {
     }
 }
 
-/// CPU time so far: the machine's (busy and total ticks, `/proc/stat`) and the
+/// CPU time so far: the machine's (busy and total ticks, `/proc/stat`), the
 /// postmaster's process tree's (its children's and, through its `cutime`, those that
-/// have exited).
+/// have exited), and this process's.
 struct Cpu {
     /// Busy and total ticks, and the number of CPUs.
     machine: Option<(u64, u64, usize)>,
     server: Option<u64>,
+    client: Option<u64>,
 }
 
 impl Cpu {
@@ -774,6 +789,9 @@ impl Cpu {
         Self {
             machine: machine_ticks(),
             server: postmaster.and_then(server_ticks),
+            client: std::fs::read_to_string("/proc/self/stat")
+                .ok()
+                .and_then(|stat| stat_ticks(&stat, &[14, 15])),
         }
     }
 
@@ -784,6 +802,10 @@ impl Cpu {
 
     fn server_cores(&self, before: &Self, seconds: f64) -> Option<f64> {
         Some(self.server?.saturating_sub(before.server?) as f64 / TICKS_PER_SECOND / seconds)
+    }
+
+    fn client_cores(&self, before: &Self, seconds: f64) -> Option<f64> {
+        Some(self.client?.saturating_sub(before.client?) as f64 / TICKS_PER_SECOND / seconds)
     }
 }
 
@@ -823,19 +845,25 @@ fn server_ticks(postmaster: u32) -> Option<u64> {
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
             continue;
         };
-        let Some((_, after_name)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        // Fields are numbered from 1, and the text after the name starts at field 3.
-        let fields: Vec<&str> = after_name.split_whitespace().collect();
-        let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
         if pid == postmaster {
-            ticks += [14, 15, 16, 17].map(field).iter().flatten().sum::<u64>();
-        } else if field(4) == Some(u64::from(postmaster)) {
-            ticks += [14, 15].map(field).iter().flatten().sum::<u64>();
+            ticks += stat_ticks(&stat, &[14, 15, 16, 17]).unwrap_or(0);
+        } else if stat_ticks(&stat, &[4]) == Some(u64::from(postmaster)) {
+            ticks += stat_ticks(&stat, &[14, 15]).unwrap_or(0);
         }
     }
     Some(ticks)
+}
+
+/// The sum of the numbered fields of a `/proc/<pid>/stat` (4: the parent's pid; 14, 15:
+/// user and system ticks; 16, 17: those of the children waited for).
+fn stat_ticks(stat: &str, numbers: &[usize]) -> Option<u64> {
+    // Fields are numbered from 1, and the text after the name starts at field 3.
+    let (_, after_name) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    numbers
+        .iter()
+        .map(|n| fields.get(n.checked_sub(3)?)?.parse::<u64>().ok())
+        .sum()
 }
 
 /// The relay's claim times (microseconds) since the last call.
