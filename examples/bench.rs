@@ -24,6 +24,8 @@
 #[path = "../tests/support/child.rs"]
 mod child;
 mod common;
+#[path = "bench/pinned.rs"]
+mod pinned;
 
 use std::cell::{Cell, RefCell};
 use std::fmt::Write as _;
@@ -95,6 +97,12 @@ struct Args {
     /// SET (<STORAGE>)` takes them.
     #[arg(long, value_name = "STORAGE")]
     storage: Option<String>,
+    /// How long the pinned section holds a snapshot: seconds, or 10m, 1m30s, 2h.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = pinned::duration)]
+    pin: Duration,
+    /// Events/s the pinned section offers, one per transaction.
+    #[arg(long, value_name = "EVENTS/S", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
+    rate: u32,
     /// Also write the report (Markdown) to this file.
     #[arg(long, value_name = "FILE")]
     out: Option<String>,
@@ -108,6 +116,8 @@ enum Section {
     Enqueue,
     Scale,
     Endurance,
+    /// Only with --only: a snapshot held for --pin under --rate (about --pin + 3 minutes).
+    Pinned,
     Memory,
     Peers,
 }
@@ -1129,6 +1139,9 @@ async fn run(
     }
     if args.selects(Section::Endurance) {
         bench.endurance(args).await?;
+    }
+    if args.pins() {
+        bench.pinned(args).await?;
     }
     if args.selects(Section::Memory) {
         bench.memory(args).await?;
