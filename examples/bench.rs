@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use child::ChildCommand;
 use clap::Parser as _;
 use clap::builder::RangedU64ValueParser;
-use common::BenchEvent;
+use common::{BenchDeletedEvent, BenchEvent};
 use outbox::relay::{CancellationToken, Delivery, Sink, SinkError};
 use outbox::{Outbox, Relay};
 use pgmq::PGMQueueExt;
@@ -212,12 +212,13 @@ impl Bench {
             .await
     }
 
-    async fn fill_with(&self, events: &[BenchEvent]) -> Result {
-        self.reset().await?;
+    async fn fill_with<T: Outbox>(&self, events: &[T]) -> Result {
+        let table = T::SPEC.table();
+        self.reset_tables(table).await?;
         for chunk in events.chunks(10_000) {
-            BenchEvent::enqueue_all(chunk, &self.pool).await?;
+            outbox::enqueue_all(chunk, &self.pool).await?;
         }
-        sqlx::query("VACUUM ANALYZE bench_events")
+        sqlx::query(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}")))
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -238,10 +239,11 @@ impl Bench {
         Ok(pool)
     }
 
-    async fn pending(&self) -> Result<i64> {
-        Ok(sqlx::query_scalar(
-            "SELECT count(*) FROM bench_events WHERE status IN ('READY', 'INPROGRESS')",
-        )
+    async fn pending<T: Outbox>(&self) -> Result<i64> {
+        Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {} WHERE status IN ('READY', 'INPROGRESS')",
+            T::SPEC.table()
+        )))
         .fetch_one(&self.pool)
         .await?)
     }
@@ -249,19 +251,19 @@ impl Bench {
     /// Events/s of the relay draining `events` with a no-op sink, until every outcome
     /// is recorded: the sink stops the relay at the last event, and `run` returns once
     /// the outcomes in flight are recorded.
-    async fn drain_relay(&self, events: &[BenchEvent], batch: u32, workers: usize) -> Result<f64> {
+    async fn drain_relay<T: Outbox>(&self, events: &[T], batch: u32, workers: usize) -> Result<f64> {
         let n = events.len();
         self.fill_with(events).await?;
         let pool = self.pool(workers + 1).await?;
         let stop = CancellationToken::new();
-        let relay = Relay::<BenchEvent, _>::new(pool.clone(), CountingSink::until(n, &stop))
+        let relay = Relay::<T, _>::new(pool.clone(), CountingSink::until(n, &stop))
             .batch_size(batch)
             .concurrency(workers);
         let started = Instant::now();
         relay.run(stop).await?;
         let elapsed = started.elapsed();
         pool.close().await;
-        match self.pending().await? {
+        match self.pending::<T>().await? {
             0 => Ok(n as f64 / elapsed.as_secs_f64()),
             left => Err(format!("the relay stopped with {left} events not recorded").into()),
         }
@@ -336,8 +338,10 @@ impl Bench {
     }
 
     /// The relay against pgmq, the Postgres queue a user would pick instead, draining the
-    /// same backlog of the same payloads with the same workers and connections; the three
-    /// alternate which goes first, run by run.
+    /// same backlog of the same payloads with the same workers and connections: the relay
+    /// keeping SENT rows against pgmq archiving, and the relay deleting them
+    /// (`delete_sent`) against pgmq deleting. The four alternate which goes first, run by
+    /// run.
     async fn peers(&self, args: &Args, leftovers: &PgmqLeftovers) -> Result {
         self.heading(&format!(
             "7. Peers: relay vs pgmq draining the same backlog (batch {PEER_BATCH})"
@@ -346,7 +350,8 @@ impl Bench {
         self.line(&format!(
             "pgmq: {}, a queue made by `pgmq.create` with its defaults. Its consumer reads \
              {PEER_BATCH} messages (visibility timeout {PEER_VT} s), then deletes or archives \
-             them by id: two statements, each its own transaction. Both sides get the same \
+             them by id: two statements, each its own transaction. The relay keeps SENT rows, \
+             or deletes them in the outcome's statement (`delete_sent`). Both sides get the same \
              payloads of random letters and digits (incompressible, so a long one is stored out \
              of line, in TOAST), as the relay's `payload` text and as pgmq's \
              `{{\"payload\": ..}}` jsonb; the pools hold one connection per worker + 1, all \
@@ -354,18 +359,20 @@ impl Bench {
             queue.installed
         ));
         self.line(
-            "| payload | concurrency | events | relay events/s | pgmq archive events/s | pgmq delete events/s | relay / pgmq archive | relay / pgmq delete |",
+            "| payload | concurrency | events | relay events/s | relay `delete_sent` events/s | pgmq archive events/s | pgmq delete events/s | relay / pgmq archive | relay `delete_sent` / pgmq delete |",
         );
-        self.line("|---|---|---|---|---|---|---|---|");
+        self.line("|---|---|---|---|---|---|---|---|---|");
         let n = args.backlog(PEER_BATCH);
         for &bytes in &args.payloads {
             let events = random_events(n, bytes);
+            let deleted: Vec<BenchDeletedEvent> = events.iter().map(Into::into).collect();
             for &workers in &args.concurrency {
-                let mut rates = [Vec::new(), Vec::new(), Vec::new()];
+                let mut rates = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
                 for run in 0..args.runs {
-                    // The three in turn, the order reversed every other run.
+                    // The four in turn, the order reversed every other run.
                     let mut order = [
-                        Peer::Relay,
+                        Peer::Relay(Finish::Archive),
+                        Peer::Relay(Finish::Delete),
                         Peer::Pgmq(Finish::Archive),
                         Peer::Pgmq(Finish::Delete),
                     ];
@@ -374,9 +381,13 @@ impl Bench {
                     }
                     for peer in order {
                         let rate = match peer {
-                            Peer::Relay => {
+                            Peer::Relay(Finish::Archive) => {
                                 self.empty_queue(&queue).await?;
                                 self.drain_relay(&events, PEER_BATCH, workers).await?
+                            }
+                            Peer::Relay(Finish::Delete) => {
+                                self.empty_queue(&queue).await?;
+                                self.drain_relay(&deleted, PEER_BATCH, workers).await?
                             }
                             Peer::Pgmq(finish) => {
                                 self.drain_pgmq(&queue, &events, workers, finish).await?
@@ -385,18 +396,19 @@ impl Bench {
                         rates[peer.index()].push(rate);
                     }
                 }
-                let [relay, archive, delete] = rates;
-                let ratio = |pgmq: &[f64]| {
+                let [relay, relay_deleting, archive, delete] = rates;
+                let ratio = |relay: &[f64], pgmq: &[f64]| {
                     let ratio = Figure::of(relay.iter().zip(pgmq).map(|(r, p)| r / p).collect());
                     format!(
                         "**{:.2}** ({:.2}–{:.2})",
                         ratio.median, ratio.min, ratio.max
                     )
                 };
-                let (to_archive, to_delete) = (ratio(&archive), ratio(&delete));
+                let (to_archive, to_delete) = (ratio(&relay, &archive), ratio(&relay_deleting, &delete));
                 self.line(&format!(
-                    "| {bytes} B | {workers} | {n} | {} | {} | {} | {to_archive} | {to_delete} |",
+                    "| {bytes} B | {workers} | {n} | {} | {} | {} | {} | {to_archive} | {to_delete} |",
                     Figure::of(relay).show(""),
+                    Figure::of(relay_deleting).show(""),
                     Figure::of(archive).show(""),
                     Figure::of(delete).show(""),
                 ));
@@ -808,23 +820,26 @@ const PEER_VT: i32 = 30;
 /// One side of the peers section.
 #[derive(Clone, Copy)]
 enum Peer {
-    Relay,
+    /// The relay; `Archive`: SENT rows kept, `Delete`: `delete_sent`.
+    Relay(Finish),
     Pgmq(Finish),
 }
 
 impl Peer {
-    /// Its column in the table: relay, pgmq archive, pgmq delete.
+    /// Its column in the table: relay, relay `delete_sent`, pgmq archive, pgmq delete.
     fn index(self) -> usize {
         match self {
-            Peer::Relay => 0,
-            Peer::Pgmq(Finish::Archive) => 1,
-            Peer::Pgmq(Finish::Delete) => 2,
+            Peer::Relay(Finish::Archive) => 0,
+            Peer::Relay(Finish::Delete) => 1,
+            Peer::Pgmq(Finish::Archive) => 2,
+            Peer::Pgmq(Finish::Delete) => 3,
         }
     }
 }
 
-/// How a pgmq consumer finishes a batch it has read: deleting it, or archiving it (a
-/// move to the queue's archive table, which keeps history as the outbox keeps SENT rows).
+/// How a consumer finishes what it published: deleting it (pgmq's delete, the relay's
+/// `delete_sent`), or keeping it (pgmq's archive, a move to the queue's archive table;
+/// the relay's SENT rows).
 #[derive(Clone, Copy)]
 enum Finish {
     Delete,
@@ -988,8 +1003,6 @@ fn stamped() -> BenchEvent {
     }
 }
 
-/// A sink that publishes nowhere and counts.
-#[derive(Default)]
 /// A no-op sink that shuts its relay down once it has published `target` events.
 struct CountingSink {
     published: AtomicUsize,
@@ -1097,7 +1110,11 @@ async fn main() -> Result {
     }
     let args = Args::parse();
     let schema = outbox::testing::TestSchema::new().await?;
-    outbox::migrate(schema.pool(), &[BenchEvent::migrations()]).await?;
+    outbox::migrate(
+        schema.pool(),
+        &[BenchEvent::migrations(), BenchDeletedEvent::migrations()],
+    )
+    .await?;
     let leftovers = PgmqLeftovers::default();
     // Ctrl-C still drops the schema and pgmq's objects: a benchmark leaves nothing behind.
     let outcome = tokio::select! {

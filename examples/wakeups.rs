@@ -141,7 +141,7 @@ async fn claim_statements(pool: &PgPool, available: bool) -> Result<i64> {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     Ok(sqlx::query_scalar(
         "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements \
-         WHERE query LIKE 'WITH expired AS%'",
+         WHERE query LIKE 'WITH expired AS%' OR query LIKE 'WITH ready AS%'",
     )
     .fetch_one(pool)
     .await?)

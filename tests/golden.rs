@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use outbox::__private::Statement;
 use outbox::TableMigrations;
 
-/// Every statement of `table`, as the runtime runs it (the claim with a limit of 100).
+/// Every statement of `table`, as the runtime runs it (the claims with a limit of 100).
 fn statements(table: TableMigrations) -> String {
     let sql = table.spec().sql();
     Statement::ALL
@@ -24,6 +24,7 @@ fn statements(table: TableMigrations) -> String {
         .map(|statement| {
             let text = match statement {
                 Statement::Claim => sql.claim_limited(100),
+                Statement::ClaimFrom => sql.claim_from_limited(100),
                 other => sql.get(other).to_owned(),
             };
             format!("-- {}\n{text};\n", statement.name())
@@ -75,11 +76,13 @@ fn generated_migrations_match_the_golden_files() {
         common::EmailChanged::migrations(),
         common::PaymentCaptured::migrations(),
         common::BenchEvent::migrations(),
+        common::BenchDeletedEvent::migrations(),
         events::LabEvent::migrations(),
         events::ChaosEvent::migrations(),
         events::EveryType::migrations(),
         events::Tick::migrations(),
         events::Budgeted::migrations(),
+        events::Receipt::migrations(),
     ]);
 }
 

@@ -300,6 +300,46 @@ async fn every_enqueued_event_is_published_exactly_once_and_ends_sent() -> TestR
     Ok(())
 }
 
+/// Between full claims a relay claims from its frontier, half a second behind the
+/// latest row it claimed: an event whose transaction commits seconds after its INSERT
+/// lies behind the frontier by then, and a full claim must find it.
+#[tokio::test]
+async fn an_event_committed_seconds_after_its_insert_is_published_behind_later_ones() -> TestResult {
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    let sink = MemorySink::new();
+    let relay = start(fast(
+        Relay::<Budgeted, _>::new(pool.clone(), sink.clone()).concurrency(2),
+    ));
+    let mut slow = pool.begin().await?;
+    outbox::enqueue(&budgeted("committed-late"), &mut *slow).await?;
+    // Later events, committed at once, claimed and published while it is uncommitted:
+    // the frontier passes it.
+    for n in 0..15 {
+        enqueue(pool, &[budgeted(&format!("on-time-{n:02}"))]).await;
+        sleep(Duration::from_millis(100)).await;
+    }
+    wait_until("the on-time events are SENT", Duration::from_secs(10), async || {
+        count::<Budgeted>(pool, "SENT").await == 15
+    })
+    .await;
+    slow.commit().await?;
+    wait_until("the late one is SENT", Duration::from_secs(10), async || {
+        count::<Budgeted>(pool, "SENT").await == 16
+    })
+    .await;
+    relay.stop().await?;
+    let late: Vec<_> = sink
+        .published()
+        .into_iter()
+        .filter(|p| p.event.name == "committed-late")
+        .collect();
+    assert_eq!(late.len(), 1, "published once");
+    assert_eq!((late[0].generation.get(), late[0].attempt), (1, 1));
+    db.drop_schema().await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_notification_wakes_an_idle_relay_long_before_its_poll_interval() -> TestResult {
     let db = schema_from_zero(&[EmailChanged::migrations()]).await?;

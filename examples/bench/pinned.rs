@@ -53,8 +53,9 @@ const WARM_UP: Duration = Duration::from_secs(10);
 const RECOVERY: Duration = Duration::from_mins(1);
 /// The shortest unpinned phase.
 const UNPINNED_AT_LEAST: Duration = Duration::from_secs(30);
-/// How the claim statement starts: what `pg_stat_statements` and sqlx's log show of it.
-const CLAIM_PREFIX: &str = "WITH expired AS";
+/// How the claim statements start (the full claim, the claim from the relay's
+/// frontier): what `pg_stat_statements` and sqlx's log show of them.
+const CLAIM_PREFIXES: [&str; 2] = ["WITH expired AS", "WITH ready AS"];
 /// sqlx's statement log: every statement, with its elapsed time.
 const QUERY_TARGET: &str = "sqlx::query";
 /// `/proc` counts CPU time in `USER_HZ`, 100 on every Linux ABI.
@@ -135,7 +136,7 @@ impl Bench {
             show_duration(args.pin),
             RECOVERY.as_secs(),
             match &statements {
-                Some(s) if s.queryid.is_some() => "",
+                Some(s) if !s.queryids.is_empty() => "",
                 Some(_) => " (every claim text of the server: no query id)",
                 None => " (unavailable here: n/a)",
             },
@@ -246,17 +247,38 @@ impl Bench {
         Ok(())
     }
 
-    /// `EXPLAIN (ANALYZE, BUFFERS)` of a claim of 100 in a transaction rolled back, and
-    /// the size of each index of the table (its leaf entries when `pageinspect` can be had).
+    /// `EXPLAIN (ANALYZE, BUFFERS)` of a claim of 100 in a transaction rolled back, the
+    /// full claim (a relay's sweep) and one from half a second ago (what a relay claims
+    /// between sweeps), and the size of each index of the table (its leaf entries when
+    /// `pageinspect` can be had).
     async fn explain_claim_buffers(&self) -> Result<String> {
+        let sql = BenchEvent::SPEC.sql();
         let mut tx = self.pool.begin().await?;
-        let explain = format!(
-            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
-            BenchEvent::SPEC.sql().claim_limited(100)
-        );
-        let lines: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
-            .fetch_all(&mut *tx)
-            .await?;
+        let from: i64 = sqlx::query_scalar(
+            "SELECT (extract(epoch FROM statement_timestamp()) * 1e6)::bigint - 500000",
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        let mut lines = vec!["the full claim (a sweep):".to_owned()];
+        for (claim, from) in [
+            (sql.claim_limited(100), None),
+            (sql.claim_from_limited(100), Some(from)),
+        ] {
+            if from.is_some() {
+                lines.push("\nthe claim from half a second ago:".to_owned());
+            }
+            let explain = format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {claim}");
+            sqlx::query("SAVEPOINT explain").execute(&mut *tx).await?;
+            let explain = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(explain));
+            let explain = match from {
+                Some(from) => explain.bind(from),
+                None => explain,
+            };
+            lines.extend(explain.fetch_all(&mut *tx).await?);
+            sqlx::query("ROLLBACK TO SAVEPOINT explain")
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.rollback().await?;
         let mut out = lines.iter().fold(String::new(), |mut out, l| {
             let _ = writeln!(out, "{l}");
@@ -292,25 +314,29 @@ impl Bench {
         .await?)
     }
 
-    /// `pg_stat_statements`, if the server has it loaded, and the claim's query id.
+    /// `pg_stat_statements`, if the server has it loaded, and the claims' query ids.
     async fn statements(&self) -> Option<Statements> {
         let schema = self.extension("pg_stat_statements").await?;
-        let explain = format!(
-            "EXPLAIN (VERBOSE, COSTS OFF) {}",
-            BenchEvent::SPEC.sql().claim_limited(BATCH)
-        );
-        let queryid = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(explain))
-            .fetch_all(&self.pool)
-            .await
-            .ok()
-            .and_then(|lines| {
-                lines.iter().find_map(|l| {
-                    l.trim()
-                        .strip_prefix("Query Identifier:")
-                        .and_then(|id| id.trim().parse().ok())
-                })
-            });
-        Some(Statements { schema, queryid })
+        let sql = BenchEvent::SPEC.sql();
+        let mut queryids = Vec::new();
+        for (claim, from) in [
+            (sql.claim_limited(BATCH), None),
+            (sql.claim_from_limited(BATCH), Some(0_i64)),
+        ] {
+            let explain = format!("EXPLAIN (VERBOSE, COSTS OFF) {claim}");
+            let explain = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(explain));
+            let explain = match from {
+                Some(from) => explain.bind(from),
+                None => explain,
+            };
+            let lines = explain.fetch_all(&self.pool).await.ok()?;
+            queryids.extend(lines.iter().find_map(|l| {
+                l.trim()
+                    .strip_prefix("Query Identifier:")
+                    .and_then(|id| id.trim().parse::<i64>().ok())
+            }));
+        }
+        Some(Statements { schema, queryids })
     }
 
     /// The schema of extension `name`, quoted, creating it in the bench's schema (which
@@ -352,11 +378,12 @@ impl Bench {
     }
 }
 
-/// Where `pg_stat_statements` is, and the claim's query id in it (which depends on the
-/// table's oid, so it is this schema's claim alone even when other schemas run claims).
+/// Where `pg_stat_statements` is, and the claims' query ids in it (which depend on the
+/// table's oid, so they are this schema's claims alone even when other schemas run
+/// claims). Empty when the server computes none.
 struct Statements {
     schema: String,
-    queryid: Option<i64>,
+    queryids: Vec<i64>,
 }
 
 /// The claim's statistics over a window.
@@ -370,23 +397,21 @@ struct ServerClaims {
 impl Statements {
     async fn reset(&self, bench: &Bench) -> Result {
         let schema = &self.schema;
-        match self.queryid {
-            Some(id) => {
-                sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "SELECT {schema}.pg_stat_statements_reset(0, 0, $1)"
-                )))
-                .bind(id)
-                .execute(&bench.pool)
-                .await?
-            }
-            None => {
-                sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "SELECT {schema}.pg_stat_statements_reset()"
-                )))
-                .execute(&bench.pool)
-                .await?
-            }
-        };
+        if self.queryids.is_empty() {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT {schema}.pg_stat_statements_reset()"
+            )))
+            .execute(&bench.pool)
+            .await?;
+        }
+        for id in &self.queryids {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT {schema}.pg_stat_statements_reset(0, 0, $1)"
+            )))
+            .bind(id)
+            .execute(&bench.pool)
+            .await?;
+        }
         Ok(())
     }
 
@@ -396,10 +421,11 @@ impl Statements {
                 "SELECT sum(total_exec_time) / nullif(sum(calls), 0), max(max_exec_time), \
                         sum(shared_blks_hit + shared_blks_read)::float8 / nullif(sum(calls), 0) \
                  FROM {}.pg_stat_statements \
-                 WHERE query LIKE '{CLAIM_PREFIX}%' AND ($1::bigint IS NULL OR queryid = $1)",
-                self.schema
+                 WHERE (query LIKE '{}%' OR query LIKE '{}%') \
+                   AND (cardinality($1::bigint[]) = 0 OR queryid = ANY($1))",
+                self.schema, CLAIM_PREFIXES[0], CLAIM_PREFIXES[1]
             )))
-            .bind(self.queryid)
+            .bind(&self.queryids)
             .fetch_one(&bench.pool)
             .await?;
         Ok(match row {
@@ -947,7 +973,7 @@ impl Visit for Statement {
 
     fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
         if field.name() == "summary" {
-            self.claim = value.starts_with(CLAIM_PREFIX);
+            self.claim = CLAIM_PREFIXES.iter().any(|p| value.starts_with(p));
         }
     }
 

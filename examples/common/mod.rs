@@ -75,6 +75,27 @@ pub struct BenchEvent {
     pub payload: String,
 }
 
+/// [`BenchEvent`] in the retention mode: the outcome that records an event as
+/// published deletes its row (`delete_sent`).
+#[derive(outbox::Outbox, Debug, Clone)]
+#[outbox(
+    table = "bench_deleted_events",
+    lease = "30s",
+    retry_delay = "1s",
+    delete_sent
+)]
+pub struct BenchDeletedEvent {
+    pub payload: String,
+}
+
+impl From<&BenchEvent> for BenchDeletedEvent {
+    fn from(event: &BenchEvent) -> Self {
+        Self {
+            payload: event.payload.clone(),
+        }
+    }
+}
+
 /// The application's own refinery migrations (business tables), next to the outbox's.
 pub fn app_migrations() -> Vec<outbox::refinery::Migration> {
     [(

@@ -32,7 +32,13 @@ impl Errors {
     }
 }
 
-pub(crate) const CONTAINER_KEYS: &[&str] = &["table", "lease", "retry_delay", "max_attempts"];
+pub(crate) const CONTAINER_KEYS: &[&str] = &[
+    "table",
+    "lease",
+    "retry_delay",
+    "max_attempts",
+    "delete_sent",
+];
 pub(crate) const FIELD_KEYS: &[&str] = &["event_id", "json", "column", "since"];
 
 /// `#[outbox(..)]` on the struct.
@@ -42,6 +48,7 @@ pub(crate) struct ContainerAttrs {
     pub(crate) lease: Option<LitStr>,
     pub(crate) retry_delay: Option<LitStr>,
     pub(crate) max_attempts: Option<LitInt>,
+    pub(crate) delete_sent: Option<Ident>,
 }
 
 /// `#[outbox(..)]` on a field.
@@ -199,6 +206,9 @@ pub(crate) fn parse_container(attrs: &[Attribute], errors: &mut Errors) -> Conta
             } else if key.is_ident("max_attempts") {
                 let v = value(&meta, "an integer", "10", errors)?;
                 set_once(&mut out.max_attempts, v, key, errors);
+            } else if key.is_ident("delete_sent") {
+                let v = flag(&meta, errors)?;
+                set_once(&mut out.delete_sent, v, key, errors);
             } else {
                 let here = ("the struct", CONTAINER_KEYS);
                 unknown(&meta, here, ("a field", FIELD_KEYS), errors)?;

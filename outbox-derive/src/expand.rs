@@ -173,14 +173,14 @@ pub(crate) fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
 }
 
 /// The statements, as a call of the derive-only `Statements` constructor: their texts
-/// in the order of `Statement::ALL`, and the claim in pieces, between which the runtime
-/// writes its row limit.
+/// in the order of `Statement::ALL`, and the claims in pieces, between which the
+/// runtime writes its row limit.
 fn statements(p: &TokenStream, table: &Table<'_>, definitions: &[Definition]) -> TokenStream {
     let texts = definitions.iter().map(|d| &d.sql);
-    let claim = table.claim(LIMIT);
-    let claim_parts = claim.split(LIMIT);
+    let (claim, claim_from) = (table.claim(LIMIT), table.claim_from(LIMIT));
+    let (claim, claim_from) = (claim.split(LIMIT), claim_from.split(LIMIT));
     quote! {
-        #p::derive_only_statements([#(#texts),*], &[#(#claim_parts),*])
+        #p::derive_only_statements([#(#texts),*], &[#(#claim),*], &[#(#claim_from),*])
     }
 }
 

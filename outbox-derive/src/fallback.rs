@@ -37,6 +37,7 @@ fn stand_in(input: &DeriveInput) -> TokenStream {
         lease: Duration::ZERO,
         retry_delay: Duration::ZERO,
         max_attempts: 0,
+        sent: crate::model::Sent::Keep,
         event_id: None,
         fields: Vec::new(),
     };
@@ -53,7 +54,7 @@ fn stand_in(input: &DeriveInput) -> TokenStream {
                 #p::Duration::ZERO,
                 #p::Duration::ZERO,
                 0,
-                #p::derive_only_statements([#(#statements),*], &[]),
+                #p::derive_only_statements([#(#statements),*], &[], &[]),
                 &[],
                 &[],
             );

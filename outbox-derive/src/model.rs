@@ -19,8 +19,21 @@ pub(crate) struct Model {
     pub(crate) lease: Duration,
     pub(crate) retry_delay: Duration,
     pub(crate) max_attempts: i32,
+    /// What recording an event as published does to its row.
+    pub(crate) sent: Sent,
     pub(crate) event_id: Option<EventIdField>,
     pub(crate) fields: Vec<Field>,
+}
+
+/// What recording an event as published does to its row.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sent {
+    /// The row stays, as `SENT` (the default): history, and enqueue stays idempotent on
+    /// its event id until the row is pruned.
+    Keep,
+    /// The row is deleted by the guarded outcome (`delete_sent`): no second row version,
+    /// no pruning.
+    Delete,
 }
 
 /// The field whose value is the event's stable id, stored in the `event_id` column.
@@ -61,6 +74,11 @@ impl Model {
             lease,
             retry_delay,
             max_attempts,
+            sent: if attrs.delete_sent.is_some() {
+                Sent::Delete
+            } else {
+                Sent::Keep
+            },
             event_id,
             fields,
         })

@@ -13,7 +13,7 @@ use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 
-use crate::model::Model;
+use crate::model::{Model, Sent};
 
 /// One statement: the SQL the runtime runs, and (for the `checked` feature) the
 /// `::sqlx::query!` call through which the compiler verifies it against a live schema.
@@ -36,7 +36,7 @@ const OWNED: &str = "id = $1 AND status || '' = 'INPROGRESS' AND generation = $2
 const OWNED_EACH: &str = "o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation \
      AND o.lease_until > clock_timestamp()";
 
-/// The claim's row limit in [`claim`]'s text, where the runtime writes the number.
+/// The row limit in the claims' texts, where the runtime writes the number.
 pub(crate) const LIMIT: &str = "\u{0}";
 
 /// What every statement of one table is written from.
@@ -63,6 +63,11 @@ impl<'m> Table<'m> {
     /// The claim, with `limit` as its row limit.
     pub(crate) fn claim(&self, limit: &str) -> String {
         claim(self, limit)
+    }
+
+    /// The claim from a position in the `READY` index, with `limit` as its row limit.
+    pub(crate) fn claim_from(&self, limit: &str) -> String {
+        claim_from(self, limit)
     }
 }
 
@@ -150,10 +155,18 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             let checked = quote!(::sqlx::query!(#sql).fetch_all(pool).await?;);
             Definition { sql, checked }
         }
+        Statement::ClaimFrom => {
+            let sql = claim_from(table, "1");
+            let checked = quote!(::sqlx::query!(#sql, 0_i64).fetch_all(pool).await?;);
+            Definition { sql, checked }
+        }
         Statement::Complete => {
-            let sql = format!(
-                "UPDATE {t} SET status = '{sent}', lease_until = NULL WHERE {OWNED} RETURNING id"
-            );
+            let sql = match table.model.sent {
+                Sent::Keep => format!(
+                    "UPDATE {t} SET status = '{sent}', lease_until = NULL WHERE {OWNED} RETURNING id"
+                ),
+                Sent::Delete => format!("DELETE FROM {t} WHERE {OWNED} RETURNING id"),
+            };
             let checked = quote!(::sqlx::query!(#sql, 1_i64, 1_i64).fetch_optional(pool).await?;);
             Definition { sql, checked }
         }
@@ -195,12 +208,20 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             // The relay's common case, every row published: `Record`'s CASEs and three
             // more arrays cost ~15% of a batch's recording, measured. (Returning only the
             // rejected rows instead costs more: the anti-join outweighs the rows.)
-            let sql = format!(
-                "UPDATE {t} AS o SET status = '{sent}', lease_until = NULL\n\
-                 FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)\n\
-                 WHERE {OWNED_EACH}\n\
-                 RETURNING o.id"
-            );
+            let sql = match table.model.sent {
+                Sent::Keep => format!(
+                    "UPDATE {t} AS o SET status = '{sent}', lease_until = NULL\n\
+                     FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)\n\
+                     WHERE {OWNED_EACH}\n\
+                     RETURNING o.id"
+                ),
+                Sent::Delete => format!(
+                    "DELETE FROM {t} AS o\n\
+                     USING unnest($1::bigint[], $2::bigint[]) AS u(id, generation)\n\
+                     WHERE {OWNED_EACH}\n\
+                     RETURNING o.id"
+                ),
+            };
             let checked = quote!(::sqlx::query!(#sql, #ids, #ids).fetch_all(pool).await?;);
             Definition { sql, checked }
         }
@@ -211,29 +232,47 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                 Outcome::Dead.as_sql(),
                 Outcome::Release.as_sql(),
             );
-            let sql = format!(
-                "UPDATE {t} AS o SET\n\
-                 \x20   status = CASE u.outcome\n\
-                 \x20       WHEN '{o_sent}' THEN '{sent}'\n\
-                 \x20       WHEN '{o_release}' THEN '{ready}'\n\
-                 \x20       WHEN '{o_retry}' THEN CASE WHEN o.attempts >= {max} THEN '{dead}' ELSE '{ready}' END\n\
-                 \x20       ELSE '{dead}' END,\n\
-                 \x20   lease_until = NULL,\n\
-                 \x20   attempts = CASE u.outcome WHEN '{o_release}' THEN o.attempts - 1 ELSE o.attempts END,\n\
-                 \x20   next_attempt_at = CASE u.outcome\n\
-                 \x20       WHEN '{o_retry}' THEN statement_timestamp() + u.delay\n\
-                 \x20       WHEN '{o_release}' THEN statement_timestamp()\n\
-                 \x20       ELSE o.next_attempt_at END,\n\
-                 \x20   last_error = CASE\n\
-                 \x20       WHEN u.outcome = '{o_retry}' AND o.attempts >= {max}\n\
-                 \x20           THEN 'attempt budget exhausted after ' || o.attempts || ' of {max} claims' || coalesce(': ' || u.error, '')\n\
-                 \x20       WHEN u.outcome IN ('{o_retry}', '{o_dead}') THEN coalesce(u.error, o.last_error)\n\
-                 \x20       ELSE o.last_error END\n\
-                 FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[])\n\
-                 \x20   AS u(id, generation, outcome, delay, error)\n\
-                 WHERE {OWNED_EACH}\n\
-                 RETURNING o.id, o.status"
-            );
+            let outcomes = "unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[])\n\
+                 \x20   AS u(id, generation, outcome, delay, error)";
+            let update = |from: &str, only: &str| {
+                format!(
+                    "UPDATE {t} AS o SET\n\
+                     \x20   status = CASE u.outcome\n\
+                     \x20       WHEN '{o_sent}' THEN '{sent}'\n\
+                     \x20       WHEN '{o_release}' THEN '{ready}'\n\
+                     \x20       WHEN '{o_retry}' THEN CASE WHEN o.attempts >= {max} THEN '{dead}' ELSE '{ready}' END\n\
+                     \x20       ELSE '{dead}' END,\n\
+                     \x20   lease_until = NULL,\n\
+                     \x20   attempts = CASE u.outcome WHEN '{o_release}' THEN o.attempts - 1 ELSE o.attempts END,\n\
+                     \x20   next_attempt_at = CASE u.outcome\n\
+                     \x20       WHEN '{o_retry}' THEN statement_timestamp() + u.delay\n\
+                     \x20       WHEN '{o_release}' THEN statement_timestamp()\n\
+                     \x20       ELSE o.next_attempt_at END,\n\
+                     \x20   last_error = CASE\n\
+                     \x20       WHEN u.outcome = '{o_retry}' AND o.attempts >= {max}\n\
+                     \x20           THEN 'attempt budget exhausted after ' || o.attempts || ' of {max} claims' || coalesce(': ' || u.error, '')\n\
+                     \x20       WHEN u.outcome IN ('{o_retry}', '{o_dead}') THEN coalesce(u.error, o.last_error)\n\
+                     \x20       ELSE o.last_error END\n\
+                     FROM {from}\n\
+                     WHERE {only}{OWNED_EACH}\n\
+                     RETURNING o.id, o.status"
+                )
+            };
+            let sql = match table.model.sent {
+                Sent::Keep => update(outcomes, ""),
+                // The published rows are deleted and the others updated, each by its
+                // own statement of one: two data-modifying CTEs on disjoint rows.
+                Sent::Delete => format!(
+                    "WITH u AS (SELECT * FROM {outcomes}),\n\
+                     sent AS (\n\
+                     \x20   DELETE FROM {t} AS o USING u\n\
+                     \x20   WHERE u.outcome = '{o_sent}' AND {OWNED_EACH}\n\
+                     \x20   RETURNING o.id, '{sent}' AS status),\n\
+                     other AS (\n{})\n\
+                     SELECT id, status FROM sent UNION ALL SELECT id, status FROM other",
+                    update("u", &format!("u.outcome <> '{o_sent}' AND "))
+                ),
+            };
             let checked = quote! {
                 ::sqlx::query!(#sql, #ids, #ids, #texts, #delays as _, #texts).fetch_all(pool).await?;
             };
@@ -345,34 +384,13 @@ fn notify(table: &Table<'_>) -> String {
 /// every row locked is a row claimed, where two branches of `limit` each would lock up
 /// to twice the batch and hold the surplus until commit.
 ///
-/// The claim: generation + 1 and a fresh lease. An expired claim that used the whole
-/// attempt budget is moved to DEAD instead (its lease_until comes back NULL).
-///
-/// The candidates are found again by their `ctid`s as one array, a TID scan of their
-/// pages, not by a join: planned on a table it thinks small, PostgreSQL hash-joins them
-/// against a sequential scan of the whole table, and the claim's cached plan keeps
-/// doing so as the table grows (measured: 10 ms instead of 1.5 ms beside 10,000 rows).
-/// The rows are locked, so their `ctid`s hold until the update. (A row that another
-/// transaction updated after this statement's snapshot yet left due would be locked
-/// and left unclaimed, where a join on `id` would claim it; none of ours does that.)
-///
 /// The limit is written into the text, not bound: PostgreSQL plans a statement with a
 /// `LIMIT $1` again on every execution (its generic plan never looks cheap enough),
 /// which cost a third of a 100-row claim; without parameters it is planned once per
 /// connection.
 fn claim(table: &Table<'_>, limit: &str) -> String {
-    let (t, max, lease) = (&table.name, table.model.max_attempts, &table.lease);
-    let (ready, in_progress, dead) = (
-        Status::Ready.as_sql(),
-        Status::InProgress.as_sql(),
-        Status::Dead.as_sql(),
-    );
-    let returning = claim_header::COLUMNS
-        .iter()
-        .map(|c| (*c).to_owned())
-        .chain(table.payload.iter().map(|c| format!("o.{c}")))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let t = &table.name;
+    let (ready, in_progress) = (Status::Ready.as_sql(), Status::InProgress.as_sql());
     format!(
         "WITH expired AS (\n\
          \x20   SELECT id, ctid FROM {t}\n\
@@ -383,7 +401,70 @@ fn claim(table: &Table<'_>, limit: &str) -> String {
          \x20   WHERE status = '{ready}' AND next_attempt_at <= statement_timestamp()\n\
          \x20   ORDER BY next_attempt_at, id LIMIT {limit} - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED\n\
          )\n\
-         UPDATE {t} AS o SET\n\
+         {}",
+        take(
+            table,
+            "SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready",
+            "o.id = ANY(ARRAY(SELECT id FROM expired))"
+        )
+    )
+}
+
+/// [`claim`]'s `READY` path alone, from `$1` on: what a relay claims between its full
+/// claims.
+///
+/// While a transaction holds the xmin horizon back, vacuum can remove nothing, and the
+/// `READY` index keeps an entry for every version of every row that was ever due: a
+/// claim from the start of the index steps over every claimed row's old entry (after
+/// ten minutes at 1,000 events/s, most of a 200 ms claim). A relay's claims move
+/// forward through that index, so the relay starts each claim where its earlier claims
+/// left off, and leaves what lies before it (commits that arrived late, the expired
+/// claims) to a full claim now and then.
+fn claim_from(table: &Table<'_>, limit: &str) -> String {
+    let t = &table.name;
+    let ready = Status::Ready.as_sql();
+    format!(
+        "WITH ready AS (\n\
+         \x20   SELECT ctid FROM {t}\n\
+         \x20   WHERE status = '{ready}'\n\
+         \x20       AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'\n\
+         \x20       AND next_attempt_at <= statement_timestamp()\n\
+         \x20   ORDER BY next_attempt_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED\n\
+         )\n\
+         {}",
+        take(table, "SELECT ctid FROM ready", "false")
+    )
+}
+
+/// The claim of the `candidates` (a query of `ctid`s), returning the claim header, with
+/// `reclaimed` as its last column, and the payload.
+///
+/// The claim: generation + 1 and a fresh lease. An expired claim that used the whole
+/// attempt budget (or a row due again after the budget was lowered) is moved to DEAD
+/// instead (its lease_until comes back NULL).
+///
+/// The candidates are found again by their `ctid`s as one array, a TID scan of their
+/// pages, not by a join: planned on a table it thinks small, PostgreSQL hash-joins them
+/// against a sequential scan of the whole table, and the claim's cached plan keeps
+/// doing so as the table grows (measured: 10 ms instead of 1.5 ms beside 10,000 rows).
+/// The rows are locked, so their `ctid`s hold until the update. (A row that another
+/// transaction updated after this statement's snapshot yet left due would be locked
+/// and left unclaimed, where a join on `id` would claim it; none of ours does that.)
+fn take(table: &Table<'_>, candidates: &str, reclaimed: &str) -> String {
+    let (t, max, lease) = (&table.name, table.model.max_attempts, &table.lease);
+    let (in_progress, dead) = (Status::InProgress.as_sql(), Status::Dead.as_sql());
+    let returning = claim_header::COLUMNS
+        .iter()
+        .map(|c| (*c).to_owned())
+        .chain(std::iter::once(format!(
+            "{reclaimed} AS {}",
+            claim_header::RECLAIMED_NAME
+        )))
+        .chain(table.payload.iter().map(|c| format!("o.{c}")))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "UPDATE {t} AS o SET\n\
          \x20   status = CASE WHEN o.attempts >= {max} THEN '{dead}' ELSE '{in_progress}' END,\n\
          \x20   generation = CASE WHEN o.attempts >= {max} THEN o.generation ELSE o.generation + 1 END,\n\
          \x20   attempts = CASE WHEN o.attempts >= {max} THEN o.attempts ELSE o.attempts + 1 END,\n\
@@ -391,7 +472,7 @@ fn claim(table: &Table<'_>, limit: &str) -> String {
          \x20   last_error = CASE WHEN o.attempts >= {max}\n\
          \x20       THEN 'lease expired on claim ' || o.attempts || ' of {max}: attempt budget exhausted'\n\
          \x20       ELSE o.last_error END\n\
-         WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready))\n\
+         WHERE o.ctid = ANY(ARRAY({candidates}))\n\
          RETURNING {returning}"
     )
 }

@@ -201,13 +201,44 @@ pub(crate) struct Undecodable {
     source: sqlx::Error,
 }
 
-/// What one row returned by the claim statement turned out to be.
+/// What one row returned by a claim statement turned out to be.
 pub(crate) enum Claimed<T: Outbox> {
     Claim(Claim<T>),
     /// An expired claim that had used the whole budget: the statement moved it to DEAD
     /// (and decoding logged it).
     Exhausted,
     Undecodable(Undecodable),
+}
+
+/// Where a claim looks for due rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scope {
+    /// Everywhere: expired claims first, then due `READY` rows ([`Statement::Claim`]).
+    All,
+    /// Due `READY` rows from this `next_attempt_at` on, in microseconds since the Unix
+    /// epoch ([`Statement::ClaimFrom`]).
+    ReadyFrom(i64),
+}
+
+/// What a claim statement claimed.
+pub(crate) struct ClaimedBatch<T: Outbox> {
+    /// The claims, in id order.
+    pub(crate) claims: Vec<Claim<T>>,
+    /// The rows whose payload does not decode, moved to `DEAD`.
+    pub(crate) undecodable: Vec<OutboxError>,
+    /// The latest `next_attempt_at` among the `READY` rows claimed (microseconds since
+    /// the Unix epoch): how far into the `READY` index the claim got.
+    pub(crate) reached: Option<i64>,
+}
+
+impl<T: Outbox> Default for ClaimedBatch<T> {
+    fn default() -> Self {
+        Self {
+            claims: Vec::new(),
+            undecodable: Vec::new(),
+            reached: None,
+        }
+    }
 }
 
 /// Claims up to `limit` rows and decodes them. Rows whose payload cannot be decoded
@@ -217,36 +248,50 @@ pub(crate) enum Claimed<T: Outbox> {
 async fn claim_rows<'a, T: Outbox>(
     conn: impl Acquire<'a, Database = Postgres>,
     limit: u32,
-) -> Result<(Vec<Claim<T>>, Vec<OutboxError>), OutboxError> {
+) -> Result<ClaimedBatch<T>, OutboxError> {
     let mut conn = conn
         .acquire()
         .await
         .map_err(|e| OutboxError::from_sqlx(T::SPEC.table, e))?;
-    claim_on(&mut conn, limit).await
+    claim_on(&mut conn, Scope::All, limit).await
 }
 
-/// [`claim_rows`] on a connection (or in a transaction) the caller holds.
+/// [`claim_rows`] in `scope`, on a connection (or in a transaction) the caller holds.
 pub(crate) async fn claim_on<T: Outbox>(
     conn: &mut PgConnection,
+    scope: Scope,
     limit: u32,
-) -> Result<(Vec<Claim<T>>, Vec<OutboxError>), OutboxError> {
+) -> Result<ClaimedBatch<T>, OutboxError> {
     let spec = T::SPEC;
     let db = |e| OutboxError::from_sqlx(spec.table, e);
     let mut claims = Vec::new();
     let mut undecodable = Vec::new();
+    let mut reached = None;
     loop {
         let wanted = limit.saturating_sub(u32::try_from(claims.len()).unwrap_or(u32::MAX));
-        let rows = sqlx::query(sqlx::AssertSqlSafe(spec.sql.claim_limited(wanted)))
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(db)?;
+        let rows = match scope {
+            Scope::All => {
+                sqlx::query(sqlx::AssertSqlSafe(spec.sql.claim_limited(wanted)))
+                    .fetch_all(&mut *conn)
+                    .await
+            }
+            Scope::ReadyFrom(from) => {
+                sqlx::query(sqlx::AssertSqlSafe(spec.sql.claim_from_limited(wanted)))
+                    .bind(from)
+                    .fetch_all(&mut *conn)
+                    .await
+            }
+        }
+        .map_err(db)?;
         let mut exhausted = false;
         for row in &rows {
-            match decode_claim(row).map_err(db)? {
+            let (claimed, due) = decode_claim(row).map_err(db)?;
+            match claimed {
                 Claimed::Claim(claim) => claims.push(claim),
                 Claimed::Undecodable(bad) => undecodable.push(bad),
                 Claimed::Exhausted => exhausted = true,
             }
+            reached = reached.max(due);
         }
         if !exhausted || wanted == 0 {
             break;
@@ -258,7 +303,11 @@ pub(crate) async fn claim_on<T: Outbox>(
     }
     // UPDATE .. RETURNING does not promise an order; publish in id order.
     claims.sort_unstable_by_key(|c| c.id);
-    Ok((claims, errors))
+    Ok(ClaimedBatch {
+        claims,
+        undecodable: errors,
+        reached,
+    })
 }
 
 /// Moves a claimed row whose payload does not decode to `DEAD` (guarded by its
@@ -291,8 +340,12 @@ pub(crate) async fn dead_letter<T: Outbox>(
     })
 }
 
-/// Decodes a row returned by the claim statement; an error is a broken header (drift).
-pub(crate) fn decode_claim<T: Outbox>(row: &PgRow) -> Result<Claimed<T>, sqlx::Error> {
+/// Decodes a row returned by a claim statement; an error is a broken header (drift).
+/// With it, the row's `next_attempt_at` (microseconds since the Unix epoch) when it was
+/// claimed from `READY`.
+pub(crate) fn decode_claim<T: Outbox>(
+    row: &PgRow,
+) -> Result<(Claimed<T>, Option<i64>), sqlx::Error> {
     let id: i64 = row.try_get(header::ID)?;
     let event_id: String = row.try_get(header::EVENT_ID)?;
     let generation: i64 = row.try_get(header::GENERATION)?;
@@ -301,10 +354,14 @@ pub(crate) fn decode_claim<T: Outbox>(row: &PgRow) -> Result<Claimed<T>, sqlx::E
         tracing::warn!(table = T::SPEC.table, id, %event_id,
             "an expired claim used the whole attempt budget; moved to DEAD");
         metrics::counter!(metric::DEAD, "table" => T::SPEC.table).increment(1);
-        return Ok(Claimed::Exhausted);
+        return Ok((Claimed::Exhausted, None));
     };
     let reclaimed: bool = row.try_get(header::RECLAIMED)?;
-    Ok(match T::decode(row, &event_id) {
+    let due = (!reclaimed)
+        .then(|| row.try_get::<DateTime<Utc>, _>(header::NEXT_ATTEMPT_AT))
+        .transpose()?
+        .map(|due| due.timestamp_micros());
+    let claimed = match T::decode(row, &event_id) {
         Ok(event) => Claimed::Claim(Claim {
             id,
             event_id: EventId::from_column(event_id),
@@ -320,7 +377,8 @@ pub(crate) fn decode_claim<T: Outbox>(row: &PgRow) -> Result<Claimed<T>, sqlx::E
             event_id,
             source,
         }),
-    })
+    };
+    Ok((claimed, due))
 }
 
 /// Claims the next due event, if any. See [`claim_batch`].
@@ -330,10 +388,10 @@ pub(crate) fn decode_claim<T: Outbox>(row: &PgRow) -> Result<Claimed<T>, sqlx::E
 pub async fn claim<'a, T: Outbox>(
     conn: impl Acquire<'a, Database = Postgres>,
 ) -> Result<Option<Claim<T>>, OutboxError> {
-    let (mut claims, mut errors) = claim_rows::<T>(conn, 1).await?;
-    match errors.pop() {
+    let mut batch = claim_rows::<T>(conn, 1).await?;
+    match batch.undecodable.pop() {
         Some(error) => Err(error),
-        None => Ok(claims.pop()),
+        None => Ok(batch.claims.pop()),
     }
 }
 
@@ -347,7 +405,7 @@ pub async fn claim_batch<'a, T: Outbox>(
     conn: impl Acquire<'a, Database = Postgres>,
     limit: u32,
 ) -> Result<Vec<Claim<T>>, OutboxError> {
-    Ok(claim_rows::<T>(conn, limit).await?.0)
+    Ok(claim_rows::<T>(conn, limit).await?.claims)
 }
 
 /// What [`enqueue`] did with one event.

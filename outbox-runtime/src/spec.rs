@@ -10,7 +10,7 @@ pub type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, PgArguments>;
 
 /// The statements of one outbox table, by [`Statement`]. Every one is a `&'static str`
 /// produced by the derive, and nothing from a caller reaches the SQL text except through
-/// bound parameters; the one exception, the claim's row limit, is an integer (see
+/// bound parameters; the one exception, the claims' row limit, is an integer (see
 /// [`claim_limited`](Self::claim_limited)).
 ///
 /// Not part of the public API: only `#[derive(Outbox)]` builds one, through
@@ -23,6 +23,8 @@ pub struct Statements {
     texts: [&'static str; Statement::COUNT],
     /// The claim, in pieces between which its row limit is written.
     claim: &'static [&'static str],
+    /// The claim from a position, in the same pieces.
+    claim_from: &'static [&'static str],
 }
 
 /// Builds the [`Statements`] of a table: for `#[derive(Outbox)]` only, which renders
@@ -31,8 +33,13 @@ pub struct Statements {
 pub const fn derive_only_statements(
     texts: [&'static str; Statement::COUNT],
     claim: &'static [&'static str],
+    claim_from: &'static [&'static str],
 ) -> Statements {
-    Statements { texts, claim }
+    Statements {
+        texts,
+        claim,
+        claim_from,
+    }
 }
 
 impl Statements {
@@ -52,6 +59,13 @@ impl Statements {
     #[must_use]
     pub fn claim_limited(&self, limit: u32) -> String {
         self.claim.join(&limit.to_string())
+    }
+
+    /// [`Statement::ClaimFrom`] of up to `limit` rows, written as
+    /// [`claim_limited`](Self::claim_limited) writes the claim.
+    #[must_use]
+    pub fn claim_from_limited(&self, limit: u32) -> String {
+        self.claim_from.join(&limit.to_string())
     }
 }
 

@@ -89,3 +89,11 @@ pub struct ChaosEvent {
     /// The business row (`chaos_orders.seq`) committed with the event.
     pub order_seq: i64,
 }
+
+/// The retention mode: the outcome that records an event as published deletes its row.
+#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+#[outbox(table = "receipt_events", max_attempts = 3, retry_delay = "1s", delete_sent)]
+pub struct Receipt {
+    #[outbox(event_id)]
+    pub name: String,
+}

@@ -34,7 +34,26 @@ UPDATE "chaos_events" AS o SET
         THEN 'lease expired on claim ' || o.attempts || ' of 1000: attempt budget exhausted'
         ELSE o.last_error END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."order_seq";
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."order_seq";
+
+-- claim_from
+WITH ready AS (
+    SELECT ctid FROM "chaos_events"
+    WHERE status = 'READY'
+        AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'
+        AND next_attempt_at <= statement_timestamp()
+    ORDER BY next_attempt_at, id LIMIT 100 FOR UPDATE SKIP LOCKED
+)
+UPDATE "chaos_events" AS o SET
+    status = CASE WHEN o.attempts >= 1000 THEN 'DEAD' ELSE 'INPROGRESS' END,
+    generation = CASE WHEN o.attempts >= 1000 THEN o.generation ELSE o.generation + 1 END,
+    attempts = CASE WHEN o.attempts >= 1000 THEN o.attempts ELSE o.attempts + 1 END,
+    lease_until = CASE WHEN o.attempts >= 1000 THEN NULL ELSE statement_timestamp() + interval '2 seconds' END,
+    last_error = CASE WHEN o.attempts >= 1000
+        THEN 'lease expired on claim ' || o.attempts || ' of 1000: attempt budget exhausted'
+        ELSE o.last_error END
+WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready))
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, false AS outbox_reclaimed, o."order_seq";
 
 -- complete
 UPDATE "chaos_events" SET status = 'SENT', lease_until = NULL WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp() RETURNING id;

@@ -144,7 +144,7 @@ pub const BOOKKEEPING: [Bookkeeping; 9] = [
     ),
 ];
 
-/// The columns the claim statement returns before the payload, in order: what a
+/// The columns the claim statements return before the payload, in order: what a
 /// [`Claim`](https://docs.rs/outbox) is made of.
 pub mod claim_header {
     /// The row id.
@@ -157,16 +157,19 @@ pub mod claim_header {
     pub const ATTEMPTS: usize = 3;
     /// The new lease's end; NULL when the claim moved the row to `DEAD` instead.
     pub const LEASE_UNTIL: usize = 4;
+    /// When the row became due: where it sits in the `READY` index.
+    pub const NEXT_ATTEMPT_AT: usize = 5;
     /// Whether the claim took over an expired claim.
-    pub const RECLAIMED: usize = 5;
-    /// The header, as the statement writes it (`o.` is the claimed row).
+    pub const RECLAIMED: usize = 6;
+    /// The header's columns up to [`RECLAIMED`], as the statements write them (`o.` is
+    /// the claimed row); each claim then writes its own `.. AS` [`RECLAIMED_NAME`].
     pub const COLUMNS: [&str; 6] = [
         "o.id",
         "o.event_id",
         "o.generation",
         "o.attempts",
         "o.lease_until",
-        "o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed",
+        "o.next_attempt_at",
     ];
     /// The result name of [`RECLAIMED`]: not a column, so no payload column may take it.
     pub const RECLAIMED_NAME: &str = "outbox_reclaimed";
@@ -213,9 +216,13 @@ statements! {
     /// in the arrays). Returns the `event_id` of every row written.
     EnqueueAllSkipping => "enqueue_all_skipping",
     /// Claims up to a limit of due `READY` rows and expired `INPROGRESS` rows. No
-    /// parameters: the limit is written into the text (see `Statements::claim`).
+    /// parameters: the limit is written into the text (see `Statements::claim_limited`).
     /// Returns the [`claim_header`] columns, then the payload columns.
     Claim => "claim",
+    /// [`Claim`](Self::Claim) of due `READY` rows only, from a position in the `READY`
+    /// index on: `$1` the earliest `next_attempt_at` to look at, in microseconds since
+    /// the Unix epoch (`bigint`). Rows due before it are left to `Claim`. Same result.
+    ClaimFrom => "claim_from",
     /// Guarded `INPROGRESS -> SENT`: `$1` id, `$2` generation (`bigint`). Returns `id`.
     Complete => "complete",
     /// Guarded `INPROGRESS -> READY` after `$3` (`interval`), or `DEAD` when the budget is

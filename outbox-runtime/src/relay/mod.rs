@@ -10,6 +10,7 @@
 //! in-flight sends within a grace period and hands the rest back.
 
 mod backoff;
+mod frontier;
 mod in_flight;
 mod record;
 mod renewal;
@@ -29,6 +30,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tracing::Instrument as _;
 
 pub use backoff::Backoff;
+use frontier::Frontier;
 use in_flight::InFlight;
 use record::{Outcome, Owned, Recorded};
 use renewal::Renewal;
@@ -36,7 +38,7 @@ pub use sink::{BoxError, Delivery, MemorySink, Published, Sink, SinkError, Stdou
 /// The shutdown signal [`Relay::run`] takes (re-exported from tokio-util).
 pub use tokio_util::sync::CancellationToken;
 
-use crate::claim::Claim;
+use crate::claim::{Claim, Scope};
 use crate::error::OutboxError;
 use crate::spec::Outbox;
 use outbox_internals::Status;
@@ -169,6 +171,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
         }
         let stop = shutdown.child_token();
         let wake = Arc::new(Notify::new());
+        let frontier = Arc::new(Frontier::new());
         let listener = tokio::spawn(listen::<T>(
             relay.pool.clone(),
             Arc::clone(&wake),
@@ -180,6 +183,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             let worker = Worker {
                 relay: Arc::clone(&relay),
                 wake: Arc::clone(&wake),
+                frontier: Arc::clone(&frontier),
                 stop: stop.clone(),
             };
             workers.spawn(worker.run());
@@ -255,6 +259,7 @@ async fn listen_session(pool: &PgPool, channel: &str, wake: &Notify) -> sqlx::Er
 struct Worker<T, S> {
     relay: Arc<Relay<T, S>>,
     wake: Arc<Notify>,
+    frontier: Arc<Frontier>,
     stop: CancellationToken,
 }
 
@@ -351,17 +356,26 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
 
     /// Records the `pending` outcomes and, with `claim_next`, claims the next batch in
     /// one transaction, recording first: [`record::record_and_claim`] says why that order.
+    /// The claim starts at the relay's [`Frontier`], or sweeps.
     async fn record_and_claim(
         &self,
         conn: &mut Connection<'_>,
         pending: &Pending,
         claim_next: bool,
     ) -> Result<Vec<Claim<T>>, OutboxError> {
-        let limit = if claim_next { self.relay.batch_size } else { 0 };
-        let (claims, recorded) =
-            record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, limit).await?;
+        let next = claim_next.then(|| self.frontier.next());
+        let (scope, limit) = next
+            .as_ref()
+            .map_or((Scope::All, 0), |next| (next.scope, self.relay.batch_size));
+        let (claimed, recorded) =
+            record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, scope, limit)
+                .await?;
         account::<T>(&pending.outcomes, &recorded);
-        Ok(claims)
+        if let Some(next) = next {
+            next.done();
+            self.frontier.advance(claimed.reached);
+        }
+        Ok(claimed.claims)
     }
 
     /// Waits for a wake-up, the poll interval or shutdown.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::{Connection as _, PgConnection, PgExecutor};
 
-use crate::claim::{Claim, claim_on};
+use crate::claim::{ClaimedBatch, Scope, claim_on};
 use crate::error::{OutboxError, storable_reason};
 use crate::spec::{Outbox, Statement, interval};
 use outbox_internals::{Outcome as Recording, Status};
@@ -50,9 +50,9 @@ impl Recorded {
     }
 }
 
-/// Records `outcomes`, then claims up to `limit` more rows: one transaction, one commit
-/// per batch. Returns the claims, and what recording did. Rows whose payload does not
-/// decode are moved to `DEAD` and not returned.
+/// Records `outcomes`, then claims up to `limit` more rows in `scope`: one transaction,
+/// one commit per batch. Returns the claimed batch, and what recording did. Rows whose
+/// payload does not decode are moved to `DEAD` and not returned as claims.
 ///
 /// The order is what keeps workers from deadlocking. A claim skipping rows that another
 /// worker claimed after the claim's snapshot still locks them (PostgreSQL locks the
@@ -63,24 +63,46 @@ impl Recorded {
 pub(crate) async fn record_and_claim<T: Outbox>(
     conn: &mut PgConnection,
     outcomes: &[(Owned, Outcome)],
+    scope: Scope,
     limit: u32,
-) -> Result<(Vec<Claim<T>>, Recorded), OutboxError> {
+) -> Result<(ClaimedBatch<T>, Recorded), OutboxError> {
     let db = |e| OutboxError::from_sqlx(T::SPEC.table, e);
     let no_outcomes = || Recorded::Sent(HashSet::new());
-    match (outcomes.is_empty(), limit) {
-        (true, 0) => Ok((Vec::new(), no_outcomes())),
-        (true, _) => Ok((claim_on::<T>(conn, limit).await?.0, no_outcomes())),
-        (false, 0) => Ok((Vec::new(), record::<T>(conn, outcomes).await?)),
-        (false, _) => {
-            let mut tx = conn.begin().await.map_err(db)?;
-            let recorded = record::<T>(&mut *tx, outcomes).await?;
-            // Undecodable rows were moved to DEAD and logged: nothing to publish.
-            let (claims, _undecodable) = claim_on::<T>(&mut tx, limit).await?;
-            tx.commit().await.map_err(db)?;
-            Ok((claims, recorded))
-        }
+    if limit == 0 {
+        let recorded = if outcomes.is_empty() {
+            no_outcomes()
+        } else {
+            record::<T>(conn, outcomes).await?
+        };
+        return Ok((ClaimedBatch::default(), recorded));
     }
+    if outcomes.is_empty() && scope == Scope::All {
+        // One statement without parameters: no transaction needed.
+        return Ok((claim_on::<T>(conn, scope, limit).await?, no_outcomes()));
+    }
+    let mut tx = match scope {
+        Scope::All => conn.begin().await,
+        Scope::ReadyFrom(_) => conn.begin_with(GENERIC_PLANS).await,
+    }
+    .map_err(db)?;
+    let recorded = if outcomes.is_empty() {
+        no_outcomes()
+    } else {
+        record::<T>(&mut *tx, outcomes).await?
+    };
+    // Undecodable rows were moved to DEAD and logged: nothing to publish.
+    let claimed = claim_on::<T>(&mut tx, scope, limit).await?;
+    tx.commit().await.map_err(db)?;
+    Ok((claimed, recorded))
 }
+
+/// Begins a transaction whose statements use their generic plans. The claim from a
+/// position binds that position, and PostgreSQL would plan it again on every execution
+/// (its estimate for a position near the end of the index always looks cheaper than
+/// the generic plan's, which is the same plan): 0.15 ms of planning per 1.8 ms claim,
+/// measured. `LOCAL`, so the setting ends with the transaction and never reaches the
+/// pool's other users; one round trip, as a plain `BEGIN`.
+const GENERIC_PLANS: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan";
 
 /// Records `outcomes` in one guarded statement.
 async fn record<'e, T: Outbox>(

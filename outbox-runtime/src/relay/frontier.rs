@@ -1,0 +1,192 @@
+//! Where a relay's claims start in the `READY` index, and when it claims everywhere.
+//!
+//! While a transaction holds the xmin horizon back (an idle session in a transaction,
+//! a long report, a standby's feedback), vacuum removes nothing, and the claim's
+//! indexes keep an entry for every version of every row: a claim from the start of the
+//! `READY` index steps over the old entry of every row claimed since, and the expired
+//! path over every completed row's. Measured at 1,000 events/s: after ten minutes,
+//! 200 ms per claim, with the server's cores busy stepping over them.
+//!
+//! So the relay remembers its frontier: the `next_attempt_at` before which its claims
+//! found every due row they could see (rows are claimed in that order), less
+//! [`MARGIN`]. Its claims start there ([`Scope::ReadyFrom`]) and step over the dead
+//! entries of the last moments only. What such a claim cannot find is left to a full
+//! claim (a sweep, [`Scope::All`]): an expired claim, a row whose enqueuing transaction
+//! committed more than [`MARGIN`] after its `INSERT` began, a row a rolled-back claim
+//! left locked while a claim passed it. Sweeps are spaced by their own cost: after a
+//! sweep that took `d`, the next waits `SWEEP_SPACING × d`, so they never take more
+//! than about 1% of a worker's time however much a pin makes them cost. Without a
+//! pin a sweep takes about a millisecond, so expired claims are found within about a
+//! tenth of a second of their lease's end; under a ten-minute pin, within about 25 s.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::claim::Scope;
+
+/// How long an enqueuing transaction may take from its `INSERT` to its commit and still
+/// be found by the claims between sweeps: their frontier trails the rows they claimed
+/// by this much. (A later commit is found by the next sweep.)
+const MARGIN: Duration = Duration::from_millis(500);
+
+/// A sweep that took `d` is followed by the next one `SWEEP_SPACING × d` later.
+const SWEEP_SPACING: u32 = 100;
+
+/// No frontier yet: the relay's first claim sweeps.
+const NONE: i64 = i64::MIN;
+
+/// A relay's frontier in the `READY` index, shared by its workers, and its sweeps.
+#[derive(Debug)]
+pub(super) struct Frontier {
+    /// Microseconds since the Unix epoch, or [`NONE`].
+    from: AtomicI64,
+    sweeps: Mutex<Sweeps>,
+}
+
+#[derive(Debug)]
+struct Sweeps {
+    /// A worker is sweeping: the others claim from the frontier.
+    running: bool,
+    /// When the next sweep is due.
+    due: Instant,
+}
+
+/// How a worker claims next: its scope, and the sweep it runs, if it is one.
+#[derive(Debug)]
+pub(super) struct NextClaim<'f> {
+    pub(super) scope: Scope,
+    sweep: Option<Sweep<'f>>,
+}
+
+impl NextClaim<'_> {
+    /// The claim succeeded: a sweep schedules the next one after its own duration.
+    pub(super) fn done(mut self) {
+        if let Some(sweep) = &mut self.sweep {
+            sweep.done = true;
+        }
+    }
+}
+
+/// A sweep in progress. Dropped without [`NextClaim::done`] (its claim failed), the
+/// next sweep is due at once.
+#[derive(Debug)]
+struct Sweep<'f> {
+    sweeps: &'f Mutex<Sweeps>,
+    started: Instant,
+    done: bool,
+}
+
+impl Drop for Sweep<'_> {
+    fn drop(&mut self) {
+        let now = Instant::now();
+        let mut sweeps = self.sweeps.lock().unwrap_or_else(PoisonError::into_inner);
+        sweeps.running = false;
+        sweeps.due = if self.done {
+            let took = now - self.started;
+            tracing::trace!(?took, "swept");
+            now + took * SWEEP_SPACING
+        } else {
+            now
+        };
+    }
+}
+
+impl Frontier {
+    pub(super) fn new() -> Self {
+        Self {
+            from: AtomicI64::new(NONE),
+            sweeps: Mutex::new(Sweeps {
+                running: false,
+                due: Instant::now(),
+            }),
+        }
+    }
+
+    /// The next claim: a sweep when one is due and no other worker runs one, or before
+    /// any claim found a frontier; otherwise a claim from the frontier.
+    pub(super) fn next(&self) -> NextClaim<'_> {
+        let from = self.from.load(Ordering::Relaxed);
+        let mut sweeps = self.sweeps.lock().unwrap_or_else(PoisonError::into_inner);
+        if !sweeps.running && Instant::now() >= sweeps.due {
+            sweeps.running = true;
+            return NextClaim {
+                scope: Scope::All,
+                sweep: Some(Sweep {
+                    sweeps: &self.sweeps,
+                    started: Instant::now(),
+                    done: false,
+                }),
+            };
+        }
+        let scope = if from == NONE {
+            Scope::All
+        } else {
+            Scope::ReadyFrom(from)
+        };
+        NextClaim { scope, sweep: None }
+    }
+
+    /// A claim got as far as `reached` (the latest `next_attempt_at` it claimed from
+    /// `READY`, in microseconds since the Unix epoch): the frontier moves up to
+    /// [`MARGIN`] before it, and never back.
+    pub(super) fn advance(&self, reached: Option<i64>) {
+        if let Some(reached) = reached {
+            let margin = i64::try_from(MARGIN.as_micros()).unwrap_or(i64::MAX);
+            self.from
+                .fetch_max(reached.saturating_sub(margin), Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_claim_sweeps_and_the_next_ones_claim_from_the_frontier() {
+        let frontier = Frontier::new();
+        let first = frontier.next();
+        assert_eq!(first.scope, Scope::All);
+        // While it sweeps, another worker without a frontier claims everywhere too,
+        // without being the sweep.
+        let second = frontier.next();
+        assert_eq!(second.scope, Scope::All);
+        assert!(second.sweep.is_none());
+        frontier.advance(Some(10_000_000));
+        assert_eq!(frontier.next().scope, Scope::ReadyFrom(9_500_000));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        first.done();
+        second.done();
+        assert_eq!(frontier.next().scope, Scope::ReadyFrom(9_500_000));
+    }
+
+    #[test]
+    fn the_frontier_trails_the_latest_row_claimed_and_never_moves_back() {
+        let frontier = Frontier::new();
+        frontier.advance(Some(5_000_000));
+        frontier.advance(Some(2_000_000));
+        frontier.advance(None);
+        assert_eq!(frontier.from.load(Ordering::Relaxed), 4_500_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sweeps_are_spaced_by_their_own_cost_and_a_failed_one_is_due_again() {
+        let frontier = Frontier::new();
+        frontier.advance(Some(1_000_000));
+        let sweep = frontier.next();
+        assert_eq!(sweep.scope, Scope::All);
+        tokio::time::advance(Duration::from_millis(10)).await;
+        sweep.done();
+        // Due again after 100 × 10 ms.
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert_eq!(frontier.next().scope, Scope::ReadyFrom(500_000));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let failed = frontier.next();
+        assert_eq!(failed.scope, Scope::All);
+        drop(failed);
+        assert_eq!(frontier.next().scope, Scope::All);
+    }
+}
