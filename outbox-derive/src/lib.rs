@@ -69,6 +69,7 @@ use syn::{DeriveInput, parse_macro_input};
 /// | `lease = "30s"` | How long a claim owns its row. The relay renews a claim every third of its lease, and each renewal must complete a database round trip before the lease ends, so the lease must be **at least `1s`**. A lease is also how long a crashed publisher's events wait before another publisher may claim them: typical values are `10s` to `5m`. | `"30s"` |
 /// | `retry_delay = "1m"` | How long a retried event waits before it is due again, when the retry names no delay (the relay backs off from it). Greater than zero. | `"1m"` |
 /// | `max_attempts = 10` | How many claims an event may use before it moves to `DEAD` (an integer from 1 to 2147483647). | `10` |
+/// | `delete_sent` | A flag: the guarded outcome that records an event as published deletes its row instead of keeping it as `SENT` (the same guards: a stale owner deletes nothing). The table then holds only work not yet done and `DEAD` rows, with no `SENT` row versions to write, vacuum or prune. The price: once its row is gone an event id is forgotten, so enqueueing the same id again enqueues it again. | off: `SENT` rows are kept until `prune_sent` |
 ///
 /// Durations are strings in [humantime](https://docs.rs/humantime) syntax (`"500ms"`,
 /// `"30s"`, `"1m"`, `"1h 30m"`), in whole microseconds, PostgreSQL's `interval`
