@@ -26,11 +26,13 @@ mod child;
 mod common;
 #[path = "bench/pinned.rs"]
 mod pinned;
+#[path = "bench/wakeups.rs"]
+mod wakeups;
 
 use std::cell::{Cell, RefCell};
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -100,6 +102,10 @@ struct Args {
     /// How long the pinned section holds a snapshot: seconds, or 10m, 1m30s, 2h.
     #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = pinned::duration)]
     pin: Duration,
+    /// Events/s the wakeups section offers, one rate after the other, one event per
+    /// transaction.
+    #[arg(long, value_name = "EVENTS/S,..", value_delimiter = ',', default_value = "500,5000", value_parser = clap::value_parser!(u32).range(1..))]
+    wakeup_rates: Vec<u32>,
     /// Events/s the pinned section offers, one per transaction.
     #[arg(long, value_name = "EVENTS/S", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
     rate: u32,
@@ -118,17 +124,22 @@ enum Section {
     Endurance,
     /// Only with --only: a snapshot held for --pin under --rate (about --pin + 3 minutes).
     Pinned,
+    /// Only with --only: claim statements per batch at each of --wakeup-rates (~25 s each).
+    Wakeups,
     Memory,
     Peers,
 }
 
 impl Args {
     /// Whether this run includes `section`: the ones `--only` names, or else every one
-    /// (endurance only with `--endurance`).
+    /// but the long ones (endurance only with `--endurance`; pinned and wakeups only
+    /// when `--only` names them).
     fn selects(&self, section: Section) -> bool {
-        match &self.only {
-            Some(only) => only.contains(&section),
-            None => section != Section::Endurance || self.endurance,
+        match (&self.only, section) {
+            (Some(only), _) => only.contains(&section),
+            (None, Section::Endurance) => self.endurance,
+            (None, Section::Pinned | Section::Wakeups) => false,
+            (None, _) => true,
         }
     }
 
@@ -251,7 +262,12 @@ impl Bench {
     /// Events/s of the relay draining `events` with a no-op sink, until every outcome
     /// is recorded: the sink stops the relay at the last event, and `run` returns once
     /// the outcomes in flight are recorded.
-    async fn drain_relay<T: Outbox>(&self, events: &[T], batch: u32, workers: usize) -> Result<f64> {
+    async fn drain_relay<T: Outbox>(
+        &self,
+        events: &[T],
+        batch: u32,
+        workers: usize,
+    ) -> Result<f64> {
         let n = events.len();
         self.fill_with(events).await?;
         let pool = self.pool(workers + 1).await?;
@@ -404,7 +420,8 @@ impl Bench {
                         ratio.median, ratio.min, ratio.max
                     )
                 };
-                let (to_archive, to_delete) = (ratio(&relay, &archive), ratio(&relay_deleting, &delete));
+                let (to_archive, to_delete) =
+                    (ratio(&relay, &archive), ratio(&relay_deleting, &delete));
                 self.line(&format!(
                     "| {bytes} B | {workers} | {n} | {} | {} | {} | {} | {to_archive} | {to_delete} |",
                     Figure::of(relay).show(""),
@@ -899,16 +916,20 @@ fn random_events(n: usize, bytes: usize) -> Vec<BenchEvent> {
         .collect()
 }
 
-/// A sink that publishes nowhere and keeps how long each event waited since its enqueue.
+/// A sink that publishes nowhere, counts batches, and keeps how long each event waited
+/// since its enqueue.
 #[derive(Default)]
 struct LatencySink {
     /// Microseconds from enqueue to publish, per event.
     latencies: Arc<Mutex<Vec<u32>>>,
+    /// Publish calls.
+    batches: Arc<AtomicU64>,
 }
 
 impl Sink<BenchEvent> for LatencySink {
     async fn publish(&self, batch: &[Delivery<'_, BenchEvent>]) -> Vec<Result<(), SinkError>> {
         let now = micros_now();
+        self.batches.fetch_add(1, Ordering::Relaxed);
         let mut latencies = self
             .latencies
             .lock()
@@ -1157,8 +1178,11 @@ async fn run(
     if args.selects(Section::Endurance) {
         bench.endurance(args).await?;
     }
-    if args.pins() {
+    if args.selects(Section::Pinned) {
         bench.pinned(args).await?;
+    }
+    if args.selects(Section::Wakeups) {
+        bench.wakeups(args).await?;
     }
     if args.selects(Section::Memory) {
         bench.memory(args).await?;

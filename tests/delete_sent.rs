@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use outbox::relay::{CancellationToken, Delivery, MemorySink, Relay, Sink, SinkError};
-use outbox::{Outbox, Retried};
+use outbox::Retried;
 use sqlx::PgPool;
 use support::events::Receipt;
 use support::rows::{count, enqueue};
@@ -48,7 +48,9 @@ async fn completing_deletes_the_row_and_a_stale_owner_deletes_nothing() -> TestR
     // A publisher claims the event, stalls past its lease, and another takes over.
     let stale = Receipt::claim(pool).await?.ok_or("nothing to claim")?;
     expire_leases(pool).await;
-    let owner = Receipt::claim(pool).await?.ok_or("the expired claim is claimable")?;
+    let owner = Receipt::claim(pool)
+        .await?
+        .ok_or("the expired claim is claimable")?;
     assert_eq!((stale.generation().get(), owner.generation().get()), (1, 2));
 
     let rejected = stale.complete(pool).await.unwrap_err();
@@ -58,7 +60,10 @@ async fn completing_deletes_the_row_and_a_stale_owner_deletes_nothing() -> TestR
     owner.complete(pool).await?;
     assert!(rows(pool).await.is_empty(), "published: the row is gone");
     let stats = outbox::stats::<Receipt>(pool).await?;
-    assert_eq!((stats.ready, stats.in_progress, stats.sent, stats.dead), (0, 0, 0, 0));
+    assert_eq!(
+        (stats.ready, stats.in_progress, stats.sent, stats.dead),
+        (0, 0, 0, 0)
+    );
 
     // A lease that ended is as final for the owner itself: nothing is deleted.
     enqueue(pool, &[receipt("b")]).await;
@@ -78,7 +83,10 @@ async fn retry_and_fail_keep_the_row_as_without_delete_sent() -> TestResult {
     let mut claims = Receipt::claim_batch(pool, 2).await?;
     let failed = claims.pop().ok_or("two claims")?;
     let retried = claims.pop().ok_or("two claims")?;
-    assert_eq!(retried.retry(pool, Duration::ZERO).await?, Retried::Scheduled);
+    assert_eq!(
+        retried.retry(pool, Duration::ZERO).await?,
+        Retried::Scheduled
+    );
     failed.fail(pool, "rejected by the broker").await?;
     assert_eq!(
         rows(pool).await,
@@ -132,9 +140,11 @@ async fn a_relay_deletes_what_it_published_and_keeps_what_it_could_not() -> Test
             .concurrency(2)
             .run(shutdown.clone()),
     );
-    wait_until("only the refused rows are left", Duration::from_secs(20), async || {
-        rows(pool).await.len() == 3 && count::<Receipt>(pool, "DEAD").await == 3
-    })
+    wait_until(
+        "only the refused rows are left",
+        Duration::from_secs(20),
+        async || rows(pool).await.len() == 3 && count::<Receipt>(pool, "DEAD").await == 3,
+    )
     .await;
     shutdown.cancel();
     relay.await??;
@@ -156,8 +166,11 @@ async fn each_event_is_published_once_and_leaves_nothing_behind() -> TestResult 
     let names: BTreeSet<String> = (0..300).map(|n| format!("receipt-{n:03}")).collect();
     enqueue(pool, &names.iter().map(|n| receipt(n)).collect::<Vec<_>>()).await;
     let sink = MemorySink::new();
-    common::publish_all(pool, Relay::<Receipt, _>::new(pool.clone(), sink.clone()).concurrency(4))
-        .await?;
+    common::publish_all(
+        pool,
+        Relay::<Receipt, _>::new(pool.clone(), sink.clone()).concurrency(4),
+    )
+    .await?;
     let published: Vec<String> = sink.published().into_iter().map(|p| p.event.name).collect();
     assert_eq!(published.len(), 300, "once each");
     assert_eq!(published.into_iter().collect::<BTreeSet<_>>(), names);

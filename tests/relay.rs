@@ -304,7 +304,8 @@ async fn every_enqueued_event_is_published_exactly_once_and_ends_sent() -> TestR
 /// latest row it claimed: an event whose transaction commits seconds after its INSERT
 /// lies behind the frontier by then, and a full claim must find it.
 #[tokio::test]
-async fn an_event_committed_seconds_after_its_insert_is_published_behind_later_ones() -> TestResult {
+async fn an_event_committed_seconds_after_its_insert_is_published_behind_later_ones() -> TestResult
+{
     let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     let sink = MemorySink::new();
@@ -319,14 +320,18 @@ async fn an_event_committed_seconds_after_its_insert_is_published_behind_later_o
         enqueue(pool, &[budgeted(&format!("on-time-{n:02}"))]).await;
         sleep(Duration::from_millis(100)).await;
     }
-    wait_until("the on-time events are SENT", Duration::from_secs(10), async || {
-        count::<Budgeted>(pool, "SENT").await == 15
-    })
+    wait_until(
+        "the on-time events are SENT",
+        Duration::from_secs(10),
+        async || count::<Budgeted>(pool, "SENT").await == 15,
+    )
     .await;
     slow.commit().await?;
-    wait_until("the late one is SENT", Duration::from_secs(10), async || {
-        count::<Budgeted>(pool, "SENT").await == 16
-    })
+    wait_until(
+        "the late one is SENT",
+        Duration::from_secs(10),
+        async || count::<Budgeted>(pool, "SENT").await == 16,
+    )
     .await;
     relay.stop().await?;
     let late: Vec<_> = sink

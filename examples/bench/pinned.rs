@@ -41,7 +41,7 @@ use tracing_subscriber::field::Visit;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt as _};
 use tracing_subscriber::util::SubscriberInitExt as _;
 
-use super::{Args, Bench, BenchEvent, LatencySink, Result, Section, stamped};
+use super::{Args, Bench, BenchEvent, LatencySink, Result, stamped};
 
 /// Producer tasks, each with its own connection, sharing the offered rate.
 const PRODUCERS: u32 = 8;
@@ -55,7 +55,7 @@ const RECOVERY: Duration = Duration::from_mins(1);
 const UNPINNED_AT_LEAST: Duration = Duration::from_secs(30);
 /// How the claim statements start (the full claim, the claim from the relay's
 /// frontier): what `pg_stat_statements` and sqlx's log show of them.
-const CLAIM_PREFIXES: [&str; 2] = ["WITH expired AS", "WITH ready AS"];
+pub(super) const CLAIM_PREFIXES: [&str; 2] = ["WITH expired AS", "WITH ready AS"];
 /// sqlx's statement log: every statement, with its elapsed time.
 const QUERY_TARGET: &str = "sqlx::query";
 /// `/proc` counts CPU time in `USER_HZ`, 100 on every Linux ABI.
@@ -96,15 +96,6 @@ pub(super) fn duration(text: &str) -> Result<Duration, String> {
 
 fn positive(seconds: u64) -> Option<Duration> {
     (seconds > 0).then(|| Duration::from_secs(seconds))
-}
-
-impl Args {
-    /// The pinned section runs only when `--only` names it: it takes a quarter of an hour.
-    pub(super) fn pins(&self) -> bool {
-        self.only
-            .as_ref()
-            .is_some_and(|only| only.contains(&Section::Pinned))
-    }
 }
 
 impl Bench {
@@ -341,7 +332,7 @@ impl Bench {
 
     /// The schema of extension `name`, quoted, creating it in the bench's schema (which
     /// is dropped with it) if the database has it nowhere yet.
-    async fn extension(&self, name: &str) -> Option<String> {
+    pub(super) async fn extension(&self, name: &str) -> Option<String> {
         let find = || {
             sqlx::query_scalar::<_, String>(
                 "SELECT format('%I', n.nspname) FROM pg_extension e \

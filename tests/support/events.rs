@@ -92,7 +92,12 @@ pub struct ChaosEvent {
 
 /// The retention mode: the outcome that records an event as published deletes its row.
 #[derive(outbox::Outbox, Debug, Clone, PartialEq)]
-#[outbox(table = "receipt_events", max_attempts = 3, retry_delay = "1s", delete_sent)]
+#[outbox(
+    table = "receipt_events",
+    max_attempts = 3,
+    retry_delay = "1s",
+    delete_sent
+)]
 pub struct Receipt {
     #[outbox(event_id)]
     pub name: String,
