@@ -78,8 +78,9 @@
 //!
 //! A sink of your own implements [`Sink::publish`]: it gets each claimed batch and
 //! returns one result per [`Delivery`], in order: `Ok` (recorded `SENT`),
-//! [`SinkError::Transient`] (retried with backoff) or [`SinkError::Permanent`] (`DEAD`
-//! now). The README walks through one, with a consumer that deduplicates on the event
+//! [`SinkError::Transient`] (retried with backoff), [`SinkError::Permanent`] (`DEAD`
+//! now) or [`SinkError::Unavailable`] (the destination is down: handed back without
+//! counting the attempt, and the worker backs off). The README walks through one, with a consumer that deduplicates on the event
 //! id, and `examples/custom_sink.rs` runs it.
 //!
 //! ```no_run
