@@ -102,6 +102,9 @@ pub use outbox_derive::Outbox;
 /// The trait `#[derive(Outbox)]` implements (macros and traits live in separate
 /// namespaces, as with serde's `Serialize`).
 pub use outbox_runtime::Outbox;
+pub use outbox_runtime::inbox::{Inbox, Received};
+#[cfg(feature = "nats")]
+pub use outbox_runtime::nats;
 pub use outbox_runtime::relay::{
     Backoff, BoxError, CancellationToken, Delivery, MemorySink, Published, Relay, Sink, SinkError,
     StdoutSink,
@@ -109,8 +112,8 @@ pub use outbox_runtime::relay::{
 pub use outbox_runtime::{
     AppliedMigration, Claim, Column, Enqueued, EventId, EventIdField, Generation, MAX_INTERVAL,
     MigrationReport, MigrationStep, OutboxError, Retried, Stats, TableMigrations, TableSpec, claim,
-    claim_batch, enqueue, enqueue_all, migrate, migrate_with_app, prune_sent, refinery, relay,
-    requeue_all_dead, requeue_dead, stats, verify,
+    claim_batch, enqueue, enqueue_all, inbox, message, migrate, migrate_with_app, prune_sent,
+    refinery, relay, requeue_all_dead, requeue_dead, stats, verify,
 };
 
 #[cfg(feature = "testing")]
