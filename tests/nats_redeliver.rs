@@ -1,0 +1,423 @@
+//! The seed's broker-level test, through real NATS JetStream and real PostgreSQL: a relay
+//! process publishes a batch, JetStream acknowledges it, and the process is SIGKILLed
+//! before it records `SENT`. The lease expires, a second relay publishes the batch
+//! again: the same event ids under a higher generation, which JetStream stores once
+//! (its acknowledgement marked duplicate, reported as published). A consumer that
+//! applies each event through the inbox, and sees every event more than once, applies
+//! each effect exactly once.
+//!
+//! Needs NATS with JetStream on 127.0.0.1:4222 (or `OUTBOX_NATS_URL`); without it the
+//! test fails, saying how to start it.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::process::ExitStatusExt as _;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use outbox::Outbox;
+use outbox::inbox::{self, Inbox, Received};
+use outbox::message::header;
+use outbox::nats::async_nats::jetstream::{self, consumer, stream};
+use outbox::nats::{JetStreamSink, async_nats};
+use outbox::relay::{CancellationToken, Delivery, Relay, Sink, SinkError};
+use serde::Serialize;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use support::child::{self, ChildCommand};
+use support::counters::Counters;
+use support::rows::{enqueue, row_of};
+use support::schema::schema_from_zero;
+use support::{TestResult, wait_until};
+use tokio::time::timeout;
+
+/// The event: a lease of one second (the least the derive allows), so that a killed
+/// publisher's claims expire quickly.
+#[derive(outbox::Outbox, Serialize, Debug, Clone)]
+#[outbox(table = "shipment_events", lease = "1s", retry_delay = "100ms")]
+struct ShipmentBooked {
+    #[outbox(event_id)]
+    shipment: String,
+    parcels: i32,
+}
+
+const ROLE: &str = "nats-relay";
+/// Marks the child's protocol lines.
+const MARK: &str = "NATS-CHILD";
+
+fn nats_url() -> String {
+    std::env::var("OUTBOX_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
+/// The test's NATS client; fails the test, saying how to start NATS, when there is none.
+async fn connect_nats() -> async_nats::Client {
+    let url = nats_url();
+    let connected = timeout(
+        Duration::from_secs(5),
+        async_nats::ConnectOptions::new()
+            .connection_timeout(Duration::from_secs(3))
+            .connect(&url),
+    )
+    .await;
+    match connected {
+        Ok(Ok(client)) => client,
+        Ok(Err(error)) => panic!(
+            "NATS is not reachable at {url}: {error}. This test needs NATS with JetStream: start it \
+             with `nats-server -js -a 127.0.0.1 -p 4222` (or point OUTBOX_NATS_URL at one)"
+        ),
+        Err(_) => panic!(
+            "NATS did not answer at {url} within 5 s. This test needs NATS with JetStream: start it \
+             with `nats-server -js -a 127.0.0.1 -p 4222` (or point OUTBOX_NATS_URL at one)"
+        ),
+    }
+}
+
+/// The relay process: re-executed by the test, it publishes through JetStream and dies
+/// by SIGKILL once the broker acknowledged its first batch. A no-op in a normal run.
+#[test]
+fn nats_redeliver_child() {
+    if !child::requested(ROLE) {
+        return;
+    }
+    let param = |name: &str| child::param(name).unwrap_or_else(|| panic!("no {name} given"));
+    let (url, subject) = (param("URL"), param("SUBJECT"));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(async move {
+        let pool = PgPoolOptions::new()
+            .max_connections(3)
+            .connect(&url)
+            .await
+            .expect("the test's schema");
+        let sink = KillAfterAcks(JetStreamSink::new(
+            jetstream::new(connect_nats().await),
+            subject,
+        ));
+        let result = Relay::<ShipmentBooked, _>::new(pool, sink)
+            .run(CancellationToken::new())
+            .await;
+        child::say(&format!("{MARK} FAILED the relay returned: {result:?}"));
+    });
+}
+
+/// Publishes through JetStream, then, once every acknowledgement is in, reports them and
+/// SIGKILLs its own process: acknowledged by the broker, not recorded `SENT`.
+struct KillAfterAcks(JetStreamSink<ShipmentBooked>);
+
+impl Sink<ShipmentBooked> for KillAfterAcks {
+    async fn publish(&self, batch: &[Delivery<'_, ShipmentBooked>]) -> Vec<Result<(), SinkError>> {
+        let acks = self.0.publish_acked(batch).await;
+        let mut line = format!("{MARK} ACKED");
+        for (delivery, ack) in batch.iter().zip(&acks) {
+            match ack {
+                Ok(ack) => line.push_str(&format!(
+                    " {}:{}:{}:{}",
+                    delivery.event_id(),
+                    delivery.generation(),
+                    ack.sequence,
+                    ack.duplicate
+                )),
+                Err(error) => {
+                    child::say(&format!("{MARK} FAILED {}: {error}", delivery.event_id()));
+                    std::process::exit(1);
+                }
+            }
+        }
+        child::say(&line);
+        nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL)
+            .expect("SIGKILL to itself");
+        std::future::pending().await
+    }
+}
+
+/// One acknowledged publication, as the child or the second relay saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Acked {
+    event_id: String,
+    generation: i64,
+    sequence: u64,
+    duplicate: bool,
+}
+
+impl Acked {
+    fn parse(word: &str) -> Self {
+        let parts: Vec<&str> = word.split(':').collect();
+        let [event_id, generation, sequence, duplicate] = parts[..] else {
+            panic!("a malformed acknowledgement: {word}");
+        };
+        Self {
+            event_id: event_id.to_owned(),
+            generation: generation.parse().expect("a generation"),
+            sequence: sequence.parse().expect("a sequence"),
+            duplicate: duplicate.parse().expect("a duplicate flag"),
+        }
+    }
+}
+
+/// The second relay's sink: JetStream, recording each acknowledgement.
+#[derive(Clone)]
+struct RecordAcks {
+    inner: JetStreamSink<ShipmentBooked>,
+    acked: Arc<Mutex<Vec<Acked>>>,
+}
+
+impl Sink<ShipmentBooked> for RecordAcks {
+    async fn publish(&self, batch: &[Delivery<'_, ShipmentBooked>]) -> Vec<Result<(), SinkError>> {
+        let acks = self.inner.publish_acked(batch).await;
+        let mut acked = self.acked.lock().unwrap_or_else(PoisonError::into_inner);
+        batch
+            .iter()
+            .zip(acks)
+            .map(|(delivery, ack)| {
+                let ack = ack?;
+                acked.push(Acked {
+                    event_id: delivery.event_id().to_string(),
+                    generation: delivery.generation().get(),
+                    sequence: ack.sequence,
+                    duplicate: ack.duplicate,
+                });
+                Ok(())
+            })
+            .collect()
+    }
+}
+
+/// The consumer's handling of one message: the effect (a row in `shipments`) and the
+/// inbox row in one transaction.
+async fn apply(
+    pool: &PgPool,
+    inbox: &Inbox,
+    message: &async_nats::Message,
+) -> TestResult<Received> {
+    let event_id = outbox::nats::event_id(message).ok_or("a message without an event id")?;
+    let event: serde_json::Value = serde_json::from_slice(&message.payload)?;
+    let mut tx = pool.begin().await?;
+    let received = inbox.receive(&mut *tx, event_id).await?;
+    if received.is_new() {
+        sqlx::query("INSERT INTO shipments (event_id, parcels) VALUES ($1, $2)")
+            .bind(event_id)
+            .bind(event["parcels"].as_i64().ok_or("no parcels")?)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(received)
+}
+
+fn header_of<'m>(message: &'m async_nats::Message, name: &str) -> Option<&'m str> {
+    Some(message.headers.as_ref()?.get(name)?.as_str())
+}
+
+#[tokio::test]
+async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_applied_once()
+-> TestResult {
+    let nats = connect_nats().await;
+    let js = jetstream::new(nats.clone());
+    let db = schema_from_zero(&[ShipmentBooked::migrations()]).await?;
+    let pool = db.pool();
+    inbox::migrate(pool).await?;
+    sqlx::query("CREATE TABLE shipments (event_id text NOT NULL, parcels int NOT NULL)")
+        .execute(pool)
+        .await?;
+    let stream_name = db.name().to_uppercase();
+    let subject = format!("outbox.test.{}.shipments", db.name());
+    let mut stream = js
+        .create_stream(stream::Config {
+            name: stream_name.clone(),
+            subjects: vec![subject.clone()],
+            duplicate_window: Duration::from_mins(2),
+            ..Default::default()
+        })
+        .await?;
+
+    let events: Vec<ShipmentBooked> = (1..=3)
+        .map(|n| ShipmentBooked {
+            shipment: format!("shipment-{n}"),
+            parcels: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+
+    // 1. The first relay publishes, JetStream acknowledges, the process dies.
+    let mut first = ChildCommand::test("nats_redeliver_child")
+        .spawn(ROLE, &[("URL", &db.url()), ("SUBJECT", &subject)])?;
+    let line = child::handshake(first.stderr()?, MARK, Duration::from_secs(60)).await?;
+    let status = first.wait()?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words.get(1), Some(&"ACKED"), "the child: {line}");
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "the first relay died by SIGKILL: {status:?}"
+    );
+    let first_acks: BTreeMap<String, Acked> = words[2..]
+        .iter()
+        .map(|word| {
+            let acked = Acked::parse(word);
+            (acked.event_id.clone(), acked)
+        })
+        .collect();
+    assert_eq!(first_acks.len(), 3, "{line}");
+    for event in &events {
+        let acked = &first_acks[&event.shipment];
+        assert_eq!((acked.generation, acked.duplicate), (1, false), "{acked:?}");
+        let row = row_of::<ShipmentBooked>(pool, event.shipment.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.generation, row.attempts),
+            ("INPROGRESS", 1, 1),
+            "acknowledged by the broker, not recorded: {}",
+            event.shipment
+        );
+    }
+    assert_eq!(stream.info().await?.state.messages, 3);
+
+    // 2. Its lease expires; a second relay publishes the events again. A plain
+    // subscriber sees every message on the wire, stored or not.
+    let mut wire = nats.subscribe(subject.clone()).await?;
+    nats.flush().await?;
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let sink = RecordAcks {
+        inner: JetStreamSink::new(js.clone(), subject.clone()),
+        acked: Arc::clone(&acked),
+    };
+    let shutdown = CancellationToken::new();
+    let second = tokio::spawn(
+        Relay::<ShipmentBooked, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until(
+        "the second relay sent all 3",
+        Duration::from_secs(30),
+        async || outbox::stats::<ShipmentBooked>(pool).await.unwrap().sent == 3,
+    )
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), second).await???;
+
+    let second_acks = acked.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    assert_eq!(second_acks.len(), 3, "{second_acks:?}");
+    for acked in &second_acks {
+        let first = &first_acks[&acked.event_id];
+        assert_eq!(
+            (acked.generation, acked.duplicate, acked.sequence),
+            (2, true, first.sequence),
+            "{}: the redelivery, generation 2, is acknowledged as the copy the stream holds",
+            acked.event_id
+        );
+    }
+    assert_eq!(
+        counters.get(
+            outbox::nats::metric::DUPLICATES,
+            ShipmentBooked::SPEC.table()
+        ),
+        3
+    );
+    assert_eq!(
+        stream.info().await?.state.messages,
+        3,
+        "the stream holds one copy of each event"
+    );
+    for event in &events {
+        let row = row_of::<ShipmentBooked>(pool, event.shipment.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.generation, row.attempts),
+            ("SENT", 2, 2),
+            "{}",
+            event.shipment
+        );
+    }
+    // On the wire: the unchanged event id (in the header and as Nats-Msg-Id), generation 2.
+    let mut redelivered = Vec::new();
+    for _ in 0..3 {
+        let message = timeout(Duration::from_secs(5), wire.next())
+            .await?
+            .ok_or("the subscription ended")?;
+        let event_id = outbox::nats::event_id(&message)
+            .ok_or("no event id")?
+            .to_owned();
+        assert_eq!(header_of(&message, "Nats-Msg-Id"), Some(event_id.as_str()));
+        assert_eq!(header_of(&message, header::GENERATION), Some("2"));
+        assert_eq!(header_of(&message, header::ATTEMPT), Some("2"));
+        assert_eq!(header_of(&message, header::TABLE), Some("shipment_events"));
+        assert_eq!(
+            header_of(&message, header::CONTENT_TYPE),
+            Some("application/json")
+        );
+        redelivered.push(message);
+    }
+    let wire_ids: BTreeSet<String> = redelivered
+        .iter()
+        .filter_map(|m| outbox::nats::event_id(m).map(str::to_owned))
+        .collect();
+    assert_eq!(wire_ids, first_acks.keys().cloned().collect());
+
+    // 3. The consumer: every event reaches it three times (the stream's copy, JetStream
+    // redelivering it because the consumer committed but never acknowledged, and the
+    // wire copy of the relay's redelivery); each effect applies once.
+    let consumer = stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("shipping".into()),
+            ack_wait: Duration::from_secs(1),
+            ..Default::default()
+        })
+        .await?;
+    let inbox = Inbox::new("shipping");
+    let mut receipts = Vec::new();
+    for pass in 1..=2 {
+        let mut batch = consumer
+            .fetch()
+            // Exactly the batch: a pull request left waiting for more would take the
+            // next pass's redeliveries.
+            .max_messages(3)
+            .expires(Duration::from_secs(5))
+            .messages()
+            .await?;
+        let mut got = 0;
+        while let Some(message) = batch.next().await {
+            let message = message.map_err(|e| e.to_string())?;
+            let stored = header_of(&message, header::GENERATION).map(str::to_owned);
+            assert_eq!(
+                stored.as_deref(),
+                Some("1"),
+                "the stream keeps the first copy"
+            );
+            receipts.push(apply(pool, &inbox, &message).await?);
+            got += 1;
+            if pass == 2 {
+                message.ack().await.map_err(|e| e.to_string())?;
+            }
+            // Pass 1 commits and dies before acknowledging: JetStream redelivers.
+        }
+        assert_eq!(got, 3, "pass {pass}");
+    }
+    for message in &redelivered {
+        receipts.push(apply(pool, &inbox, message).await?);
+    }
+    let new = receipts.iter().filter(|r| r.is_new()).count();
+    assert_eq!((new, receipts.len()), (3, 9), "{receipts:?}");
+    let applied: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT event_id, count(*), sum(parcels) FROM shipments GROUP BY event_id ORDER BY event_id",
+    )
+    .fetch_all(pool)
+    .await?;
+    assert_eq!(
+        applied,
+        [
+            ("shipment-1".to_owned(), 1, 1),
+            ("shipment-2".to_owned(), 1, 2),
+            ("shipment-3".to_owned(), 1, 3)
+        ],
+        "each effect exactly once"
+    );
+
+    js.delete_stream(&stream_name).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
