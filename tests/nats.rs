@@ -1,13 +1,18 @@
-//! The seed's broker-level test, through real NATS JetStream and real PostgreSQL: a relay
-//! process publishes a batch, JetStream acknowledges it, and the process is SIGKILLed
-//! before it records `SENT`. The lease expires, a second relay publishes the batch
-//! again: the same event ids under a higher generation, which JetStream stores once
-//! (its acknowledgement marked duplicate, reported as published). A consumer that
-//! applies each event through the inbox, and sees every event more than once, applies
-//! each effect exactly once.
+//! The JetStream sink through real NATS JetStream and real PostgreSQL.
+//!
+//! - The seed's broker-level test (`redeliver`): a relay process publishes a batch,
+//!   JetStream acknowledges it, and the process is SIGKILLed before it records `SENT`.
+//!   The lease expires, a second relay publishes the batch again: the same event ids
+//!   under a higher generation, which JetStream stores once (its acknowledgement marked
+//!   duplicate, reported as published). A consumer that applies each event through the
+//!   inbox, and sees every event more than once, applies each effect exactly once.
+//! - Bad input: an event that does not encode, a subject no stream takes, a message over
+//!   the stream's size limit: each `DEAD` with its reason, the others sent.
+//! - An outage: the client loses its server (a proxy in between is stopped); batches go
+//!   back without counting attempts until it reconnects, then everything is sent.
 //!
 //! Needs NATS with JetStream on 127.0.0.1:4222 (or `OUTBOX_NATS_URL`); without it the
-//! test fails, saying how to start it.
+//! tests fail, saying how to start it.
 
 mod support;
 
@@ -19,29 +24,19 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use outbox::Outbox;
 use outbox::inbox::{self, Inbox, Received};
-use outbox::message::header;
+use outbox::message::{Encoding, Json, header};
 use outbox::nats::async_nats::jetstream::{self, consumer, stream};
 use outbox::nats::{JetStreamSink, async_nats};
-use outbox::relay::{CancellationToken, Delivery, Relay, Sink, SinkError};
-use serde::Serialize;
+use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use support::child::{self, ChildCommand};
 use support::counters::Counters;
+use support::events::ChaosEvent;
 use support::rows::{enqueue, row_of};
 use support::schema::schema_from_zero;
 use support::{TestResult, wait_until};
 use tokio::time::timeout;
-
-/// The event: a lease of one second (the least the derive allows), so that a killed
-/// publisher's claims expire quickly.
-#[derive(outbox::Outbox, Serialize, Debug, Clone)]
-#[outbox(table = "shipment_events", lease = "1s", retry_delay = "100ms")]
-struct ShipmentBooked {
-    #[outbox(event_id)]
-    shipment: String,
-    parcels: i32,
-}
 
 const ROLE: &str = "nats-relay";
 /// Marks the child's protocol lines.
@@ -97,7 +92,7 @@ fn nats_redeliver_child() {
             jetstream::new(connect_nats().await),
             subject,
         ));
-        let result = Relay::<ShipmentBooked, _>::new(pool, sink)
+        let result = Relay::<ChaosEvent, _>::new(pool, sink)
             .run(CancellationToken::new())
             .await;
         child::say(&format!("{MARK} FAILED the relay returned: {result:?}"));
@@ -106,10 +101,10 @@ fn nats_redeliver_child() {
 
 /// Publishes through JetStream, then, once every acknowledgement is in, reports them and
 /// SIGKILLs its own process: acknowledged by the broker, not recorded `SENT`.
-struct KillAfterAcks(JetStreamSink<ShipmentBooked>);
+struct KillAfterAcks(JetStreamSink<ChaosEvent>);
 
-impl Sink<ShipmentBooked> for KillAfterAcks {
-    async fn publish(&self, batch: &[Delivery<'_, ShipmentBooked>]) -> Vec<Result<(), SinkError>> {
+impl Sink<ChaosEvent> for KillAfterAcks {
+    async fn publish(&self, batch: &[Delivery<'_, ChaosEvent>]) -> Vec<Result<(), SinkError>> {
         let acks = self.0.publish_acked(batch).await;
         let mut line = format!("{MARK} ACKED");
         for (delivery, ack) in batch.iter().zip(&acks) {
@@ -161,12 +156,12 @@ impl Acked {
 /// The second relay's sink: JetStream, recording each acknowledgement.
 #[derive(Clone)]
 struct RecordAcks {
-    inner: JetStreamSink<ShipmentBooked>,
+    inner: JetStreamSink<ChaosEvent>,
     acked: Arc<Mutex<Vec<Acked>>>,
 }
 
-impl Sink<ShipmentBooked> for RecordAcks {
-    async fn publish(&self, batch: &[Delivery<'_, ShipmentBooked>]) -> Vec<Result<(), SinkError>> {
+impl Sink<ChaosEvent> for RecordAcks {
+    async fn publish(&self, batch: &[Delivery<'_, ChaosEvent>]) -> Vec<Result<(), SinkError>> {
         let acks = self.inner.publish_acked(batch).await;
         let mut acked = self.acked.lock().unwrap_or_else(PoisonError::into_inner);
         batch
@@ -200,7 +195,7 @@ async fn apply(
     if received.is_new() {
         sqlx::query("INSERT INTO shipments (event_id, parcels) VALUES ($1, $2)")
             .bind(event_id)
-            .bind(event["parcels"].as_i64().ok_or("no parcels")?)
+            .bind(event["order_seq"].as_i64().ok_or("no order_seq")?)
             .execute(&mut *tx)
             .await?;
     }
@@ -217,10 +212,10 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
 -> TestResult {
     let nats = connect_nats().await;
     let js = jetstream::new(nats.clone());
-    let db = schema_from_zero(&[ShipmentBooked::migrations()]).await?;
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
     let pool = db.pool();
     inbox::migrate(pool).await?;
-    sqlx::query("CREATE TABLE shipments (event_id text NOT NULL, parcels int NOT NULL)")
+    sqlx::query("CREATE TABLE shipments (event_id text NOT NULL, parcels bigint NOT NULL)")
         .execute(pool)
         .await?;
     let stream_name = db.name().to_uppercase();
@@ -234,10 +229,10 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
         })
         .await?;
 
-    let events: Vec<ShipmentBooked> = (1..=3)
-        .map(|n| ShipmentBooked {
-            shipment: format!("shipment-{n}"),
-            parcels: n,
+    let events: Vec<ChaosEvent> = (1..=3)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
         })
         .collect();
     enqueue(pool, &events).await;
@@ -263,14 +258,14 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
         .collect();
     assert_eq!(first_acks.len(), 3, "{line}");
     for event in &events {
-        let acked = &first_acks[&event.shipment];
+        let acked = &first_acks[&event.key];
         assert_eq!((acked.generation, acked.duplicate), (1, false), "{acked:?}");
-        let row = row_of::<ShipmentBooked>(pool, event.shipment.as_str()).await;
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
         assert_eq!(
             (row.status.as_str(), row.generation, row.attempts),
             ("INPROGRESS", 1, 1),
             "acknowledged by the broker, not recorded: {}",
-            event.shipment
+            event.key
         );
     }
     assert_eq!(stream.info().await?.state.messages, 3);
@@ -288,14 +283,14 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
     };
     let shutdown = CancellationToken::new();
     let second = tokio::spawn(
-        Relay::<ShipmentBooked, _>::new(pool.clone(), sink)
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
             .poll_interval(Duration::from_millis(50))
             .run(shutdown.clone()),
     );
     wait_until(
         "the second relay sent all 3",
         Duration::from_secs(30),
-        async || outbox::stats::<ShipmentBooked>(pool).await.unwrap().sent == 3,
+        async || outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 3,
     )
     .await;
     shutdown.cancel();
@@ -313,10 +308,7 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
         );
     }
     assert_eq!(
-        counters.get(
-            outbox::nats::metric::DUPLICATES,
-            ShipmentBooked::SPEC.table()
-        ),
+        counters.get(outbox::nats::metric::DUPLICATES, ChaosEvent::SPEC.table()),
         3
     );
     assert_eq!(
@@ -325,12 +317,12 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
         "the stream holds one copy of each event"
     );
     for event in &events {
-        let row = row_of::<ShipmentBooked>(pool, event.shipment.as_str()).await;
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
         assert_eq!(
             (row.status.as_str(), row.generation, row.attempts),
             ("SENT", 2, 2),
             "{}",
-            event.shipment
+            event.key
         );
     }
     // On the wire: the unchanged event id (in the header and as Nats-Msg-Id), generation 2.
@@ -345,7 +337,7 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
         assert_eq!(header_of(&message, "Nats-Msg-Id"), Some(event_id.as_str()));
         assert_eq!(header_of(&message, header::GENERATION), Some("2"));
         assert_eq!(header_of(&message, header::ATTEMPT), Some("2"));
-        assert_eq!(header_of(&message, header::TABLE), Some("shipment_events"));
+        assert_eq!(header_of(&message, header::TABLE), Some("chaos_events"));
         assert_eq!(
             header_of(&message, header::CONTENT_TYPE),
             Some("application/json")
@@ -403,7 +395,7 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
     let new = receipts.iter().filter(|r| r.is_new()).count();
     assert_eq!((new, receipts.len()), (3, 9), "{receipts:?}");
     let applied: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT event_id, count(*), sum(parcels) FROM shipments GROUP BY event_id ORDER BY event_id",
+        "SELECT event_id, count(*), sum(parcels)::bigint FROM shipments GROUP BY event_id ORDER BY event_id",
     )
     .fetch_all(pool)
     .await?;
@@ -417,6 +409,238 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
         "each effect exactly once"
     );
 
+    js.delete_stream(&stream_name).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// A stream taking `subject`, named after the test's schema, with `configure` applied.
+async fn create_stream(
+    js: &jetstream::Context,
+    name: &str,
+    subject: &str,
+    configure: impl FnOnce(&mut stream::Config),
+) -> TestResult<stream::Stream> {
+    let mut config = stream::Config {
+        name: name.to_owned(),
+        subjects: vec![subject.to_owned()],
+        ..Default::default()
+    };
+    configure(&mut config);
+    Ok(js.create_stream(config).await?)
+}
+
+/// JSON, except for the event named `unencodable`: a stand-in for an event a real
+/// encoding cannot handle.
+struct RefuseUnencodable;
+
+impl Encoding<ChaosEvent> for RefuseUnencodable {
+    fn content_type(&self) -> Option<&str> {
+        Some("application/json")
+    }
+
+    fn encode(&self, event: &ChaosEvent) -> Result<Vec<u8>, outbox::BoxError> {
+        if event.key == "unencodable" {
+            return Err("parcels must be positive".into());
+        }
+        Json.encode(event)
+    }
+}
+
+#[tokio::test]
+async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> TestResult {
+    let js = jetstream::new(connect_nats().await);
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let stream_name = db.name().to_uppercase();
+    let subject = format!("outbox.test.{}.shipments", db.name());
+    let nowhere = format!("outbox.test.{}.nowhere", db.name());
+    let mut stream = create_stream(&js, &stream_name, &subject, |config| {
+        config.max_message_size = 1024;
+    })
+    .await?;
+    let large = "x".repeat(900);
+    let names = ["ok-1", "unencodable", "nowhere", large.as_str(), "ok-2"];
+    let events: Vec<ChaosEvent> = names
+        .iter()
+        .map(|name| ChaosEvent {
+            key: (*name).to_owned(),
+            order_seq: 1,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let sink = JetStreamSink::new(js.clone(), subject.clone())
+        .subject_from(move |event: &ChaosEvent| {
+            if event.key == "nowhere" {
+                nowhere.clone()
+            } else {
+                subject.clone()
+            }
+        })
+        .encoding(RefuseUnencodable);
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until("2 SENT and 3 DEAD", Duration::from_secs(30), async || {
+        let stats = outbox::stats::<ChaosEvent>(pool).await.unwrap();
+        (stats.sent, stats.dead) == (2, 3)
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    for (name, reason) in [
+        (
+            "unencodable",
+            "cannot encode the event: parcels must be positive",
+        ),
+        ("nowhere", "no JetStream stream takes this subject"),
+        (large.as_str(), "message size exceeds maximum allowed"),
+    ] {
+        let row = row_of::<ChaosEvent>(pool, name).await;
+        let error = row.last_error.unwrap_or_default();
+        assert_eq!(
+            (row.status.as_str(), row.attempts),
+            ("DEAD", 1),
+            "{name}: {error}"
+        );
+        assert!(error.contains(reason), "{name}: {error}");
+    }
+    for name in ["ok-1", "ok-2"] {
+        let row = row_of::<ChaosEvent>(pool, name).await;
+        assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{name}");
+    }
+    assert_eq!(stream.info().await?.state.messages, 2);
+    js.delete_stream(&stream_name).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// A TCP proxy between clients and the NATS server: stopping it is, for the clients
+/// connected through it, the server going away.
+struct Proxy {
+    port: u16,
+    upstream: String,
+    serving: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> TestResult<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let serving = Some(tokio::spawn(Self::serve(listener, upstream.clone())));
+        Ok(Self {
+            port,
+            upstream,
+            serving,
+        })
+    }
+
+    /// Closes the listener and every connection through it.
+    fn down(&mut self) {
+        if let Some(serving) = self.serving.take() {
+            serving.abort();
+        }
+    }
+
+    /// Listens again, on the same port.
+    async fn up(&mut self) -> TestResult {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await?;
+        self.serving = Some(tokio::spawn(Self::serve(listener, self.upstream.clone())));
+        Ok(())
+    }
+
+    async fn serve(listener: tokio::net::TcpListener, upstream: String) {
+        // Dropped with this task: aborts every connection.
+        let mut connections = tokio::task::JoinSet::new();
+        while let Ok((mut client, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            connections.spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_server_outage_burns_no_attempts_and_the_relay_resumes_when_it_returns() -> TestResult {
+    let direct = connect_nats().await;
+    let js = jetstream::new(direct);
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let stream_name = db.name().to_uppercase();
+    let subject = format!("outbox.test.{}.shipments", db.name());
+    let mut stream = create_stream(&js, &stream_name, &subject, |_| {}).await?;
+
+    let upstream = nats_url().trim_start_matches("nats://").to_owned();
+    let mut proxy = Proxy::start(upstream).await?;
+    let client = async_nats::connect(format!("nats://127.0.0.1:{}", proxy.port)).await?;
+    proxy.down();
+    wait_until("the client notices", Duration::from_secs(10), async || {
+        client.connection_state() != async_nats::connection::State::Connected
+    })
+    .await;
+
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
+    let events: Vec<ChaosEvent> = (1..=10)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(
+            pool.clone(),
+            JetStreamSink::new(jetstream::new(client.clone()), subject.clone()),
+        )
+        .poll_interval(Duration::from_millis(50))
+        .unavailable_backoff(Backoff::new(
+            Duration::from_millis(50),
+            Duration::from_millis(500),
+        ))
+        .run(shutdown.clone()),
+    );
+    let table = ChaosEvent::SPEC.table();
+    wait_until("5 batches held back", Duration::from_secs(20), async || {
+        counters.get(outbox::relay::metric::UNAVAILABLE, table) >= 5
+    })
+    .await;
+    let burnt: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM chaos_events WHERE attempts > 1 OR status = 'DEAD'",
+    )
+    .fetch_one(pool)
+    .await?;
+    assert_eq!(burnt, 0, "no attempt counted while the server is away");
+
+    proxy.up().await?;
+    wait_until("all 10 SENT", Duration::from_secs(30), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 10
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    for event in &events {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts, row.last_error.as_deref()),
+            ("SENT", 1, None),
+            "{}",
+            event.key
+        );
+        assert!(row.generation >= 5, "claimed through the outage: {row:?}");
+    }
+    assert_eq!(counters.get(outbox::relay::metric::RETRIED, table), 0);
+    assert_eq!(stream.info().await?.state.messages, 10);
+    proxy.down();
     js.delete_stream(&stream_name).await?;
     db.drop_schema().await?;
     Ok(())
