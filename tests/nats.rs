@@ -28,6 +28,7 @@ use outbox::message::{Encoding, Json, header};
 use outbox::nats::async_nats::jetstream::{self, consumer, stream};
 use outbox::nats::{JetStreamSink, async_nats};
 use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError};
+use outbox::testing::TestSchema;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use support::child::{self, ChildCommand};
@@ -62,8 +63,8 @@ async fn connect_nats() -> async_nats::Client {
             "NATS is not reachable at {url}: {error}. This test needs NATS with JetStream: start it \
              with `nats-server -js -a 127.0.0.1 -p 4222` (or point OUTBOX_NATS_URL at one)"
         ),
-        Err(_) => panic!(
-            "NATS did not answer at {url} within 5 s. This test needs NATS with JetStream: start it \
+        Err(elapsed) => panic!(
+            "NATS did not answer at {url}: {elapsed}. This test needs NATS with JetStream: start it \
              with `nats-server -js -a 127.0.0.1 -p 4222` (or point OUTBOX_NATS_URL at one)"
         ),
     }
@@ -106,11 +107,11 @@ struct KillAfterAcks(JetStreamSink<ChaosEvent>);
 impl Sink<ChaosEvent> for KillAfterAcks {
     async fn publish(&self, batch: &[Delivery<'_, ChaosEvent>]) -> Vec<Result<(), SinkError>> {
         let acks = self.0.publish_acked(batch).await;
-        let mut line = format!("{MARK} ACKED");
+        let mut words = vec![format!("{MARK} ACKED")];
         for (delivery, ack) in batch.iter().zip(&acks) {
             match ack {
-                Ok(ack) => line.push_str(&format!(
-                    " {}:{}:{}:{}",
+                Ok(ack) => words.push(format!(
+                    "{}:{}:{}:{}",
                     delivery.event_id(),
                     delivery.generation(),
                     ack.sequence,
@@ -122,7 +123,7 @@ impl Sink<ChaosEvent> for KillAfterAcks {
                 }
             }
         }
-        child::say(&line);
+        child::say(&words.join(" "));
         nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL)
             .expect("SIGKILL to itself");
         std::future::pending().await
@@ -207,6 +208,16 @@ fn header_of<'m>(message: &'m async_nats::Message, name: &str) -> Option<&'m str
     Some(message.headers.as_ref()?.get(name)?.as_str())
 }
 
+/// What the redelivery test's phases share.
+struct Scene {
+    nats: async_nats::Client,
+    js: jetstream::Context,
+    db: TestSchema,
+    stream: stream::Stream,
+    subject: String,
+    events: Vec<ChaosEvent>,
+}
+
 #[tokio::test]
 async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_applied_once()
 -> TestResult {
@@ -220,7 +231,7 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
         .await?;
     let stream_name = db.name().to_uppercase();
     let subject = format!("outbox.test.{}.shipments", db.name());
-    let mut stream = js
+    let stream = js
         .create_stream(stream::Config {
             name: stream_name.clone(),
             subjects: vec![subject.clone()],
@@ -236,11 +247,37 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
         })
         .collect();
     enqueue(pool, &events).await;
+    let mut scene = Scene {
+        nats,
+        js,
+        db,
+        stream,
+        subject,
+        events,
+    };
+    let first_acks = first_relay_is_killed_after_the_acks(&mut scene).await?;
+    let redelivered = second_relay_redelivers(&mut scene, &first_acks).await?;
+    consumer_applies_each_effect_once(&mut scene, &redelivered).await?;
+    scene.js.delete_stream(&stream_name).await?;
+    scene.db.drop_schema().await?;
+    Ok(())
+}
 
-    // 1. The first relay publishes, JetStream acknowledges, the process dies.
+/// Phase 1: the first relay publishes, JetStream acknowledges, the process dies.
+async fn first_relay_is_killed_after_the_acks(
+    scene: &mut Scene,
+) -> TestResult<BTreeMap<String, Acked>> {
+    let Scene {
+        db,
+        stream,
+        subject,
+        events,
+        ..
+    } = scene;
+    let pool = db.pool();
     let mut first = ChildCommand::test("nats_redeliver_child")
-        .spawn(ROLE, &[("URL", &db.url()), ("SUBJECT", &subject)])?;
-    let line = child::handshake(first.stderr()?, MARK, Duration::from_secs(60)).await?;
+        .spawn(ROLE, &[("URL", &db.url()), ("SUBJECT", subject)])?;
+    let line = child::handshake(first.stderr()?, MARK, Duration::from_mins(1)).await?;
     let status = first.wait()?;
     let words: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(words.get(1), Some(&"ACKED"), "the child: {line}");
@@ -257,7 +294,7 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
         })
         .collect();
     assert_eq!(first_acks.len(), 3, "{line}");
-    for event in &events {
+    for event in events.iter() {
         let acked = &first_acks[&event.key];
         assert_eq!((acked.generation, acked.duplicate), (1, false), "{acked:?}");
         let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
@@ -270,8 +307,25 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
     }
     assert_eq!(stream.info().await?.state.messages, 3);
 
-    // 2. Its lease expires; a second relay publishes the events again. A plain
-    // subscriber sees every message on the wire, stored or not.
+    Ok(first_acks)
+}
+
+/// Phase 2: the first relay's lease expires; a second relay publishes the events again.
+/// Returns the copies a plain subscriber saw on the wire.
+async fn second_relay_redelivers(
+    scene: &mut Scene,
+    first_acks: &BTreeMap<String, Acked>,
+) -> TestResult<Vec<async_nats::Message>> {
+    let Scene {
+        nats,
+        js,
+        db,
+        stream,
+        subject,
+        events,
+    } = scene;
+    let pool = db.pool();
+    // A plain subscriber sees every message on the wire, stored or not.
     let mut wire = nats.subscribe(subject.clone()).await?;
     nats.flush().await?;
     let counters = Counters::default();
@@ -316,7 +370,7 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
         3,
         "the stream holds one copy of each event"
     );
-    for event in &events {
+    for event in events.iter() {
         let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
         assert_eq!(
             (row.status.as_str(), row.generation, row.attempts),
@@ -350,7 +404,17 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
         .collect();
     assert_eq!(wire_ids, first_acks.keys().cloned().collect());
 
-    // 3. The consumer: every event reaches it three times (the stream's copy, JetStream
+    Ok(redelivered)
+}
+
+/// Phase 3: the consumer.
+async fn consumer_applies_each_effect_once(
+    scene: &mut Scene,
+    redelivered: &[async_nats::Message],
+) -> TestResult {
+    let Scene { db, stream, .. } = scene;
+    let pool = db.pool();
+    // Every event reaches it three times (the stream's copy, JetStream
     // redelivering it because the consumer committed but never acknowledged, and the
     // wire copy of the relay's redelivery); each effect applies once.
     let consumer = stream
@@ -389,7 +453,7 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
         }
         assert_eq!(got, 3, "pass {pass}");
     }
-    for message in &redelivered {
+    for message in redelivered {
         receipts.push(apply(pool, &inbox, message).await?);
     }
     let new = receipts.iter().filter(|r| r.is_new()).count();
@@ -409,8 +473,6 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
         "each effect exactly once"
     );
 
-    js.delete_stream(&stream_name).await?;
-    db.drop_schema().await?;
     Ok(())
 }
 
