@@ -48,13 +48,15 @@ type SubjectOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 ///
 /// ```no_run
 /// use outbox_runtime::nats::{JetStreamSink, async_nats};
-/// # #[derive(outbox_derive::Outbox, serde::Serialize)]
-/// # #[outbox(table = "order_events")]
-/// # struct OrderPlaced { #[outbox(event_id)] order_id: uuid::Uuid, region: String }
-/// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox_runtime::relay::{CancellationToken, Relay};
+///
+/// // `OrderPlaced`: your event, `#[derive(outbox::Outbox, serde::Serialize)]`.
+/// # async fn run<OrderPlaced: outbox_runtime::Outbox + serde::Serialize>(
+/// #     pool: sqlx::PgPool,
+/// # ) -> Result<(), Box<dyn std::error::Error>> {
 /// let client = async_nats::connect("nats://127.0.0.1:4222").await?; // your TLS, auth
 /// let jetstream = async_nats::jetstream::new(client);
-/// // A stream must take the subjects (created here, or by your deployment).
+/// // A stream must take the subject (created here, or by your deployment).
 /// jetstream
 ///     .get_or_create_stream(async_nats::jetstream::stream::Config {
 ///         name: "ORDERS".into(),
@@ -62,12 +64,8 @@ type SubjectOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 ///         ..Default::default()
 ///     })
 ///     .await?;
-/// let sink = JetStreamSink::<OrderPlaced>::new(jetstream, "orders.placed")
-///     // or a subject per event:
-///     .subject_from(|order: &OrderPlaced| format!("orders.placed.{}", order.region));
-/// outbox_runtime::relay::Relay::new(pool, sink)
-///     .run(outbox_runtime::relay::CancellationToken::new())
-///     .await?;
+/// let sink = JetStreamSink::<OrderPlaced>::new(jetstream, "orders.placed");
+/// Relay::new(pool, sink).run(CancellationToken::new()).await?;
 /// # Ok(()) }
 /// ```
 pub struct JetStreamSink<T, E = Json> {
@@ -107,7 +105,8 @@ impl<T> JetStreamSink<T, Json> {
 }
 
 impl<T, E> JetStreamSink<T, E> {
-    /// Derives each event's subject from the event (a region, a tenant, an aggregate).
+    /// Derives each event's subject from the event (a region, a tenant, an aggregate):
+    /// `.subject_from(|order: &OrderPlaced| format!("orders.placed.{}", order.region))`.
     #[must_use]
     pub fn subject_from(mut self, subject: impl Fn(&T) -> String + Send + Sync + 'static) -> Self {
         self.subject = Arc::new(subject);
