@@ -79,7 +79,7 @@ async fn main() -> Result {
     ];
     OrderPlaced::enqueue_all(&orders, pool).await?;
     let sink = JetStreamSink::<OrderPlaced>::new(js.clone(), subject.clone());
-    common::publish_all(pool, Relay::new(pool.clone(), sink)).await?;
+    common::publish_all(pool, Relay::<OrderPlaced, _>::new(pool.clone(), sink)).await?;
     println!("relay:    published {} orders to {subject}", orders.len());
 
     // The consumer.
@@ -101,7 +101,7 @@ async fn main() -> Result {
             .messages()
             .await?;
         while let Some(message) = messages.next().await {
-            let message = message?;
+            let message = message.map_err(|e| e.to_string())?;
             let event_id = outbox::nats::event_id(&message).ok_or("no event id")?;
             let order: serde_json::Value = serde_json::from_slice(&message.payload)?;
             let (customer, cents) = (
@@ -140,7 +140,7 @@ async fn main() -> Result {
                     println!("consumer: {event_id} again: already applied, acknowledged only");
                 }
             }
-            message.ack().await?;
+            message.ack().await.map_err(|e| e.to_string())?;
             acknowledged += 1;
         }
     }
