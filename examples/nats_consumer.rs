@@ -82,7 +82,25 @@ async fn main() -> Result {
     common::publish_all(pool, Relay::<OrderPlaced, _>::new(pool.clone(), sink)).await?;
     println!("relay:    published {} orders to {subject}", orders.len());
 
-    // The consumer.
+    consume(pool, &stream, orders.len()).await?;
+
+    let totals: Vec<(String, i32, i64)> = sqlx::query_as(
+        "SELECT customer, orders, total_cents FROM customer_totals ORDER BY customer",
+    )
+    .fetch_all(pool)
+    .await?;
+    println!("\ncustomer_totals:");
+    for (customer, orders, cents) in totals {
+        println!("  {customer:<16} {orders} order(s), {cents} cents");
+    }
+    js.delete_stream(&stream_name).await?;
+    sandbox.drop_schema().await?;
+    Ok(())
+}
+
+/// The consumer: applies each of the `expected` orders once, whatever JetStream
+/// delivers, and acknowledges each message after its transaction committed.
+async fn consume(pool: &sqlx::PgPool, stream: &stream::Stream, expected: usize) -> Result {
     let consumer = stream
         .create_consumer(consumer::pull::Config {
             durable_name: Some("billing".into()),
@@ -93,7 +111,7 @@ async fn main() -> Result {
     let inbox = Inbox::new("billing");
     let mut crashed_once = false;
     let mut acknowledged = 0;
-    while acknowledged < orders.len() {
+    while acknowledged < expected {
         let mut messages = consumer
             .fetch()
             .max_messages(10)
@@ -134,7 +152,7 @@ async fn main() -> Result {
             }
             match received {
                 Received::New => {
-                    println!("consumer: applied {event_id} ({customer}, {cents} cents)")
+                    println!("consumer: applied {event_id} ({customer}, {cents} cents)");
                 }
                 Received::Duplicate => {
                     println!("consumer: {event_id} again: already applied, acknowledged only");
@@ -145,16 +163,5 @@ async fn main() -> Result {
         }
     }
 
-    let totals: Vec<(String, i32, i64)> = sqlx::query_as(
-        "SELECT customer, orders, total_cents FROM customer_totals ORDER BY customer",
-    )
-    .fetch_all(pool)
-    .await?;
-    println!("\ncustomer_totals:");
-    for (customer, orders, cents) in totals {
-        println!("  {customer:<16} {orders} order(s), {cents} cents");
-    }
-    js.delete_stream(&stream_name).await?;
-    sandbox.drop_schema().await?;
     Ok(())
 }
