@@ -84,10 +84,11 @@ impl BrokerSink {
         };
         match self.broker.send(message).await {
             Ok(()) => Ok(()),
+            // The broker is down: not this event's fault. The relay hands it back
+            // without counting the attempt and waits a little before it claims again.
+            Err(BrokerError::Unavailable(why)) => Err(SinkError::unavailable(why)),
             // Worth another try: the relay backs off and hands the event over again.
-            Err(BrokerError::Unavailable(why) | BrokerError::NoAck(why)) => {
-                Err(SinkError::transient(why))
-            }
+            Err(BrokerError::NoAck(why)) => Err(SinkError::transient(why)),
             // No retry can help: the event moves to DEAD with this reason.
             Err(BrokerError::Rejected(why)) => Err(SinkError::permanent(why)),
         }

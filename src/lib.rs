@@ -78,8 +78,9 @@
 //!
 //! A sink of your own implements [`Sink::publish`]: it gets each claimed batch and
 //! returns one result per [`Delivery`], in order: `Ok` (recorded `SENT`),
-//! [`SinkError::Transient`] (retried with backoff) or [`SinkError::Permanent`] (`DEAD`
-//! now). The README walks through one, with a consumer that deduplicates on the event
+//! [`SinkError::Transient`] (retried with backoff), [`SinkError::Permanent`] (`DEAD`
+//! now) or [`SinkError::Unavailable`] (the destination is down: handed back without
+//! counting the attempt, and the worker backs off). The README walks through one, with a consumer that deduplicates on the event
 //! id, and `examples/custom_sink.rs` runs it.
 //!
 //! ```no_run
@@ -101,6 +102,9 @@ pub use outbox_derive::Outbox;
 /// The trait `#[derive(Outbox)]` implements (macros and traits live in separate
 /// namespaces, as with serde's `Serialize`).
 pub use outbox_runtime::Outbox;
+pub use outbox_runtime::inbox::{Inbox, Received};
+#[cfg(feature = "nats")]
+pub use outbox_runtime::nats;
 pub use outbox_runtime::relay::{
     Backoff, BoxError, CancellationToken, Delivery, MemorySink, Published, Relay, Sink, SinkError,
     StdoutSink,
@@ -108,8 +112,8 @@ pub use outbox_runtime::relay::{
 pub use outbox_runtime::{
     AppliedMigration, Claim, Column, Enqueued, EventId, EventIdField, Generation, MAX_INTERVAL,
     MigrationReport, MigrationStep, OutboxError, Retried, Stats, TableMigrations, TableSpec, claim,
-    claim_batch, enqueue, enqueue_all, migrate, migrate_with_app, prune_sent, refinery, relay,
-    requeue_all_dead, requeue_dead, stats, verify,
+    claim_batch, enqueue, enqueue_all, inbox, message, migrate, migrate_with_app, prune_sent,
+    refinery, relay, requeue_all_dead, requeue_dead, stats, verify,
 };
 
 #[cfg(feature = "testing")]

@@ -9,8 +9,8 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use outbox::relay::{CancellationToken, Delivery, MemorySink, Relay, Sink, SinkError};
 use outbox::Retried;
+use outbox::relay::{CancellationToken, Delivery, MemorySink, Relay, Sink, SinkError};
 use sqlx::PgPool;
 use support::events::Receipt;
 use support::rows::{count, enqueue};

@@ -17,8 +17,8 @@ pub struct Line {
     pub quantity: i32,
 }
 
-/// Published when an order is placed.
-#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+/// Published when an order is placed (as JSON, by the broker examples).
+#[derive(outbox::Outbox, Serialize, Debug, Clone, PartialEq)]
 #[outbox(
     table = "order_events",
     lease = "30s",

@@ -1,5 +1,7 @@
 //! The runtime of the [`outbox`](https://docs.rs/outbox) crate: the claim token, the
-//! errors, the generic statements behind `#[derive(Outbox)]`, and the migration runner.
+//! errors, the generic statements behind `#[derive(Outbox)]`, the migration runner, the
+//! relay and its sinks (the broker sinks behind their cargo features), and the
+//! consumer's inbox.
 //!
 //! Users depend on the `outbox` facade, which re-exports everything here.
 
@@ -7,8 +9,12 @@ mod claim;
 mod connect;
 mod error;
 mod id;
+pub mod inbox;
 mod interval;
+pub mod message;
 mod migrate;
+#[cfg(feature = "nats")]
+pub mod nats;
 mod ops;
 pub mod relay;
 mod spec;

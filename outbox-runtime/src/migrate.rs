@@ -163,6 +163,23 @@ pub async fn verify(pool: &PgPool, tables: &[TableMigrations]) -> Result<(), Out
     Ok(())
 }
 
+/// Runs `runner`, the migrations of `target` (a table of the crate's own, such as the
+/// consumer inbox), under the lock of [`migrate`].
+pub(crate) async fn migrate_target(
+    pool: &PgPool,
+    target: &str,
+    runner: &Runner,
+) -> Result<MigrationReport, OutboxError> {
+    let mut lock = migration_lock(pool).await?;
+    let result = run_runner(runner, &mut SqlxDriver(&mut lock), target).await;
+    if let Err(e) = lock.release_now().await {
+        tracing::warn!(error = %e, "cannot release the migration lock; closing its connection");
+    }
+    let mut report = MigrationReport::default();
+    report.record(target, &result?);
+    Ok(report)
+}
+
 async fn run(
     pool: &PgPool,
     app: Option<&Runner>,

@@ -74,8 +74,9 @@ pub struct LabEvent {
 }
 
 /// The chaos event: a short lease so that pauses outlast it within seconds, a short
-/// retry delay, and a budget that chaos never exhausts.
-#[derive(outbox::Outbox, Debug, Clone)]
+/// retry delay, and a budget that chaos never exhausts. The broker tests publish it as
+/// JSON.
+#[derive(outbox::Outbox, Serialize, Debug, Clone)]
 #[outbox(
     table = "chaos_events",
     lease = "2s",

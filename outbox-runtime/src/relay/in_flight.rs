@@ -101,7 +101,8 @@ impl Delivered {
     }
 
     /// What to record for a delivery of a claim's `attempt`: a transient failure and a
-    /// missing result are retried after `retry`'s delay; an abandoned one is handed back.
+    /// missing result are retried after `retry`'s delay; an abandoned one, or one whose
+    /// destination was unavailable, is handed back.
     fn outcome(self, attempt: u32, retry: &Backoff) -> Outcome {
         match self {
             Self::Sent => Outcome::Sent,
@@ -116,7 +117,8 @@ impl Delivered {
                 delay: retry.delay(attempt),
                 error: "the sink returned no result for this event".to_owned(),
             },
-            Self::Abandoned => Outcome::Release,
+            // Not sent, or the destination was down: not this event's attempt.
+            Self::Abandoned | Self::Failed(SinkError::Unavailable(_)) => Outcome::Release,
         }
     }
 }
@@ -155,8 +157,9 @@ mod tests {
             Ok(()),
             Err(SinkError::permanent("rejected")),
             Err(SinkError::transient("unavailable")),
+            Err(SinkError::unavailable("connection refused")),
         ];
-        let outcomes = outcomes_of(Some(results), 4);
+        let outcomes = outcomes_of(Some(results), 5);
         assert_eq!(outcomes[0], Outcome::Sent);
         assert_eq!(
             outcomes[1],
@@ -167,8 +170,9 @@ mod tests {
         assert!(
             matches!(&outcomes[2], Outcome::Retry { delay, error } if *delay >= Duration::from_millis(500) && error == "unavailable")
         );
+        assert_eq!(outcomes[3], Outcome::Release, "the attempt is not counted");
         assert!(
-            matches!(&outcomes[3], Outcome::Retry { error, .. } if error == "the sink returned no result for this event")
+            matches!(&outcomes[4], Outcome::Retry { error, .. } if error == "the sink returned no result for this event")
         );
     }
 

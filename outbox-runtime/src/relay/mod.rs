@@ -12,6 +12,7 @@
 mod backoff;
 mod frontier;
 mod in_flight;
+mod outage;
 mod record;
 mod renewal;
 mod sink;
@@ -32,6 +33,7 @@ use tracing::Instrument as _;
 pub use backoff::Backoff;
 use frontier::Frontier;
 use in_flight::InFlight;
+use outage::Outage;
 use record::{Outcome, Owned, Recorded};
 use renewal::Renewal;
 pub use sink::{BoxError, Delivery, MemorySink, Published, Sink, SinkError, StdoutSink};
@@ -60,8 +62,12 @@ pub mod metric {
     /// Counter: claim statements that found nothing due (a worker going idle): the
     /// cost of wake-ups and polling.
     pub const IDLE_CLAIMS: &str = "outbox_idle_claims_total";
-    /// Counter: unsent rows handed back at shutdown.
+    /// Counter: unsent rows handed back, the attempt not counted (at shutdown, or
+    /// because the destination was unavailable).
     pub const RELEASED: &str = "outbox_released_total";
+    /// Counter: batches handed back because the sink said the destination is
+    /// unavailable ([`SinkError::Unavailable`](super::SinkError::Unavailable)).
+    pub const UNAVAILABLE: &str = "outbox_unavailable_total";
     /// Histogram: seconds a batch spent in the sink.
     pub const PUBLISH_SECONDS: &str = "outbox_publish_seconds";
     /// Histogram: rows per claimed batch.
@@ -82,6 +88,7 @@ pub struct Relay<T, S> {
     poll_interval: Duration,
     send_timeout: Duration,
     retry: Backoff,
+    unavailable: Backoff,
     event: PhantomData<fn() -> T>,
 }
 
@@ -104,6 +111,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             poll_interval: Duration::from_secs(5),
             send_timeout: spec.lease.max(Duration::from_secs(30)),
             retry: Backoff::new(spec.retry_delay, Duration::from_hours(1)),
+            unavailable: Backoff::new(Duration::from_millis(100), Duration::from_secs(5)),
             event: PhantomData,
         }
     }
@@ -146,6 +154,15 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
         self
     }
 
+    /// How long a worker waits before it claims again after the sink said the
+    /// destination is unavailable ([`SinkError::Unavailable`]), by how many batches in a
+    /// row it said so: by default from 100 ms, doubling, at most 5 s, so the relay is
+    /// back at full speed within seconds of the destination's return.
+    pub fn unavailable_backoff(mut self, backoff: Backoff) -> Self {
+        self.unavailable = backoff;
+        self
+    }
+
     /// Publishes until `shutdown` is cancelled, then stops claiming, lets in-flight sends
     /// finish within the grace period, records their outcomes, and hands unsent rows
     /// back.
@@ -172,6 +189,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
         let stop = shutdown.child_token();
         let wake = Arc::new(Notify::new());
         let frontier = Arc::new(Frontier::new());
+        let outage = Arc::new(Outage::new(T::SPEC.table));
         let listener = tokio::spawn(listen::<T>(
             relay.pool.clone(),
             Arc::clone(&wake),
@@ -184,6 +202,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
                 relay: Arc::clone(&relay),
                 wake: Arc::clone(&wake),
                 frontier: Arc::clone(&frontier),
+                outage: Arc::clone(&outage),
                 stop: stop.clone(),
             };
             workers.spawn(worker.run());
@@ -260,6 +279,7 @@ struct Worker<T, S> {
     relay: Arc<Relay<T, S>>,
     wake: Arc<Notify>,
     frontier: Arc<Frontier>,
+    outage: Arc<Outage>,
     stop: CancellationToken,
 }
 
@@ -272,6 +292,9 @@ struct Pending {
     /// The batch was smaller than the batch size: nothing else was due when it was
     /// claimed.
     drained: bool,
+    /// The sink said the destination is unavailable: the rows go back uncounted, and
+    /// the worker waits before it claims again.
+    unavailable: bool,
 }
 
 /// The worker's connection: acquired when there is work, kept while there is. Each
@@ -310,6 +333,8 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             held: None,
         };
         let mut failures = 0;
+        // Batches in a row the destination was unavailable for.
+        let mut held_back = 0;
         let mut pending = Pending::default();
         loop {
             let stopping = self.stop.is_cancelled();
@@ -319,11 +344,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             // After a batch that drained what was due, claiming again would find nothing
             // (at a steady trickle, every other claim did): record it alone, and wait for
             // a wake-up. Whatever was enqueued meanwhile has sent one.
-            let claim_next = !stopping && !pending.drained;
+            let claim_next = !stopping && !pending.drained && !pending.unavailable;
             match self.record_and_claim(&mut conn, &pending, claim_next).await {
                 Ok(claims) => {
                     failures = 0;
-                    pending = Pending::default();
+                    let unavailable = std::mem::take(&mut pending).unavailable;
                     if claims.is_empty() {
                         // Idle: the connection goes back to the pool until there is work.
                         conn.release();
@@ -331,7 +356,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                             metrics::counter!(metric::IDLE_CLAIMS, "table" => T::SPEC.table)
                                 .increment(1);
                         }
-                        if !stopping {
+                        if stopping {
+                            // Recorded: the loop ends.
+                        } else if unavailable {
+                            self.pause(self.relay.unavailable.delay(held_back)).await;
+                        } else {
                             self.idle().await;
                         }
                     } else {
@@ -341,6 +370,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                             self.wake.notify_one();
                         }
                         pending = self.publish(claims, &mut conn).await;
+                        held_back = if pending.unavailable {
+                            held_back.saturating_add(1)
+                        } else {
+                            0
+                        };
                     }
                 }
                 Err(error) if !error.is_transient() => return Err(error),
@@ -441,10 +475,22 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             let deliveries: Vec<Delivery<'_, T>> = claims.iter().map(InFlight::delivery).collect();
             let rows = InFlight::pair(&claims, &deliveries);
             let (results, lease_deadline) = self.send(&rows, &deliveries, conn).await;
+            let unavailable = results.as_deref().and_then(|results| {
+                results.iter().find_map(|result| match result {
+                    Err(error @ SinkError::Unavailable(_)) => Some(error.to_string()),
+                    _ => None,
+                })
+            });
+            match (&unavailable, &results) {
+                (Some(reason), _) => self.outage.held_back(reason),
+                (None, Some(_)) => self.outage.answered(),
+                (None, None) => {}
+            }
             Pending {
                 outcomes: in_flight::outcomes(&rows, results, &self.relay.retry),
                 lease_deadline: Some(lease_deadline),
                 drained: claims.len() < self.relay.batch_size as usize,
+                unavailable: unavailable.is_some(),
             }
         }
         .instrument(span)

@@ -68,6 +68,16 @@ pub enum SinkError {
     /// `DEAD` now, with this message in `last_error`.
     #[error("permanent: {0}")]
     Permanent(#[source] BoxError),
+    /// The destination cannot take anything now (the broker is down or unreachable, the
+    /// client is reconnecting): the event goes back to `READY`, due at once, **without
+    /// counting the attempt**, and the worker backs off before it claims again, so an
+    /// outage of any length sends nothing to `DEAD`.
+    ///
+    /// For an outage, not for a message: an event that keeps failing this way is never
+    /// retired. A message the broker refuses is [`Permanent`](Self::Permanent); a lost
+    /// acknowledgement is [`Transient`](Self::Transient).
+    #[error("destination unavailable: {0}")]
+    Unavailable(#[source] BoxError),
 }
 
 impl SinkError {
@@ -80,6 +90,16 @@ impl SinkError {
     pub fn permanent(error: impl Into<BoxError>) -> Self {
         Self::Permanent(error.into())
     }
+
+    /// An [`Unavailable`](Self::Unavailable) error.
+    pub fn unavailable(error: impl Into<BoxError>) -> Self {
+        Self::Unavailable(error.into())
+    }
+
+    /// Whether this says the destination is unavailable.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
 }
 
 /// A destination for events: a broker client, a webhook, a test double.
@@ -88,6 +108,35 @@ impl SinkError {
 /// order. A result is what the relay records: `Ok` -> `SENT`, a transient error ->
 /// retry with backoff, a permanent error -> `DEAD`. A missing result counts as a
 /// transient error.
+///
+/// When the destination itself is down, return [`SinkError::Unavailable`] for the
+/// deliveries it did not take (usually all of them): the relay hands them back without
+/// counting their attempt, and that worker waits before it claims again (from 100 ms,
+/// doubling, at most 5 s: [`Relay::unavailable_backoff`](super::Relay::unavailable_backoff)).
+/// The relay logs the outage once when it begins and once when the sink answers again.
+///
+/// ```
+/// use outbox_runtime::relay::{Delivery, Sink, SinkError};
+///
+/// # #[derive(Debug)] struct Event;
+/// /// Stands for a broker client.
+/// struct Broker { connected: bool }
+///
+/// struct BrokerSink { broker: Broker }
+///
+/// impl Sink<Event> for BrokerSink {
+///     async fn publish(&self, batch: &[Delivery<'_, Event>]) -> Vec<Result<(), SinkError>> {
+///         if !self.broker.connected {
+///             // Nothing of this batch can reach the broker: not the events' fault.
+///             return batch
+///                 .iter()
+///                 .map(|_| Err(SinkError::unavailable("not connected to the broker")))
+///                 .collect();
+///         }
+///         batch.iter().map(|_| Ok(())).collect()
+///     }
+/// }
+/// ```
 ///
 /// A `publish` that panics does not take the relay down. The relay catches the panic
 /// and publishes the batch again one event at a time, so the events the sink can

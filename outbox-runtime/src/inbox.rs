@@ -1,0 +1,188 @@
+//! The consumer's half of the outbox: an inbox of the events a consumer has applied,
+//! so that a redelivered event is recognised and its effect applied once.
+//!
+//! The relay delivers at least once: a publisher can send and die before recording
+//! `SENT`, a broker can redeliver an unacknowledged message. Every copy carries the
+//! same event id. A consumer records that id in the transaction that applies the
+//! event's effect ([`Inbox::receive`]); the effect and the inbox row commit together or
+//! not at all, so a copy that arrives later finds the row and is skipped.
+
+use std::time::Duration;
+
+use refinery_core::{Migration, Runner};
+use sqlx::{PgExecutor, PgPool};
+
+use crate::error::OutboxError;
+use crate::id::EventId;
+use crate::interval;
+use crate::migrate::{MigrationReport, migrate_target};
+
+/// The inbox table: one for every consumer of the schema, keyed by `(consumer,
+/// event_id)`.
+pub const TABLE: &str = "outbox_inbox";
+
+/// The refinery history table of the inbox's migrations.
+const HISTORY_TABLE: &str = "_outbox_history_outbox_inbox";
+
+/// The inbox's migrations, in order. `event_id` is matched byte for byte, like the
+/// outbox's own; the second index serves pruning.
+const MIGRATIONS: [(&str, &str); 1] = [(
+    "V1__create_outbox_inbox",
+    "CREATE TABLE outbox_inbox (
+    consumer text COLLATE \"C\" NOT NULL,
+    event_id text COLLATE \"C\" NOT NULL,
+    received_at timestamptz NOT NULL DEFAULT statement_timestamp(),
+    PRIMARY KEY (consumer, event_id)
+);
+CREATE INDEX outbox_inbox_received_at ON outbox_inbox (consumer, received_at);
+",
+)];
+
+const RECEIVE: &str =
+    "INSERT INTO outbox_inbox (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
+
+const PRUNE: &str = "DELETE FROM outbox_inbox WHERE consumer = $1 AND event_id IN (
+    SELECT event_id FROM outbox_inbox
+    WHERE consumer = $1 AND received_at < statement_timestamp() - $2::interval
+    LIMIT $3)";
+
+/// Whether [`Inbox::receive`] saw an event for the first time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a duplicate's effect must not be applied again"]
+pub enum Received {
+    /// First time: apply the effect in the same transaction, then commit.
+    New,
+    /// This consumer already committed this event: skip it (and acknowledge it to the
+    /// broker).
+    Duplicate,
+}
+
+impl Received {
+    /// Whether this is the event's first delivery to the consumer.
+    pub fn is_new(self) -> bool {
+        self == Self::New
+    }
+}
+
+/// The events one consumer has applied.
+///
+/// ```no_run
+/// use outbox_runtime::inbox::{Inbox, Received};
+///
+/// # async fn handle(pool: &sqlx::PgPool, event_id: &str, amount: i64) -> Result<(), Box<dyn std::error::Error>> {
+/// outbox_runtime::inbox::migrate(pool).await?; // at startup, like `outbox::migrate`
+/// let inbox = Inbox::new("billing");
+///
+/// // Per message: the effect and the inbox row in one transaction.
+/// let mut tx = pool.begin().await?;
+/// if inbox.receive(&mut *tx, event_id).await? == Received::New {
+///     sqlx::query("UPDATE accounts SET balance = balance + $1")
+///         .bind(amount)
+///         .execute(&mut *tx)
+///         .await?;
+/// }
+/// tx.commit().await?;
+/// // Only now acknowledge the message to the broker: a crash before this point
+/// // redelivers it, and the inbox skips it.
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inbox {
+    consumer: String,
+}
+
+impl Inbox {
+    /// The inbox of `consumer`: a stable name for one logical consumer (a service, or
+    /// one of its handlers), the same in all its replicas. Consumers with different
+    /// names see every event each.
+    pub fn new(consumer: impl Into<String>) -> Self {
+        Self {
+            consumer: consumer.into(),
+        }
+    }
+
+    /// The consumer's name.
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    /// Records `event_id` for this consumer, in the caller's transaction: returns
+    /// [`Received::New`] the first time and [`Received::Duplicate`] once a transaction
+    /// that recorded it has committed. One `INSERT .. ON CONFLICT DO NOTHING`.
+    ///
+    /// Run it on the transaction that applies the event's effect, before the effect:
+    /// while another transaction holds the same event uncommitted, this one waits for
+    /// it, and then sees `Duplicate` (it committed) or `New` (it rolled back).
+    ///
+    /// An id the outbox could not have stored (empty, blank, longer than
+    /// [`EventId::MAX_LEN`] bytes, with a NUL) is [`OutboxError::InvalidEventId`];
+    /// [`OutboxError::MissingTable`] says that [`migrate`] has not run.
+    pub async fn receive<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+        event_id: impl AsRef<str>,
+    ) -> Result<Received, OutboxError> {
+        let event_id = event_id.as_ref();
+        let id = EventId::from_column(event_id.to_owned());
+        if let Some(reason) = id.defect() {
+            return Err(OutboxError::InvalidEventId {
+                table: TABLE,
+                event_id: id.shortened(),
+                reason,
+            });
+        }
+        let done = sqlx::query(RECEIVE)
+            .bind(&self.consumer)
+            .bind(event_id)
+            .execute(executor)
+            .await
+            .map_err(|e| OutboxError::from_sqlx(TABLE, e))?;
+        Ok(if done.rows_affected() == 1 {
+            Received::New
+        } else {
+            Received::Duplicate
+        })
+    }
+
+    /// Deletes up to `batch` of this consumer's rows received more than `older_than`
+    /// ago, and returns how many; call it in a loop until it returns less than `batch`.
+    ///
+    /// A pruned event is new again: keep rows longer than any copy can arrive late
+    /// (the broker's redelivery horizon, and how long after a first publication your
+    /// operators may requeue `DEAD` events). An age above
+    /// [`MAX_INTERVAL`](crate::MAX_INTERVAL) is [`OutboxError::IntervalOutOfRange`].
+    pub async fn prune<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+        older_than: Duration,
+        batch: u32,
+    ) -> Result<u64, OutboxError> {
+        let done = sqlx::query(PRUNE)
+            .bind(&self.consumer)
+            .bind(interval::checked(TABLE, "prune age", older_than)?)
+            .bind(i64::from(batch))
+            .execute(executor)
+            .await
+            .map_err(|e| OutboxError::from_sqlx(TABLE, e))?;
+        Ok(done.rows_affected())
+    }
+}
+
+/// Creates the inbox table the first time, through the runner and under the lock of
+/// [`migrate`](crate::migrate) (its history in `_outbox_history_outbox_inbox`);
+/// idempotent. Call it at a consumer's startup.
+pub async fn migrate(pool: &PgPool) -> Result<MigrationReport, OutboxError> {
+    let migrations = MIGRATIONS
+        .iter()
+        .map(|(name, sql)| Migration::unapplied(name, sql))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| OutboxError::Migration {
+            target: TABLE.to_owned(),
+            source,
+        })?;
+    let mut runner = Runner::new(&migrations)
+        .set_abort_divergent(true)
+        .set_abort_missing(false);
+    runner.set_migration_table_name(HISTORY_TABLE);
+    migrate_target(pool, TABLE, &runner).await
+}

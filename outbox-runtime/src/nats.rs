@@ -1,0 +1,292 @@
+//! Publishing to NATS JetStream (cargo feature `nats`): [`JetStreamSink`].
+//!
+//! The sink takes the application's own JetStream [`Context`] (built from its
+//! [`async_nats::Client`], with its TLS, credentials and reconnect settings), publishes
+//! each event on a subject of its choosing, and sets `Nats-Msg-Id` to the event id:
+//! within the stream's duplicate window (`duplicate_window`, two minutes by default) the
+//! server stores a redelivered event once and acknowledges the copy as a duplicate,
+//! which the sink reports as published.
+
+use std::sync::Arc;
+
+pub use async_nats;
+use async_nats::connection::State;
+use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::publish::PublishAck;
+use async_nats::jetstream::{Context, ErrorCode};
+use futures_util::future::join_all;
+
+use crate::message::{Encoding, Json, header};
+use crate::relay::{Delivery, Sink, SinkError};
+use crate::spec::Outbox;
+
+/// Metric the sink emits through the `metrics` crate, labelled `table`.
+pub mod metric {
+    /// Counter: messages JetStream acknowledged as duplicates (a redelivery inside the
+    /// stream's duplicate window, stored once), reported as published.
+    pub const DUPLICATES: &str = "outbox_nats_duplicates_total";
+}
+
+/// The subject of an event, from the event.
+type SubjectOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
+
+/// A [`Sink`] that publishes events to NATS JetStream.
+///
+/// Each event becomes one message: the body from the [`Encoding`] (JSON by default),
+/// the headers of [`message::header`](crate::message::header) (event id, table,
+/// generation, attempt, content type), and `Nats-Msg-Id` = the event id. A batch is
+/// pipelined: every message is published, then every acknowledgement awaited.
+///
+/// | JetStream's answer | the result |
+/// |---|---|
+/// | an acknowledgement, a duplicate's included | `Ok` (`SENT`) |
+/// | the client is not connected (before the batch, or when an acknowledgement is lost) | [`SinkError::Unavailable`]: handed back, no attempt counted |
+/// | no acknowledgement in time, connected (the context's timeout, 5 s by default) | [`SinkError::Transient`] |
+/// | the event does not encode; no stream takes the subject; the message is over the server's or the stream's size limit; an invalid subject | [`SinkError::Permanent`] (`DEAD`) |
+/// | any other error from the server (storage full, no leader) | [`SinkError::Transient`] |
+///
+/// ```no_run
+/// use outbox_runtime::nats::{JetStreamSink, async_nats};
+/// use outbox_runtime::relay::{CancellationToken, Relay};
+///
+/// // `OrderPlaced`: your event, `#[derive(outbox::Outbox, serde::Serialize)]`.
+/// # async fn run<OrderPlaced: outbox_runtime::Outbox + serde::Serialize>(
+/// #     pool: sqlx::PgPool,
+/// # ) -> Result<(), Box<dyn std::error::Error>> {
+/// let client = async_nats::connect("nats://127.0.0.1:4222").await?; // your TLS, auth
+/// let jetstream = async_nats::jetstream::new(client);
+/// // A stream must take the subject (created here, or by your deployment).
+/// jetstream
+///     .get_or_create_stream(async_nats::jetstream::stream::Config {
+///         name: "ORDERS".into(),
+///         subjects: vec!["orders.>".into()],
+///         ..Default::default()
+///     })
+///     .await?;
+/// let sink = JetStreamSink::<OrderPlaced>::new(jetstream, "orders.placed");
+/// Relay::new(pool, sink).run(CancellationToken::new()).await?;
+/// # Ok(()) }
+/// ```
+pub struct JetStreamSink<T, E = Json> {
+    jetstream: Context,
+    subject: SubjectOf<T>,
+    encoding: E,
+}
+
+impl<T, E: Clone> Clone for JetStreamSink<T, E> {
+    fn clone(&self) -> Self {
+        Self {
+            jetstream: self.jetstream.clone(),
+            subject: Arc::clone(&self.subject),
+            encoding: self.encoding.clone(),
+        }
+    }
+}
+
+impl<T, E: std::fmt::Debug> std::fmt::Debug for JetStreamSink<T, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JetStreamSink")
+            .field("encoding", &self.encoding)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> JetStreamSink<T, Json> {
+    /// A sink publishing every event as JSON on `subject`.
+    pub fn new(jetstream: Context, subject: impl Into<String>) -> Self {
+        let subject = subject.into();
+        Self {
+            jetstream,
+            subject: Arc::new(move |_: &T| subject.clone()),
+            encoding: Json,
+        }
+    }
+}
+
+impl<T, E> JetStreamSink<T, E> {
+    /// Derives each event's subject from the event (a region, a tenant, an aggregate):
+    /// `.subject_from(|order: &OrderPlaced| format!("orders.placed.{}", order.region))`.
+    #[must_use]
+    pub fn subject_from(mut self, subject: impl Fn(&T) -> String + Send + Sync + 'static) -> Self {
+        self.subject = Arc::new(subject);
+        self
+    }
+
+    /// Encodes the events with `encoding` instead of JSON.
+    pub fn encoding<E2: Encoding<T>>(self, encoding: E2) -> JetStreamSink<T, E2> {
+        JetStreamSink {
+            jetstream: self.jetstream,
+            subject: self.subject,
+            encoding,
+        }
+    }
+}
+
+/// A message that did not reach the stream, and where it was headed.
+struct Failure {
+    subject: String,
+    error: PublishError,
+    /// Whether the message was never handed to the client (so the server cannot have
+    /// it).
+    unsent: bool,
+}
+
+impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
+    /// Publishes `batch` and returns JetStream's acknowledgement of each delivery, in
+    /// order ([`PublishAck::duplicate`] says the stream already had it), or the error the
+    /// [`Sink`] implementation reports. For sinks that wrap this one and need the
+    /// acknowledgements (stream sequence, duplicate flag).
+    pub async fn publish_acked(
+        &self,
+        batch: &[Delivery<'_, T>],
+    ) -> Vec<Result<PublishAck, SinkError>> {
+        let client = self.jetstream.client();
+        let state = client.connection_state();
+        if state != State::Connected {
+            return batch
+                .iter()
+                .map(|_| {
+                    Err(SinkError::unavailable(format!(
+                        "the NATS client is {state}"
+                    )))
+                })
+                .collect();
+        }
+        // Every message goes out before any acknowledgement is awaited: the batch costs
+        // about one round trip, not one per event.
+        let mut sent = Vec::with_capacity(batch.len());
+        for delivery in batch {
+            sent.push(self.send(delivery).await);
+        }
+        let acked = join_all(sent.into_iter().map(|sent| async move {
+            let (subject, ack) = sent?;
+            ack.await.map_err(|error| {
+                Err(Failure {
+                    subject,
+                    error,
+                    unsent: false,
+                })
+            })
+        }))
+        .await;
+        let connected = client.connection_state() == State::Connected;
+        let table = T::SPEC.table;
+        acked
+            .into_iter()
+            .map(|acked| match acked {
+                Ok(ack) => {
+                    if ack.duplicate {
+                        metrics::counter!(metric::DUPLICATES, "table" => table).increment(1);
+                    }
+                    Ok(ack)
+                }
+                Err(Ok(error)) => Err(error),
+                Err(Err(failure)) => Err(classify(&failure, connected)),
+            })
+            .collect()
+    }
+
+    /// Hands one delivery's message to the client; returns its subject and the future
+    /// of its acknowledgement. The outer error is final (the sink's answer), the inner
+    /// one is the client's, to classify.
+    #[allow(clippy::type_complexity)]
+    async fn send(
+        &self,
+        delivery: &Delivery<'_, T>,
+    ) -> Result<(String, PublishAckFuture), Result<SinkError, Failure>> {
+        if !delivery.is_owned() {
+            // Another publisher took the event over; the relay records nothing for it.
+            return Err(Ok(SinkError::transient("ownership lost")));
+        }
+        let event = delivery.event();
+        let body = self.encoding.encode(event).map_err(|error| {
+            Ok(SinkError::permanent(format!(
+                "cannot encode the event: {error}"
+            )))
+        })?;
+        let subject = (self.subject)(event);
+        let event_id = delivery.event_id().as_str();
+        let mut message = PublishMessage::build()
+            .payload(body.into())
+            .message_id(event_id)
+            .header(header::EVENT_ID, event_id)
+            .header(header::TABLE, T::SPEC.table)
+            .header(header::GENERATION, delivery.generation().to_string())
+            .header(header::ATTEMPT, delivery.attempt().to_string());
+        if let Some(content_type) = self.encoding.content_type() {
+            message = message.header(header::CONTENT_TYPE, content_type);
+        }
+        match self.jetstream.send_publish(subject.clone(), message).await {
+            Ok(ack) => Ok((subject, ack)),
+            Err(error) => Err(Err(Failure {
+                subject,
+                error,
+                unsent: true,
+            })),
+        }
+    }
+}
+
+/// What a failed publish means for its event; `connected`: whether the client was
+/// connected once the acknowledgements were in.
+fn classify(failure: &Failure, connected: bool) -> SinkError {
+    let Failure {
+        subject,
+        error,
+        unsent,
+    } = failure;
+    let what = format!("publishing to `{subject}`: {error}");
+    match error.kind() {
+        PublishErrorKind::StreamNotFound => SinkError::permanent(format!(
+            "publishing to `{subject}`: no JetStream stream takes this subject"
+        )),
+        PublishErrorKind::MaxPayloadExceeded
+        | PublishErrorKind::WrongLastMessageId
+        | PublishErrorKind::WrongLastSequence => SinkError::permanent(what),
+        PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe if !connected => {
+            SinkError::unavailable(what)
+        }
+        // Before the client took it: an invalid subject (or a client shut down).
+        PublishErrorKind::Other if *unsent => {
+            if connected {
+                SinkError::permanent(what)
+            } else {
+                SinkError::unavailable(what)
+            }
+        }
+        PublishErrorKind::Other
+            if api_error(error) == Some(ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) =>
+        {
+            SinkError::permanent(what)
+        }
+        _ => SinkError::transient(what),
+    }
+}
+
+/// The JetStream API error code behind `error`, if the server answered with one.
+fn api_error(error: &PublishError) -> Option<ErrorCode> {
+    std::error::Error::source(error)?
+        .downcast_ref::<async_nats::jetstream::Error>()
+        .map(async_nats::jetstream::Error::error_code)
+}
+
+impl<T: Outbox + Send + Sync, E: Encoding<T>> Sink<T> for JetStreamSink<T, E> {
+    async fn publish(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<(), SinkError>> {
+        self.publish_acked(batch)
+            .await
+            .into_iter()
+            .map(|acked| acked.map(drop))
+            .collect()
+    }
+}
+
+/// The event id a message carries (the [`header::EVENT_ID`] header), for a consumer's
+/// [`Inbox`](crate::inbox::Inbox).
+pub fn event_id(message: &async_nats::Message) -> Option<&str> {
+    message
+        .headers
+        .as_ref()?
+        .get(header::EVENT_ID)
+        .map(async_nats::HeaderValue::as_str)
+}

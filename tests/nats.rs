@@ -1,0 +1,709 @@
+//! The JetStream sink through real NATS JetStream and real PostgreSQL.
+//!
+//! - The seed's broker-level test (`redeliver`): a relay process publishes a batch,
+//!   JetStream acknowledges it, and the process is SIGKILLed before it records `SENT`.
+//!   The lease expires, a second relay publishes the batch again: the same event ids
+//!   under a higher generation, which JetStream stores once (its acknowledgement marked
+//!   duplicate, reported as published). A consumer that applies each event through the
+//!   inbox, and sees every event more than once, applies each effect exactly once.
+//! - Bad input: an event that does not encode, a subject no stream takes, a message over
+//!   the stream's size limit: each `DEAD` with its reason, the others sent.
+//! - An outage: the client loses its server (a proxy in between is stopped); batches go
+//!   back without counting attempts until it reconnects, then everything is sent.
+//!
+//! Needs NATS with JetStream on 127.0.0.1:4222 (or `OUTBOX_NATS_URL`); without it the
+//! tests fail, saying how to start it.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::process::ExitStatusExt as _;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use outbox::Outbox;
+use outbox::inbox::{self, Inbox, Received};
+use outbox::message::{Encoding, Json, header};
+use outbox::nats::async_nats::jetstream::{self, consumer, stream};
+use outbox::nats::{JetStreamSink, async_nats};
+use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError};
+use outbox::testing::TestSchema;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use support::child::{self, ChildCommand};
+use support::counters::Counters;
+use support::events::ChaosEvent;
+use support::rows::{enqueue, row_of};
+use support::schema::schema_from_zero;
+use support::{TestResult, wait_until};
+use tokio::time::timeout;
+
+const ROLE: &str = "nats-relay";
+/// Marks the child's protocol lines.
+const MARK: &str = "NATS-CHILD";
+
+fn nats_url() -> String {
+    std::env::var("OUTBOX_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
+/// The test's NATS client; fails the test, saying how to start NATS, when there is none.
+async fn connect_nats() -> async_nats::Client {
+    let url = nats_url();
+    let connected = timeout(
+        Duration::from_secs(5),
+        async_nats::ConnectOptions::new()
+            .connection_timeout(Duration::from_secs(3))
+            .connect(&url),
+    )
+    .await;
+    match connected {
+        Ok(Ok(client)) => client,
+        Ok(Err(error)) => panic!(
+            "NATS is not reachable at {url}: {error}. This test needs NATS with JetStream: start it \
+             with `nats-server -js -a 127.0.0.1 -p 4222` (or point OUTBOX_NATS_URL at one)"
+        ),
+        Err(elapsed) => panic!(
+            "NATS did not answer at {url}: {elapsed}. This test needs NATS with JetStream: start it \
+             with `nats-server -js -a 127.0.0.1 -p 4222` (or point OUTBOX_NATS_URL at one)"
+        ),
+    }
+}
+
+/// The relay process: re-executed by the test, it publishes through JetStream and dies
+/// by SIGKILL once the broker acknowledged its first batch. A no-op in a normal run.
+#[test]
+fn nats_redeliver_child() {
+    if !child::requested(ROLE) {
+        return;
+    }
+    let param = |name: &str| child::param(name).unwrap_or_else(|| panic!("no {name} given"));
+    let (url, subject) = (param("URL"), param("SUBJECT"));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(async move {
+        let pool = PgPoolOptions::new()
+            .max_connections(3)
+            .connect(&url)
+            .await
+            .expect("the test's schema");
+        let sink = KillAfterAcks(JetStreamSink::new(
+            jetstream::new(connect_nats().await),
+            subject,
+        ));
+        let result = Relay::<ChaosEvent, _>::new(pool, sink)
+            .run(CancellationToken::new())
+            .await;
+        child::say(&format!("{MARK} FAILED the relay returned: {result:?}"));
+    });
+}
+
+/// Publishes through JetStream, then, once every acknowledgement is in, reports them and
+/// SIGKILLs its own process: acknowledged by the broker, not recorded `SENT`.
+struct KillAfterAcks(JetStreamSink<ChaosEvent>);
+
+impl Sink<ChaosEvent> for KillAfterAcks {
+    async fn publish(&self, batch: &[Delivery<'_, ChaosEvent>]) -> Vec<Result<(), SinkError>> {
+        let acks = self.0.publish_acked(batch).await;
+        let mut words = vec![format!("{MARK} ACKED")];
+        for (delivery, ack) in batch.iter().zip(&acks) {
+            match ack {
+                Ok(ack) => words.push(format!(
+                    "{}:{}:{}:{}",
+                    delivery.event_id(),
+                    delivery.generation(),
+                    ack.sequence,
+                    ack.duplicate
+                )),
+                Err(error) => {
+                    child::say(&format!("{MARK} FAILED {}: {error}", delivery.event_id()));
+                    std::process::exit(1);
+                }
+            }
+        }
+        child::say(&words.join(" "));
+        nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL)
+            .expect("SIGKILL to itself");
+        std::future::pending().await
+    }
+}
+
+/// One acknowledged publication, as the child or the second relay saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Acked {
+    event_id: String,
+    generation: i64,
+    sequence: u64,
+    duplicate: bool,
+}
+
+impl Acked {
+    fn parse(word: &str) -> Self {
+        let parts: Vec<&str> = word.split(':').collect();
+        let [event_id, generation, sequence, duplicate] = parts[..] else {
+            panic!("a malformed acknowledgement: {word}");
+        };
+        Self {
+            event_id: event_id.to_owned(),
+            generation: generation.parse().expect("a generation"),
+            sequence: sequence.parse().expect("a sequence"),
+            duplicate: duplicate.parse().expect("a duplicate flag"),
+        }
+    }
+}
+
+/// The second relay's sink: JetStream, recording each acknowledgement.
+#[derive(Clone)]
+struct RecordAcks {
+    inner: JetStreamSink<ChaosEvent>,
+    acked: Arc<Mutex<Vec<Acked>>>,
+}
+
+impl Sink<ChaosEvent> for RecordAcks {
+    async fn publish(&self, batch: &[Delivery<'_, ChaosEvent>]) -> Vec<Result<(), SinkError>> {
+        let acks = self.inner.publish_acked(batch).await;
+        let mut acked = self.acked.lock().unwrap_or_else(PoisonError::into_inner);
+        batch
+            .iter()
+            .zip(acks)
+            .map(|(delivery, ack)| {
+                let ack = ack?;
+                acked.push(Acked {
+                    event_id: delivery.event_id().to_string(),
+                    generation: delivery.generation().get(),
+                    sequence: ack.sequence,
+                    duplicate: ack.duplicate,
+                });
+                Ok(())
+            })
+            .collect()
+    }
+}
+
+/// The consumer's handling of one message: the effect (a row in `shipments`) and the
+/// inbox row in one transaction.
+async fn apply(
+    pool: &PgPool,
+    inbox: &Inbox,
+    message: &async_nats::Message,
+) -> TestResult<Received> {
+    let event_id = outbox::nats::event_id(message).ok_or("a message without an event id")?;
+    let event: serde_json::Value = serde_json::from_slice(&message.payload)?;
+    let mut tx = pool.begin().await?;
+    let received = inbox.receive(&mut *tx, event_id).await?;
+    if received.is_new() {
+        sqlx::query("INSERT INTO shipments (event_id, parcels) VALUES ($1, $2)")
+            .bind(event_id)
+            .bind(event["order_seq"].as_i64().ok_or("no order_seq")?)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(received)
+}
+
+fn header_of<'m>(message: &'m async_nats::Message, name: &str) -> Option<&'m str> {
+    Some(message.headers.as_ref()?.get(name)?.as_str())
+}
+
+/// What the redelivery test's phases share.
+struct Scene {
+    nats: async_nats::Client,
+    js: jetstream::Context,
+    db: TestSchema,
+    stream: stream::Stream,
+    subject: String,
+    events: Vec<ChaosEvent>,
+}
+
+#[tokio::test]
+async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_applied_once()
+-> TestResult {
+    let nats = connect_nats().await;
+    let js = jetstream::new(nats.clone());
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    inbox::migrate(pool).await?;
+    sqlx::query("CREATE TABLE shipments (event_id text NOT NULL, parcels bigint NOT NULL)")
+        .execute(pool)
+        .await?;
+    let stream_name = db.name().to_uppercase();
+    let subject = format!("outbox.test.{}.shipments", db.name());
+    let stream = js
+        .create_stream(stream::Config {
+            name: stream_name.clone(),
+            subjects: vec![subject.clone()],
+            duplicate_window: Duration::from_mins(2),
+            ..Default::default()
+        })
+        .await?;
+
+    let events: Vec<ChaosEvent> = (1..=3)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let mut scene = Scene {
+        nats,
+        js,
+        db,
+        stream,
+        subject,
+        events,
+    };
+    let first_acks = first_relay_is_killed_after_the_acks(&mut scene).await?;
+    let redelivered = second_relay_redelivers(&mut scene, &first_acks).await?;
+    consumer_applies_each_effect_once(&mut scene, &redelivered).await?;
+    scene.js.delete_stream(&stream_name).await?;
+    scene.db.drop_schema().await?;
+    Ok(())
+}
+
+/// Phase 1: the first relay publishes, JetStream acknowledges, the process dies.
+async fn first_relay_is_killed_after_the_acks(
+    scene: &mut Scene,
+) -> TestResult<BTreeMap<String, Acked>> {
+    let Scene {
+        db,
+        stream,
+        subject,
+        events,
+        ..
+    } = scene;
+    let pool = db.pool();
+    let mut first = ChildCommand::test("nats_redeliver_child")
+        .spawn(ROLE, &[("URL", &db.url()), ("SUBJECT", subject)])?;
+    let line = child::handshake(first.stderr()?, MARK, Duration::from_mins(1)).await?;
+    let status = first.wait()?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words.get(1), Some(&"ACKED"), "the child: {line}");
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "the first relay died by SIGKILL: {status:?}"
+    );
+    let first_acks: BTreeMap<String, Acked> = words[2..]
+        .iter()
+        .map(|word| {
+            let acked = Acked::parse(word);
+            (acked.event_id.clone(), acked)
+        })
+        .collect();
+    assert_eq!(first_acks.len(), 3, "{line}");
+    for event in events.iter() {
+        let acked = &first_acks[&event.key];
+        assert_eq!((acked.generation, acked.duplicate), (1, false), "{acked:?}");
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.generation, row.attempts),
+            ("INPROGRESS", 1, 1),
+            "acknowledged by the broker, not recorded: {}",
+            event.key
+        );
+    }
+    assert_eq!(stream.info().await?.state.messages, 3);
+
+    Ok(first_acks)
+}
+
+/// Phase 2: the first relay's lease expires; a second relay publishes the events again.
+/// Returns the copies a plain subscriber saw on the wire.
+async fn second_relay_redelivers(
+    scene: &mut Scene,
+    first_acks: &BTreeMap<String, Acked>,
+) -> TestResult<Vec<async_nats::Message>> {
+    let Scene {
+        nats,
+        js,
+        db,
+        stream,
+        subject,
+        events,
+    } = scene;
+    let pool = db.pool();
+    // A plain subscriber sees every message on the wire, stored or not.
+    let mut wire = nats.subscribe(subject.clone()).await?;
+    nats.flush().await?;
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let sink = RecordAcks {
+        inner: JetStreamSink::new(js.clone(), subject.clone()),
+        acked: Arc::clone(&acked),
+    };
+    let shutdown = CancellationToken::new();
+    let second = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until(
+        "the second relay sent all 3",
+        Duration::from_secs(30),
+        async || outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 3,
+    )
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), second).await???;
+
+    let second_acks = acked.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    assert_eq!(second_acks.len(), 3, "{second_acks:?}");
+    for acked in &second_acks {
+        let first = &first_acks[&acked.event_id];
+        assert_eq!(
+            (acked.generation, acked.duplicate, acked.sequence),
+            (2, true, first.sequence),
+            "{}: the redelivery, generation 2, is acknowledged as the copy the stream holds",
+            acked.event_id
+        );
+    }
+    assert_eq!(
+        counters.get(outbox::nats::metric::DUPLICATES, ChaosEvent::SPEC.table()),
+        3
+    );
+    assert_eq!(
+        stream.info().await?.state.messages,
+        3,
+        "the stream holds one copy of each event"
+    );
+    for event in events.iter() {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.generation, row.attempts),
+            ("SENT", 2, 2),
+            "{}",
+            event.key
+        );
+    }
+    // On the wire: the unchanged event id (in the header and as Nats-Msg-Id), generation 2.
+    let mut redelivered = Vec::new();
+    for _ in 0..3 {
+        let message = timeout(Duration::from_secs(5), wire.next())
+            .await?
+            .ok_or("the subscription ended")?;
+        let event_id = outbox::nats::event_id(&message)
+            .ok_or("no event id")?
+            .to_owned();
+        assert_eq!(header_of(&message, "Nats-Msg-Id"), Some(event_id.as_str()));
+        assert_eq!(header_of(&message, header::GENERATION), Some("2"));
+        assert_eq!(header_of(&message, header::ATTEMPT), Some("2"));
+        assert_eq!(header_of(&message, header::TABLE), Some("chaos_events"));
+        assert_eq!(
+            header_of(&message, header::CONTENT_TYPE),
+            Some("application/json")
+        );
+        redelivered.push(message);
+    }
+    let wire_ids: BTreeSet<String> = redelivered
+        .iter()
+        .filter_map(|m| outbox::nats::event_id(m).map(str::to_owned))
+        .collect();
+    assert_eq!(wire_ids, first_acks.keys().cloned().collect());
+
+    Ok(redelivered)
+}
+
+/// Phase 3: the consumer.
+async fn consumer_applies_each_effect_once(
+    scene: &mut Scene,
+    redelivered: &[async_nats::Message],
+) -> TestResult {
+    let Scene { db, stream, .. } = scene;
+    let pool = db.pool();
+    // Every event reaches it three times (the stream's copy, JetStream
+    // redelivering it because the consumer committed but never acknowledged, and the
+    // wire copy of the relay's redelivery); each effect applies once.
+    let consumer = stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("shipping".into()),
+            ack_wait: Duration::from_secs(1),
+            ..Default::default()
+        })
+        .await?;
+    let inbox = Inbox::new("shipping");
+    let mut receipts = Vec::new();
+    for pass in 1..=2 {
+        let mut batch = consumer
+            .fetch()
+            // Exactly the batch: a pull request left waiting for more would take the
+            // next pass's redeliveries.
+            .max_messages(3)
+            .expires(Duration::from_secs(5))
+            .messages()
+            .await?;
+        let mut got = 0;
+        while let Some(message) = batch.next().await {
+            let message = message.map_err(|e| e.to_string())?;
+            let stored = header_of(&message, header::GENERATION).map(str::to_owned);
+            assert_eq!(
+                stored.as_deref(),
+                Some("1"),
+                "the stream keeps the first copy"
+            );
+            receipts.push(apply(pool, &inbox, &message).await?);
+            got += 1;
+            if pass == 2 {
+                message.ack().await.map_err(|e| e.to_string())?;
+            }
+            // Pass 1 commits and dies before acknowledging: JetStream redelivers.
+        }
+        assert_eq!(got, 3, "pass {pass}");
+    }
+    for message in redelivered {
+        receipts.push(apply(pool, &inbox, message).await?);
+    }
+    let new = receipts.iter().filter(|r| r.is_new()).count();
+    assert_eq!((new, receipts.len()), (3, 9), "{receipts:?}");
+    let applied: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT event_id, count(*), sum(parcels)::bigint FROM shipments GROUP BY event_id ORDER BY event_id",
+    )
+    .fetch_all(pool)
+    .await?;
+    assert_eq!(
+        applied,
+        [
+            ("shipment-1".to_owned(), 1, 1),
+            ("shipment-2".to_owned(), 1, 2),
+            ("shipment-3".to_owned(), 1, 3)
+        ],
+        "each effect exactly once"
+    );
+
+    Ok(())
+}
+
+/// A stream taking `subject`, named after the test's schema, with `configure` applied.
+async fn create_stream(
+    js: &jetstream::Context,
+    name: &str,
+    subject: &str,
+    configure: impl FnOnce(&mut stream::Config),
+) -> TestResult<stream::Stream> {
+    let mut config = stream::Config {
+        name: name.to_owned(),
+        subjects: vec![subject.to_owned()],
+        ..Default::default()
+    };
+    configure(&mut config);
+    Ok(js.create_stream(config).await?)
+}
+
+/// JSON, except for the event named `unencodable`: a stand-in for an event a real
+/// encoding cannot handle.
+struct RefuseUnencodable;
+
+impl Encoding<ChaosEvent> for RefuseUnencodable {
+    fn content_type(&self) -> Option<&str> {
+        Some("application/json")
+    }
+
+    fn encode(&self, event: &ChaosEvent) -> Result<Vec<u8>, outbox::BoxError> {
+        if event.key == "unencodable" {
+            return Err("parcels must be positive".into());
+        }
+        Json.encode(event)
+    }
+}
+
+#[tokio::test]
+async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> TestResult {
+    let js = jetstream::new(connect_nats().await);
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let stream_name = db.name().to_uppercase();
+    let subject = format!("outbox.test.{}.shipments", db.name());
+    let nowhere = format!("outbox.test.{}.nowhere", db.name());
+    let mut stream = create_stream(&js, &stream_name, &subject, |config| {
+        config.max_message_size = 1024;
+    })
+    .await?;
+    let large = "x".repeat(900);
+    let names = ["ok-1", "unencodable", "nowhere", large.as_str(), "ok-2"];
+    let events: Vec<ChaosEvent> = names
+        .iter()
+        .map(|name| ChaosEvent {
+            key: (*name).to_owned(),
+            order_seq: 1,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let sink = JetStreamSink::new(js.clone(), subject.clone())
+        .subject_from(move |event: &ChaosEvent| {
+            if event.key == "nowhere" {
+                nowhere.clone()
+            } else {
+                subject.clone()
+            }
+        })
+        .encoding(RefuseUnencodable);
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until("2 SENT and 3 DEAD", Duration::from_secs(30), async || {
+        let stats = outbox::stats::<ChaosEvent>(pool).await.unwrap();
+        (stats.sent, stats.dead) == (2, 3)
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    for (name, reason) in [
+        (
+            "unencodable",
+            "cannot encode the event: parcels must be positive",
+        ),
+        ("nowhere", "no JetStream stream takes this subject"),
+        (large.as_str(), "message size exceeds maximum allowed"),
+    ] {
+        let row = row_of::<ChaosEvent>(pool, name).await;
+        let error = row.last_error.unwrap_or_default();
+        assert_eq!(
+            (row.status.as_str(), row.attempts),
+            ("DEAD", 1),
+            "{name}: {error}"
+        );
+        assert!(error.contains(reason), "{name}: {error}");
+    }
+    for name in ["ok-1", "ok-2"] {
+        let row = row_of::<ChaosEvent>(pool, name).await;
+        assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{name}");
+    }
+    assert_eq!(stream.info().await?.state.messages, 2);
+    js.delete_stream(&stream_name).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// A TCP proxy between clients and the NATS server: stopping it is, for the clients
+/// connected through it, the server going away.
+struct Proxy {
+    port: u16,
+    upstream: String,
+    serving: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> TestResult<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let serving = Some(tokio::spawn(Self::serve(listener, upstream.clone())));
+        Ok(Self {
+            port,
+            upstream,
+            serving,
+        })
+    }
+
+    /// Closes the listener and every connection through it.
+    fn down(&mut self) {
+        if let Some(serving) = self.serving.take() {
+            serving.abort();
+        }
+    }
+
+    /// Listens again, on the same port.
+    async fn up(&mut self) -> TestResult {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await?;
+        self.serving = Some(tokio::spawn(Self::serve(listener, self.upstream.clone())));
+        Ok(())
+    }
+
+    async fn serve(listener: tokio::net::TcpListener, upstream: String) {
+        // Dropped with this task: aborts every connection.
+        let mut connections = tokio::task::JoinSet::new();
+        while let Ok((mut client, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            connections.spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_server_outage_burns_no_attempts_and_the_relay_resumes_when_it_returns() -> TestResult {
+    let direct = connect_nats().await;
+    let js = jetstream::new(direct);
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let stream_name = db.name().to_uppercase();
+    let subject = format!("outbox.test.{}.shipments", db.name());
+    let mut stream = create_stream(&js, &stream_name, &subject, |_| {}).await?;
+
+    let upstream = nats_url().trim_start_matches("nats://").to_owned();
+    let mut proxy = Proxy::start(upstream).await?;
+    let client = async_nats::connect(format!("nats://127.0.0.1:{}", proxy.port)).await?;
+    proxy.down();
+    wait_until("the client notices", Duration::from_secs(10), async || {
+        client.connection_state() != async_nats::connection::State::Connected
+    })
+    .await;
+
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
+    let events: Vec<ChaosEvent> = (1..=10)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(
+            pool.clone(),
+            JetStreamSink::new(jetstream::new(client.clone()), subject.clone()),
+        )
+        .poll_interval(Duration::from_millis(50))
+        .unavailable_backoff(Backoff::new(
+            Duration::from_millis(50),
+            Duration::from_millis(500),
+        ))
+        .run(shutdown.clone()),
+    );
+    let table = ChaosEvent::SPEC.table();
+    wait_until("5 batches held back", Duration::from_secs(20), async || {
+        counters.get(outbox::relay::metric::UNAVAILABLE, table) >= 5
+    })
+    .await;
+    let burnt: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM chaos_events WHERE attempts > 1 OR status = 'DEAD'",
+    )
+    .fetch_one(pool)
+    .await?;
+    assert_eq!(burnt, 0, "no attempt counted while the server is away");
+
+    proxy.up().await?;
+    wait_until("all 10 SENT", Duration::from_secs(30), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 10
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    for event in &events {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts, row.last_error.as_deref()),
+            ("SENT", 1, None),
+            "{}",
+            event.key
+        );
+        assert!(row.generation >= 5, "claimed through the outage: {row:?}");
+    }
+    assert_eq!(counters.get(outbox::relay::metric::RETRIED, table), 0);
+    assert_eq!(stream.info().await?.state.messages, 10);
+    proxy.down();
+    js.delete_stream(&stream_name).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
