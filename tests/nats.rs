@@ -396,6 +396,16 @@ async fn second_relay_redelivers(
             header_of(&message, header::CONTENT_TYPE),
             Some("application/json")
         );
+        let created_at: chrono::DateTime<chrono::Utc> =
+            sqlx::query_scalar("SELECT created_at FROM chaos_events WHERE event_id = $1")
+                .bind(&event_id)
+                .fetch_one(pool)
+                .await?;
+        assert_eq!(
+            header_of(&message, header::CREATED_AT),
+            Some(outbox::message::timestamp(created_at.into()).as_str()),
+            "the enqueue time, unchanged by the redelivery"
+        );
         redelivered.push(message);
     }
     let wire_ids: BTreeSet<String> = redelivered

@@ -31,6 +31,7 @@ pub struct Claim<T: Outbox> {
     generation: Generation,
     attempt: i32,
     lease_until: DateTime<Utc>,
+    created_at: DateTime<Utc>,
     reclaimed: bool,
     event: T,
 }
@@ -77,6 +78,11 @@ impl<T: Outbox> Claim<T> {
     /// When the lease ends, as last granted by the database.
     pub fn lease_until(&self) -> SystemTime {
         self.lease_until.into()
+    }
+
+    /// When the event was enqueued (its row's `created_at`, the database's clock).
+    pub fn created_at(&self) -> SystemTime {
+        self.created_at.into()
     }
 
     /// The event.
@@ -356,6 +362,7 @@ pub(crate) fn decode_claim<T: Outbox>(
         metrics::counter!(metric::DEAD, "table" => T::SPEC.table).increment(1);
         return Ok((Claimed::Exhausted, None));
     };
+    let created_at: DateTime<Utc> = row.try_get(header::CREATED_AT)?;
     let reclaimed: bool = row.try_get(header::RECLAIMED)?;
     let due = (!reclaimed)
         .then(|| row.try_get::<DateTime<Utc>, _>(header::NEXT_ATTEMPT_AT))
@@ -368,6 +375,7 @@ pub(crate) fn decode_claim<T: Outbox>(
             generation: Generation::new(generation),
             attempt,
             lease_until,
+            created_at,
             reclaimed,
             event,
         }),

@@ -57,6 +57,11 @@ impl<T: Serialize> Encoding<T> for Json {
     }
 }
 
+/// `at` as the [`header::CREATED_AT`] header writes it.
+pub fn timestamp(at: std::time::SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(at).to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
 /// The names of the headers a broker sink sets on every message.
 pub mod header {
     /// The stable event id: what a consumer deduplicates on (with an
@@ -70,6 +75,9 @@ pub mod header {
     /// Which attempt of the event's budget published this copy (1 for the first). For
     /// diagnostics.
     pub const ATTEMPT: &str = "Outbox-Attempt";
+    /// When the event was enqueued, in RFC 3339 with microseconds, UTC
+    /// (`2026-12-03T21:05:09.123456Z`).
+    pub const CREATED_AT: &str = "Outbox-Created-At";
     /// The body's media type, when the [`Encoding`](super::Encoding) names one.
     pub const CONTENT_TYPE: &str = "Content-Type";
 }

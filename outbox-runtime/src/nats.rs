@@ -17,7 +17,7 @@ use async_nats::jetstream::publish::PublishAck;
 use async_nats::jetstream::{Context, ErrorCode};
 use futures_util::future::join_all;
 
-use crate::message::{Encoding, Json, header};
+use crate::message::{Encoding, Json, header, timestamp};
 use crate::relay::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 
@@ -213,7 +213,8 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
             .header(header::EVENT_ID, event_id)
             .header(header::TABLE, T::SPEC.table)
             .header(header::GENERATION, delivery.generation().to_string())
-            .header(header::ATTEMPT, delivery.attempt().to_string());
+            .header(header::ATTEMPT, delivery.attempt().to_string())
+            .header(header::CREATED_AT, timestamp(delivery.created_at()));
         if let Some(content_type) = self.encoding.content_type() {
             message = message.header(header::CONTENT_TYPE, content_type);
         }

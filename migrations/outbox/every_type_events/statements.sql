@@ -34,7 +34,7 @@ UPDATE "every_type_events" AS o SET
         THEN 'lease expired on claim ' || o.attempts || ' of 10: attempt budget exhausted'
         ELSE o.last_error END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."small", o."int", o."big", o."single", o."double", o."flag", o."text", o."bytes", o."uuid", o."chrono_date", o."chrono_time", o."chrono_naive", o."chrono_utc", o."time_date", o."time_time", o."time_primitive", o."time_offset", o."value", o."maybe_int", o."maybe_uuid", o."maybe_utc", o."address", o."maybe_address", o."type";
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."small", o."int", o."big", o."single", o."double", o."flag", o."text", o."bytes", o."uuid", o."chrono_date", o."chrono_time", o."chrono_naive", o."chrono_utc", o."time_date", o."time_time", o."time_primitive", o."time_offset", o."value", o."maybe_int", o."maybe_uuid", o."maybe_utc", o."address", o."maybe_address", o."type";
 
 -- claim_from
 WITH ready AS (
@@ -53,7 +53,7 @@ UPDATE "every_type_events" AS o SET
         THEN 'lease expired on claim ' || o.attempts || ' of 10: attempt budget exhausted'
         ELSE o.last_error END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, false AS outbox_reclaimed, o."small", o."int", o."big", o."single", o."double", o."flag", o."text", o."bytes", o."uuid", o."chrono_date", o."chrono_time", o."chrono_naive", o."chrono_utc", o."time_date", o."time_time", o."time_primitive", o."time_offset", o."value", o."maybe_int", o."maybe_uuid", o."maybe_utc", o."address", o."maybe_address", o."type";
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed, o."small", o."int", o."big", o."single", o."double", o."flag", o."text", o."bytes", o."uuid", o."chrono_date", o."chrono_time", o."chrono_naive", o."chrono_utc", o."time_date", o."time_time", o."time_primitive", o."time_offset", o."value", o."maybe_int", o."maybe_uuid", o."maybe_utc", o."address", o."maybe_address", o."type";
 
 -- complete
 UPDATE "every_type_events" SET status = 'SENT', lease_until = NULL WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp() RETURNING id;

@@ -34,7 +34,7 @@ UPDATE "tick_events" AS o SET
         THEN 'lease expired on claim ' || o.attempts || ' of 10: attempt budget exhausted'
         ELSE o.last_error END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed;
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed;
 
 -- claim_from
 WITH ready AS (
@@ -53,7 +53,7 @@ UPDATE "tick_events" AS o SET
         THEN 'lease expired on claim ' || o.attempts || ' of 10: attempt budget exhausted'
         ELSE o.last_error END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, false AS outbox_reclaimed;
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed;
 
 -- complete
 UPDATE "tick_events" SET status = 'SENT', lease_until = NULL WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp() RETURNING id;

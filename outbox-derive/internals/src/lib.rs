@@ -159,17 +159,20 @@ pub mod claim_header {
     pub const LEASE_UNTIL: usize = 4;
     /// When the row became due: where it sits in the `READY` index.
     pub const NEXT_ATTEMPT_AT: usize = 5;
+    /// When the event was enqueued.
+    pub const CREATED_AT: usize = 6;
     /// Whether the claim took over an expired claim.
-    pub const RECLAIMED: usize = 6;
+    pub const RECLAIMED: usize = 7;
     /// The header's columns up to [`RECLAIMED`], as the statements write them (`o.` is
     /// the claimed row); each claim then writes its own `.. AS` [`RECLAIMED_NAME`].
-    pub const COLUMNS: [&str; 6] = [
+    pub const COLUMNS: [&str; 7] = [
         "o.id",
         "o.event_id",
         "o.generation",
         "o.attempts",
         "o.lease_until",
         "o.next_attempt_at",
+        "o.created_at",
     ];
     /// The result name of [`RECLAIMED`]: not a column, so no payload column may take it.
     pub const RECLAIMED_NAME: &str = "outbox_reclaimed";

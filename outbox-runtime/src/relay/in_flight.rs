@@ -23,6 +23,7 @@ impl<'a, T: Outbox> InFlight<'a, T> {
             event_id: claim.event_id(),
             generation: claim.generation(),
             attempt: claim.attempt(),
+            created_at: claim.created_at(),
             event: claim.event(),
             lost: CancellationToken::new(),
         }

@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::SystemTime;
 
 use futures_util::FutureExt as _;
 
@@ -19,6 +20,7 @@ pub struct Delivery<'a, T> {
     pub(crate) event_id: &'a EventId,
     pub(crate) generation: Generation,
     pub(crate) attempt: u32,
+    pub(crate) created_at: SystemTime,
     pub(crate) event: &'a T,
     pub(crate) lost: CancellationToken,
 }
@@ -37,6 +39,11 @@ impl<T> Delivery<'_, T> {
     /// Which claim of the attempt budget this is (1 for the first).
     pub fn attempt(&self) -> u32 {
         self.attempt
+    }
+
+    /// When the event was enqueued (the database's clock).
+    pub fn created_at(&self) -> SystemTime {
+        self.created_at
     }
 
     /// The event.
