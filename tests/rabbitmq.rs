@@ -9,6 +9,9 @@
 //! - Bad input: an event that does not encode, a message no queue takes (returned,
 //!   `mandatory`), a routing key over AMQP's 255 bytes: each `DEAD` with its reason, the
 //!   others sent.
+//! - An outage: the client loses its broker (a proxy in between is stopped); batches go
+//!   back without counting attempts until lapin's automatic recovery has reconnected,
+//!   then everything is sent.
 //!
 //! Needs RabbitMQ on 127.0.0.1:5672, guest/guest (or `OUTBOX_AMQP_URL`); without it the
 //! tests fail, saying how to start it.
@@ -19,6 +22,7 @@ use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt as _;
 use std::time::Duration;
 
+use outbox::Outbox;
 use outbox::inbox::{self, Inbox, Received};
 use outbox::message::{Encoding, Json, header};
 use outbox::rabbitmq::RabbitSink;
@@ -28,11 +32,12 @@ use outbox::rabbitmq::lapin::options::{
 };
 use outbox::rabbitmq::lapin::types::{AMQPValue, FieldTable, ShortString};
 use outbox::rabbitmq::lapin::{self, Channel, Connection, ExchangeKind};
-use outbox::relay::{CancellationToken, Delivery, Relay, Sink, SinkError};
+use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError};
 use outbox::testing::TestSchema;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use support::child::{self, ChildCommand};
+use support::counters::Counters;
 use support::events::ChaosEvent;
 use support::rows::{enqueue, row_of};
 use support::schema::schema_from_zero;
@@ -529,6 +534,140 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
         assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{name}");
     }
     assert_eq!(topology.messages(&channel).await?, 2);
+    topology.delete(&channel).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// A TCP proxy between clients and RabbitMQ: stopping it is, for the clients connected
+/// through it, the broker going away.
+struct Proxy {
+    port: u16,
+    upstream: String,
+    serving: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> TestResult<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let serving = Some(tokio::spawn(Self::serve(listener, upstream.clone())));
+        Ok(Self {
+            port,
+            upstream,
+            serving,
+        })
+    }
+
+    /// Closes the listener and every connection through it.
+    fn down(&mut self) {
+        if let Some(serving) = self.serving.take() {
+            serving.abort();
+        }
+    }
+
+    /// Listens again, on the same port.
+    async fn up(&mut self) -> TestResult {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await?;
+        self.serving = Some(tokio::spawn(Self::serve(listener, self.upstream.clone())));
+        Ok(())
+    }
+
+    async fn serve(listener: tokio::net::TcpListener, upstream: String) {
+        // Dropped with this task: aborts every connection.
+        let mut connections = tokio::task::JoinSet::new();
+        while let Ok((mut client, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            connections.spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_broker_outage_burns_no_attempts_and_the_relay_resumes_when_it_returns() -> TestResult {
+    let direct = connect_rabbitmq().await;
+    let channel = direct.create_channel().await?;
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let topology = Topology::declare(&channel, &db).await?;
+
+    // The relay's connection goes through the proxy, and recovers (lapin's automatic
+    // recovery: reconnects, reopens the channel in confirm mode).
+    let mut proxy = Proxy::start("127.0.0.1:5672".to_owned()).await?;
+    let through = amqp_url().replace("127.0.0.1:5672", &format!("127.0.0.1:{}", proxy.port));
+    let connection = Connection::connect(
+        &through,
+        lapin::ConnectionProperties::default().enable_auto_recover(),
+    )
+    .await?;
+    let sink = RabbitSink::new(
+        connection.create_channel().await?,
+        topology.exchange.clone(),
+        ROUTING_KEY,
+    )
+    .await?;
+    proxy.down();
+    wait_until("the channel notices", Duration::from_secs(10), async || {
+        !sink.channel().status().connected()
+    })
+    .await;
+
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
+    let events: Vec<ChaosEvent> = (1..=10)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .unavailable_backoff(Backoff::new(
+                Duration::from_millis(50),
+                Duration::from_millis(500),
+            ))
+            .run(shutdown.clone()),
+    );
+    let table = ChaosEvent::SPEC.table();
+    wait_until("5 batches held back", Duration::from_secs(20), async || {
+        counters.get(outbox::relay::metric::UNAVAILABLE, table) >= 5
+    })
+    .await;
+    let burnt: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM chaos_events WHERE attempts > 1 OR status = 'DEAD'",
+    )
+    .fetch_one(pool)
+    .await?;
+    assert_eq!(burnt, 0, "no attempt counted while the broker is away");
+
+    proxy.up().await?;
+    wait_until("all 10 SENT", Duration::from_mins(1), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 10
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    for event in &events {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts, row.last_error.as_deref()),
+            ("SENT", 1, None),
+            "{}",
+            event.key
+        );
+        assert!(row.generation >= 5, "claimed through the outage: {row:?}");
+    }
+    assert_eq!(counters.get(outbox::relay::metric::RETRIED, table), 0);
+    assert_eq!(topology.messages(&channel).await?, 10);
+    proxy.down();
     topology.delete(&channel).await?;
     db.drop_schema().await?;
     Ok(())

@@ -44,9 +44,13 @@ type RoutingKeyOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// | a negative confirm (`basic.nack`); no confirm in time ([`RabbitSink::confirm_timeout`], 5 s by default) | [`SinkError::Transient`] |
 /// | the event does not encode; the message is returned (no queue is bound for its routing key); the exchange does not exist; a routing key or event id over 255 bytes | [`SinkError::Permanent`] (`DEAD`) |
 ///
-/// In AMQP a publish to an exchange that does not exist closes the channel: the event
-/// is `DEAD`, and the sink reports the closed channel as unavailable until the
-/// application gives it a new one (declare the exchange before the relay starts).
+/// To survive a broker restart, open the connection with lapin's automatic recovery
+/// ([`ConnectionProperties::enable_auto_recover`](lapin::ConnectionProperties::enable_auto_recover)):
+/// while it reconnects the batches are unavailable, and once it has reopened the channel
+/// (in confirm mode again) the sink publishes on it. Without recovery, a channel that
+/// closed stays closed, and so unavailable. In AMQP a publish to an exchange that does
+/// not exist closes the channel: the event is `DEAD` (declare the exchange before the
+/// relay starts).
 ///
 /// ```no_run
 /// use outbox_runtime::rabbitmq::{RabbitSink, lapin};
@@ -58,7 +62,7 @@ type RoutingKeyOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// # ) -> Result<(), Box<dyn std::error::Error>> {
 /// let connection = lapin::Connection::connect(
 ///     "amqp://guest:guest@127.0.0.1:5672/%2f", // your TLS, auth
-///     lapin::ConnectionProperties::default(),
+///     lapin::ConnectionProperties::default().enable_auto_recover(), // reconnects
 /// )
 /// .await?;
 /// let channel = connection.create_channel().await?;
