@@ -8,7 +8,7 @@
 //!   effect exactly once.
 //! - Bad input: an event that does not encode, a message no queue takes (returned,
 //!   `mandatory`), a routing key over AMQP's 255 bytes: each `DEAD` with its reason, the
-//!   others sent.
+//!   others sent. An exchange that does not exist: the batch `DEAD`, with the reason.
 //! - An outage: the client loses its broker (a proxy in between is stopped); batches go
 //!   back without counting attempts until lapin's automatic recovery has reconnected,
 //!   then everything is sent.
@@ -669,6 +669,45 @@ async fn a_broker_outage_burns_no_attempts_and_the_relay_resumes_when_it_returns
     assert_eq!(topology.messages(&channel).await?, 10);
     proxy.down();
     topology.delete(&channel).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// The publish closes the channel (AMQP's 404 is a channel error): the events of the
+/// batch, all bound for the missing exchange, are `DEAD` with the broker's reason.
+#[tokio::test]
+async fn a_missing_exchange_is_dead_with_its_reason() -> TestResult {
+    let connection = connect_rabbitmq().await;
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let events: Vec<ChaosEvent> = (1..=2)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    // Declared by no one.
+    let exchange = format!("outbox.test.{}.missing", db.name());
+    let sink = RabbitSink::new(connection.create_channel().await?, exchange, ROUTING_KEY).await?;
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until("2 DEAD", Duration::from_secs(30), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().dead == 2
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+    for event in &events {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        let error = row.last_error.unwrap_or_default();
+        assert_eq!((row.status.as_str(), row.attempts), ("DEAD", 1), "{error}");
+        assert!(error.contains("no such exchange"), "{error}");
+    }
     db.drop_schema().await?;
     Ok(())
 }
