@@ -105,6 +105,8 @@ pub use outbox_runtime::Outbox;
 pub use outbox_runtime::inbox::{Inbox, Received};
 #[cfg(feature = "nats")]
 pub use outbox_runtime::nats;
+#[cfg(feature = "rabbitmq")]
+pub use outbox_runtime::rabbitmq;
 pub use outbox_runtime::relay::{
     Backoff, BoxError, CancellationToken, Delivery, MemorySink, Published, Relay, Sink, SinkError,
     StdoutSink,

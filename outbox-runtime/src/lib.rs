@@ -16,6 +16,8 @@ mod migrate;
 #[cfg(feature = "nats")]
 pub mod nats;
 mod ops;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
 pub mod relay;
 mod spec;
 #[cfg(feature = "testing")]

@@ -1,0 +1,377 @@
+//! Publishing to RabbitMQ (cargo feature `rabbitmq`): [`RabbitSink`].
+//!
+//! The sink takes the application's own lapin [`Channel`] (opened on its
+//! [`Connection`](lapin::Connection), with its TLS, credentials and recovery settings),
+//! puts the channel in confirm mode (`confirm.select`), and publishes each event to an
+//! exchange with a routing key of its choosing: `mandatory` (a message no queue takes
+//! comes back, and is an error, not a silent drop), persistent (delivery mode 2), and
+//! `message_id` = the event id. RabbitMQ has no deduplication: a redelivered event is a
+//! second copy in the queue, which a consumer recognises by its event id with an
+//! [`Inbox`](crate::inbox::Inbox).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+pub use lapin;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, ErrorKind, PublisherConfirm};
+
+use crate::message::{Encoding, Json, header};
+use crate::relay::{Delivery, Sink, SinkError};
+use crate::spec::Outbox;
+
+/// AMQP delivery mode 2: the broker writes the message to disk (in a durable queue).
+const PERSISTENT: u8 = 2;
+
+/// The routing key of an event, from the event.
+type RoutingKeyOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
+
+/// A [`Sink`] that publishes events to a RabbitMQ exchange.
+///
+/// Each event becomes one message: the body from the [`Encoding`] (JSON by default, its
+/// media type as the `content_type` property), the headers of
+/// [`message::header`](crate::message::header) (event id, table, generation, attempt),
+/// `message_id` = the event id, delivery mode 2 (persistent), published `mandatory`. A
+/// batch is pipelined: every message is published, then every publisher confirm
+/// awaited.
+///
+/// | RabbitMQ's answer | the result |
+/// |---|---|
+/// | a confirm (`basic.ack`) | `Ok` (`SENT`) |
+/// | the channel or its connection is closed (before the batch, or while confirms are awaited) | [`SinkError::Unavailable`]: handed back, no attempt counted |
+/// | a negative confirm (`basic.nack`); no confirm in time ([`RabbitSink::confirm_timeout`], 5 s by default) | [`SinkError::Transient`] |
+/// | the event does not encode; the message is returned (no queue is bound for its routing key); the exchange does not exist; a routing key or event id over 255 bytes | [`SinkError::Permanent`] (`DEAD`) |
+///
+/// To survive a broker restart, open the connection with lapin's automatic recovery
+/// ([`ConnectionProperties::enable_auto_recover`](lapin::ConnectionProperties::enable_auto_recover)):
+/// while it reconnects the batches are unavailable, and once it has reopened the channel
+/// (in confirm mode again) the sink publishes on it. Without recovery, a channel that
+/// closed stays closed, and so unavailable. In AMQP a publish to an exchange that does
+/// not exist closes the channel: the event is `DEAD` (declare the exchange before the
+/// relay starts).
+///
+/// ```no_run
+/// use outbox_runtime::rabbitmq::{RabbitSink, lapin};
+/// use outbox_runtime::relay::{CancellationToken, Relay};
+///
+/// // `OrderPlaced`: your event, `#[derive(outbox::Outbox, serde::Serialize)]`.
+/// # async fn run<OrderPlaced: outbox_runtime::Outbox + serde::Serialize + Send + Sync>(
+/// #     pool: sqlx::PgPool,
+/// # ) -> Result<(), Box<dyn std::error::Error>> {
+/// let connection = lapin::Connection::connect(
+///     "amqp://guest:guest@127.0.0.1:5672/%2f", // your TLS, auth
+///     lapin::ConnectionProperties::default().enable_auto_recover(), // reconnects
+/// )
+/// .await?;
+/// let channel = connection.create_channel().await?;
+/// // The exchange, and a queue bound to the routing key (here, or by your deployment).
+/// channel
+///     .exchange_declare(
+///         "orders".into(),
+///         lapin::ExchangeKind::Direct,
+///         lapin::options::ExchangeDeclareOptions { durable: true, ..Default::default() },
+///         lapin::types::FieldTable::default(),
+///     )
+///     .await?;
+/// let sink = RabbitSink::<OrderPlaced>::new(channel, "orders", "orders.placed").await?;
+/// Relay::new(pool, sink).run(CancellationToken::new()).await?;
+/// # Ok(()) }
+/// ```
+pub struct RabbitSink<T, E = Json> {
+    channel: Channel,
+    exchange: ShortString,
+    routing_key: RoutingKeyOf<T>,
+    encoding: E,
+    confirm_timeout: Duration,
+}
+
+impl<T, E: Clone> Clone for RabbitSink<T, E> {
+    fn clone(&self) -> Self {
+        Self {
+            channel: self.channel.clone(),
+            exchange: self.exchange.clone(),
+            routing_key: Arc::clone(&self.routing_key),
+            encoding: self.encoding.clone(),
+            confirm_timeout: self.confirm_timeout,
+        }
+    }
+}
+
+impl<T, E: std::fmt::Debug> std::fmt::Debug for RabbitSink<T, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitSink")
+            .field("exchange", &self.exchange)
+            .field("encoding", &self.encoding)
+            .field("confirm_timeout", &self.confirm_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> RabbitSink<T, Json> {
+    /// A sink publishing every event as JSON to `exchange` with `routing_key`. Puts
+    /// `channel` in confirm mode (`confirm.select`); fails if the channel refuses it, or
+    /// if `exchange` is over 255 bytes.
+    pub async fn new(
+        channel: Channel,
+        exchange: impl Into<String>,
+        routing_key: impl Into<String>,
+    ) -> Result<Self, lapin::Error> {
+        let exchange = ShortString::try_new(exchange)
+            .map_err(|error| lapin::Error::from(std::io::Error::other(error)))?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        let routing_key = routing_key.into();
+        Ok(Self {
+            channel,
+            exchange,
+            routing_key: Arc::new(move |_: &T| routing_key.clone()),
+            encoding: Json,
+            confirm_timeout: Duration::from_secs(5),
+        })
+    }
+}
+
+impl<T, E> RabbitSink<T, E> {
+    /// Derives each event's routing key from the event (a region, a tenant, an
+    /// aggregate): `.routing_key_from(|order: &OrderPlaced| format!("orders.{}", order.region))`.
+    #[must_use]
+    pub fn routing_key_from(
+        mut self,
+        routing_key: impl Fn(&T) -> String + Send + Sync + 'static,
+    ) -> Self {
+        self.routing_key = Arc::new(routing_key);
+        self
+    }
+
+    /// How long a publisher confirm may take before the delivery fails (transient).
+    /// Five seconds by default.
+    #[must_use]
+    pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
+        self.confirm_timeout = timeout;
+        self
+    }
+
+    /// Encodes the events with `encoding` instead of JSON.
+    pub fn encoding<E2: Encoding<T>>(self, encoding: E2) -> RabbitSink<T, E2> {
+        RabbitSink {
+            channel: self.channel,
+            exchange: self.exchange,
+            routing_key: self.routing_key,
+            encoding,
+            confirm_timeout: self.confirm_timeout,
+        }
+    }
+
+    /// The channel the sink publishes on.
+    pub fn channel(&self) -> &Channel {
+        &self.channel
+    }
+
+    /// Whether the channel and its connection are open.
+    fn connected(&self) -> bool {
+        self.channel.status().connected()
+    }
+}
+
+impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
+    /// Publishes `batch` and returns RabbitMQ's publisher confirm of each delivery, in
+    /// order, or the error the [`Sink`] implementation reports. For sinks that wrap this
+    /// one and need the confirms.
+    pub async fn publish_confirmed(
+        &self,
+        batch: &[Delivery<'_, T>],
+    ) -> Vec<Result<Confirmation, SinkError>> {
+        if !self.connected() {
+            return batch
+                .iter()
+                .map(|_| {
+                    Err(SinkError::unavailable(
+                        "the RabbitMQ channel or its connection is not open",
+                    ))
+                })
+                .collect();
+        }
+        // Every message goes out before any confirm is awaited: the batch costs about
+        // one round trip, not one per event.
+        let mut sent = Vec::with_capacity(batch.len());
+        for delivery in batch {
+            sent.push(self.send(delivery).await);
+        }
+        let confirm_timeout = self.confirm_timeout;
+        let confirmed = join_all(sent.into_iter().map(|sent| async move {
+            let (routing_key, confirm) = sent?;
+            match tokio::time::timeout(confirm_timeout, confirm).await {
+                Ok(Ok(confirmation)) => Ok((routing_key, confirmation)),
+                Ok(Err(error)) => Err(Err((routing_key, error))),
+                Err(_) => Err(Ok(SinkError::transient(format!(
+                    "publishing with routing key `{routing_key}`: no publisher confirm in {confirm_timeout:?}"
+                )))),
+            }
+        }))
+        .await;
+        let connected = self.connected();
+        confirmed
+            .into_iter()
+            .map(|confirmed| match confirmed {
+                Ok((routing_key, confirmation)) => self.answer(&routing_key, confirmation),
+                Err(Ok(error)) => Err(error),
+                Err(Err((routing_key, error))) => {
+                    Err(self.classify(&routing_key, &error, connected))
+                }
+            })
+            .collect()
+    }
+
+    /// Hands one delivery's message to the channel; returns its routing key and the
+    /// future of its confirm. The outer error is final (the sink's answer), the inner
+    /// one is the client's, to classify.
+    #[allow(clippy::type_complexity)]
+    async fn send(
+        &self,
+        delivery: &Delivery<'_, T>,
+    ) -> Result<(String, PublisherConfirm), Result<SinkError, (String, lapin::Error)>> {
+        if !delivery.is_owned() {
+            // Another publisher took the event over; the relay records nothing for it.
+            return Err(Ok(SinkError::transient("ownership lost")));
+        }
+        let event = delivery.event();
+        let body = self.encoding.encode(event).map_err(|error| {
+            Ok(SinkError::permanent(format!(
+                "cannot encode the event: {error}"
+            )))
+        })?;
+        let routing_key = (self.routing_key)(event);
+        let too_long = |what: &str, error| {
+            Ok(SinkError::permanent(format!(
+                "the {what} is not an AMQP short string: {error}"
+            )))
+        };
+        let key = ShortString::try_new(routing_key.as_str())
+            .map_err(|error| too_long("routing key", error))?;
+        let event_id = delivery.event_id().as_str();
+        let message_id =
+            ShortString::try_new(event_id).map_err(|error| too_long("event id", error))?;
+        let text = |value: &str| AMQPValue::LongString(LongString::from(value));
+        let mut headers = FieldTable::default();
+        headers
+            .insert(header::EVENT_ID.into(), text(event_id))
+            .insert(header::TABLE.into(), text(T::SPEC.table))
+            .insert(
+                header::GENERATION.into(),
+                text(&delivery.generation().to_string()),
+            )
+            .insert(
+                header::ATTEMPT.into(),
+                text(&delivery.attempt().to_string()),
+            );
+        let mut properties = BasicProperties::default()
+            .with_message_id(message_id)
+            .with_delivery_mode(PERSISTENT)
+            .with_headers(headers);
+        if let Some(content_type) = self.encoding.content_type() {
+            let content_type = ShortString::try_new(content_type)
+                .map_err(|error| too_long("content type", error))?;
+            properties = properties.with_content_type(content_type);
+        }
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        match self
+            .channel
+            .basic_publish(self.exchange.clone(), key, options, &body, properties)
+            .await
+        {
+            Ok(confirm) => Ok((routing_key, confirm)),
+            Err(error) => Err(Err((routing_key, error))),
+        }
+    }
+
+    /// What the broker's confirm means for its event.
+    fn answer(
+        &self,
+        routing_key: &str,
+        confirmation: Confirmation,
+    ) -> Result<Confirmation, SinkError> {
+        let exchange = &self.exchange;
+        match confirmation {
+            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                Err(SinkError::permanent(format!(
+                    "publishing to exchange `{exchange}` with routing key `{routing_key}`: \
+                     returned unroutable ({} {}): no queue is bound for it",
+                    returned.reply_code, returned.reply_text
+                )))
+            }
+            Confirmation::Nack(None) => Err(SinkError::transient(format!(
+                "publishing to exchange `{exchange}` with routing key `{routing_key}`: \
+                 the broker refused the message (basic.nack)"
+            ))),
+            Confirmation::NotRequested => Err(SinkError::transient(format!(
+                "publishing to exchange `{exchange}`: the channel is not in confirm mode \
+                 (was it recovered without confirm.select?)"
+            ))),
+            confirmation @ Confirmation::Ack(None) => Ok(confirmation),
+        }
+    }
+
+    /// What a failed publish means for its event; `connected`: whether the channel was
+    /// open once the confirms were in.
+    fn classify(&self, routing_key: &str, error: &lapin::Error, connected: bool) -> SinkError {
+        let exchange = &self.exchange;
+        let what = format!(
+            "publishing to exchange `{exchange}` with routing key `{routing_key}`: {error}"
+        );
+        match error.kind() {
+            ErrorKind::ProtocolError(amqp)
+                if amqp.get_id() == lapin::protocol::AMQPSoftError::NOTFOUND.get_id() =>
+            {
+                SinkError::permanent(format!(
+                    "publishing to exchange `{exchange}`: no such exchange ({error})"
+                ))
+            }
+            ErrorKind::SerialisationError(_) => SinkError::permanent(what),
+            _ if !connected => SinkError::unavailable(what),
+            ErrorKind::InvalidChannelState(..)
+            | ErrorKind::InvalidConnectionState(_)
+            | ErrorKind::InvalidChannel(_)
+            | ErrorKind::IOError(_)
+            | ErrorKind::MissingHeartbeatError => SinkError::unavailable(what),
+            _ => SinkError::transient(what),
+        }
+    }
+}
+
+impl<T: Outbox + Send + Sync, E: Encoding<T>> Sink<T> for RabbitSink<T, E> {
+    async fn publish(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<(), SinkError>> {
+        self.publish_confirmed(batch)
+            .await
+            .into_iter()
+            .map(|confirmed| confirmed.map(drop))
+            .collect()
+    }
+}
+
+/// The event id a message carries (the [`header::EVENT_ID`] header, else its
+/// `message_id`), for a consumer's [`Inbox`](crate::inbox::Inbox).
+pub fn event_id(delivery: &lapin::message::Delivery) -> Option<&str> {
+    let from_header = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get(header::EVENT_ID))
+        .and_then(|value| match value {
+            AMQPValue::LongString(text) => std::str::from_utf8(text.as_bytes()).ok(),
+            AMQPValue::ShortString(text) => Some(text.as_str()),
+            _ => None,
+        });
+    from_header.or_else(|| {
+        delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(ShortString::as_str)
+    })
+}

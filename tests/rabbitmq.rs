@@ -1,0 +1,713 @@
+//! The RabbitMQ sink through real RabbitMQ and real PostgreSQL.
+//!
+//! - The seed's broker-level test (`redeliver`): a relay process publishes a batch,
+//!   RabbitMQ confirms it, and the process is SIGKILLed before it records `SENT`. The
+//!   lease expires, a second relay publishes the batch again: the same event ids under a
+//!   higher generation. RabbitMQ has no deduplication, so the queue holds two copies of
+//!   each event; a consumer that applies each event through the inbox applies each
+//!   effect exactly once.
+//! - Bad input: an event that does not encode, a message no queue takes (returned,
+//!   `mandatory`), a routing key over AMQP's 255 bytes: each `DEAD` with its reason, the
+//!   others sent. An exchange that does not exist: the batch `DEAD`, with the reason.
+//! - An outage: the client loses its broker (a proxy in between is stopped); batches go
+//!   back without counting attempts until lapin's automatic recovery has reconnected,
+//!   then everything is sent.
+//!
+//! Needs RabbitMQ on 127.0.0.1:5672, guest/guest (or `OUTBOX_AMQP_URL`); without it the
+//! tests fail, saying how to start it.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt as _;
+use std::time::Duration;
+
+use outbox::Outbox;
+use outbox::inbox::{self, Inbox, Received};
+use outbox::message::{Encoding, Json, header};
+use outbox::rabbitmq::RabbitSink;
+use outbox::rabbitmq::lapin::options::{
+    BasicAckOptions, BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use outbox::rabbitmq::lapin::types::{AMQPValue, FieldTable, ShortString};
+use outbox::rabbitmq::lapin::{self, Channel, Connection, ExchangeKind};
+use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError};
+use outbox::testing::TestSchema;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use support::child::{self, ChildCommand};
+use support::counters::Counters;
+use support::events::ChaosEvent;
+use support::rows::{enqueue, row_of};
+use support::schema::schema_from_zero;
+use support::{TestResult, wait_until};
+use tokio::time::timeout;
+
+const ROLE: &str = "rabbitmq-relay";
+/// Marks the child's protocol lines.
+const MARK: &str = "RABBITMQ-CHILD";
+/// The routing key the test queue is bound with.
+const ROUTING_KEY: &str = "shipments";
+
+fn amqp_url() -> String {
+    std::env::var("OUTBOX_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// The test's RabbitMQ connection; fails the test, saying how to start RabbitMQ, when
+/// there is none.
+async fn connect_rabbitmq() -> Connection {
+    let url = amqp_url();
+    let how = "This test needs RabbitMQ: start it with `service rabbitmq-server start` \
+               (Debian's `rabbitmq-server` package), or point OUTBOX_AMQP_URL at one";
+    let connected = timeout(
+        Duration::from_secs(10),
+        Connection::connect(&url, lapin::ConnectionProperties::default()),
+    )
+    .await;
+    match connected {
+        Ok(Ok(connection)) => connection,
+        Ok(Err(error)) => panic!("RabbitMQ is not reachable at {url}: {error}. {how}"),
+        Err(elapsed) => panic!("RabbitMQ did not answer at {url}: {elapsed}. {how}"),
+    }
+}
+
+/// A fresh exchange and a queue bound to it with [`ROUTING_KEY`], named after the test's
+/// schema; deleted by [`Topology::delete`].
+struct Topology {
+    exchange: String,
+    queue: String,
+}
+
+impl Topology {
+    async fn declare(channel: &Channel, db: &TestSchema) -> TestResult<Self> {
+        let exchange = format!("outbox.test.{}", db.name());
+        let queue = format!("outbox.test.{}.shipments", db.name());
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Direct,
+                ExchangeDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.as_str().into(),
+                ROUTING_KEY.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(Self { exchange, queue })
+    }
+
+    /// How many messages the queue holds.
+    async fn messages(&self, channel: &Channel) -> TestResult<u32> {
+        let queue = channel
+            .queue_declare(
+                self.queue.as_str().into(),
+                QueueDeclareOptions::default().passive(),
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(queue.message_count())
+    }
+
+    async fn delete(self, channel: &Channel) -> TestResult {
+        channel
+            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+            .await?;
+        channel
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// The relay process: re-executed by the test, it publishes through RabbitMQ and dies by
+/// SIGKILL once the broker confirmed its first batch. A no-op in a normal run.
+#[test]
+fn rabbitmq_redeliver_child() {
+    if !child::requested(ROLE) {
+        return;
+    }
+    let param = |name: &str| child::param(name).unwrap_or_else(|| panic!("no {name} given"));
+    let (url, exchange) = (param("URL"), param("EXCHANGE"));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(async move {
+        let pool = PgPoolOptions::new()
+            .max_connections(3)
+            .connect(&url)
+            .await
+            .expect("the test's schema");
+        let connection = connect_rabbitmq().await;
+        let channel = connection.create_channel().await.expect("a channel");
+        let sink = KillAfterConfirms(
+            RabbitSink::new(channel, exchange, ROUTING_KEY)
+                .await
+                .expect("confirm mode"),
+        );
+        let result = Relay::<ChaosEvent, _>::new(pool, sink)
+            .run(CancellationToken::new())
+            .await;
+        child::say(&format!("{MARK} FAILED the relay returned: {result:?}"));
+    });
+}
+
+/// Publishes through RabbitMQ, then, once every confirm is in, reports them and SIGKILLs
+/// its own process: confirmed by the broker, not recorded `SENT`.
+struct KillAfterConfirms(RabbitSink<ChaosEvent>);
+
+impl Sink<ChaosEvent> for KillAfterConfirms {
+    async fn publish(&self, batch: &[Delivery<'_, ChaosEvent>]) -> Vec<Result<(), SinkError>> {
+        let confirms = self.0.publish_confirmed(batch).await;
+        let mut words = vec![format!("{MARK} CONFIRMED")];
+        for (delivery, confirm) in batch.iter().zip(&confirms) {
+            match confirm {
+                Ok(confirmation) if confirmation.is_ack() => {
+                    words.push(format!("{}:{}", delivery.event_id(), delivery.generation()));
+                }
+                other => {
+                    child::say(&format!("{MARK} FAILED {}: {other:?}", delivery.event_id()));
+                    std::process::exit(1);
+                }
+            }
+        }
+        child::say(&words.join(" "));
+        nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL)
+            .expect("SIGKILL to itself");
+        std::future::pending().await
+    }
+}
+
+/// A header of a message, as text.
+fn header_of(delivery: &lapin::message::Delivery, name: &str) -> Option<String> {
+    match delivery.properties.headers().as_ref()?.inner().get(name)? {
+        AMQPValue::LongString(text) => Some(String::from_utf8_lossy(text.as_bytes()).into_owned()),
+        _ => None,
+    }
+}
+
+/// The consumer's handling of one message: the effect (a row in `shipments`) and the
+/// inbox row in one transaction.
+async fn apply(
+    pool: &PgPool,
+    inbox: &Inbox,
+    delivery: &lapin::message::Delivery,
+) -> TestResult<Received> {
+    let event_id = outbox::rabbitmq::event_id(delivery).ok_or("a message without an event id")?;
+    let event: serde_json::Value = serde_json::from_slice(&delivery.data)?;
+    let mut tx = pool.begin().await?;
+    let received = inbox.receive(&mut *tx, event_id).await?;
+    if received.is_new() {
+        sqlx::query("INSERT INTO shipments (event_id, parcels) VALUES ($1, $2)")
+            .bind(event_id)
+            .bind(event["order_seq"].as_i64().ok_or("no order_seq")?)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(received)
+}
+
+/// What the redelivery test's phases share.
+struct Scene {
+    channel: Channel,
+    db: TestSchema,
+    topology: Topology,
+    events: Vec<ChaosEvent>,
+}
+
+#[tokio::test]
+async fn a_publisher_killed_after_the_confirms_is_redelivered_queued_twice_and_applied_once()
+-> TestResult {
+    let connection = connect_rabbitmq().await;
+    let channel = connection.create_channel().await?;
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    inbox::migrate(pool).await?;
+    sqlx::query("CREATE TABLE shipments (event_id text NOT NULL, parcels bigint NOT NULL)")
+        .execute(pool)
+        .await?;
+    let topology = Topology::declare(&channel, &db).await?;
+
+    let events: Vec<ChaosEvent> = (1..=3)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let mut scene = Scene {
+        channel,
+        db,
+        topology,
+        events,
+    };
+    let first = first_relay_is_killed_after_the_confirms(&mut scene).await?;
+    second_relay_redelivers(&mut scene).await?;
+    consumer_applies_each_effect_once(&mut scene, &first).await?;
+    let Scene {
+        channel,
+        db,
+        topology,
+        ..
+    } = scene;
+    topology.delete(&channel).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// Phase 1: the first relay publishes, RabbitMQ confirms, the process dies. Returns the
+/// generation each event was confirmed under.
+async fn first_relay_is_killed_after_the_confirms(
+    scene: &mut Scene,
+) -> TestResult<BTreeMap<String, i64>> {
+    let Scene {
+        channel,
+        db,
+        topology,
+        events,
+    } = scene;
+    let pool = db.pool();
+    let mut first = ChildCommand::test("rabbitmq_redeliver_child").spawn(
+        ROLE,
+        &[("URL", &db.url()), ("EXCHANGE", &topology.exchange)],
+    )?;
+    let line = child::handshake(first.stderr()?, MARK, Duration::from_mins(1)).await?;
+    let status = first.wait()?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words.get(1), Some(&"CONFIRMED"), "the child: {line}");
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "the first relay died by SIGKILL: {status:?}"
+    );
+    let confirmed: BTreeMap<String, i64> = words[2..]
+        .iter()
+        .map(|word| {
+            let (event_id, generation) = word.rsplit_once(':').expect("event_id:generation");
+            (
+                event_id.to_owned(),
+                generation.parse().expect("a generation"),
+            )
+        })
+        .collect();
+    assert_eq!(confirmed.len(), 3, "{line}");
+    for event in events.iter() {
+        assert_eq!(confirmed[&event.key], 1, "{}", event.key);
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.generation, row.attempts),
+            ("INPROGRESS", 1, 1),
+            "confirmed by the broker, not recorded: {}",
+            event.key
+        );
+    }
+    assert_eq!(topology.messages(channel).await?, 3);
+
+    Ok(confirmed)
+}
+
+/// Phase 2: the first relay's lease expires; a second relay publishes the events again.
+async fn second_relay_redelivers(scene: &mut Scene) -> TestResult {
+    let Scene {
+        channel,
+        db,
+        topology,
+        events,
+    } = scene;
+    let pool = db.pool();
+    let connection = connect_rabbitmq().await;
+    let sink = RabbitSink::new(
+        connection.create_channel().await?,
+        topology.exchange.clone(),
+        ROUTING_KEY,
+    )
+    .await?;
+    let shutdown = CancellationToken::new();
+    let second = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until(
+        "the second relay sent all 3",
+        Duration::from_secs(30),
+        async || outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 3,
+    )
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), second).await???;
+
+    for event in events.iter() {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.generation, row.attempts),
+            ("SENT", 2, 2),
+            "{}",
+            event.key
+        );
+    }
+    assert_eq!(
+        topology.messages(channel).await?,
+        6,
+        "no deduplication in RabbitMQ: the queue holds two copies of each event"
+    );
+    Ok(())
+}
+
+/// Phase 3: the consumer takes all six copies, applying each through the inbox.
+async fn consumer_applies_each_effect_once(
+    scene: &mut Scene,
+    first: &BTreeMap<String, i64>,
+) -> TestResult {
+    let Scene {
+        channel,
+        db,
+        topology,
+        ..
+    } = scene;
+    let pool = db.pool();
+    let inbox = Inbox::new("shipping");
+    let mut receipts = Vec::new();
+    // event id -> the generations of its copies, in queue order.
+    let mut copies: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    while let Some(message) = channel
+        .basic_get(topology.queue.as_str().into(), BasicGetOptions::default())
+        .await?
+    {
+        let delivery = &message.delivery;
+        let event_id = outbox::rabbitmq::event_id(delivery)
+            .ok_or("no event id")?
+            .to_owned();
+        let properties = &delivery.properties;
+        assert_eq!(
+            properties.message_id().as_ref().map(ShortString::as_str),
+            Some(event_id.as_str()),
+            "message_id = the event id"
+        );
+        assert_eq!(*properties.delivery_mode(), Some(2), "persistent");
+        assert_eq!(
+            properties.content_type().as_ref().map(ShortString::as_str),
+            Some("application/json")
+        );
+        assert_eq!(
+            header_of(delivery, header::TABLE).as_deref(),
+            Some("chaos_events")
+        );
+        let generation = header_of(delivery, header::GENERATION).ok_or("no generation")?;
+        assert_eq!(
+            header_of(delivery, header::ATTEMPT),
+            Some(generation.clone()),
+            "one claim per attempt here"
+        );
+        copies.entry(event_id).or_default().push(generation);
+        receipts.push(apply(pool, &inbox, delivery).await?);
+        delivery.ack(BasicAckOptions::default()).await?;
+    }
+    let expected: BTreeMap<String, Vec<String>> = first
+        .keys()
+        .map(|id| (id.clone(), vec!["1".to_owned(), "2".to_owned()]))
+        .collect();
+    assert_eq!(
+        copies, expected,
+        "each event twice, under its unchanged id: generation 1, then the redelivery's 2"
+    );
+    let new = receipts.iter().filter(|r| r.is_new()).count();
+    assert_eq!((new, receipts.len()), (3, 6), "{receipts:?}");
+    let applied: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT event_id, count(*), sum(parcels)::bigint FROM shipments GROUP BY event_id ORDER BY event_id",
+    )
+    .fetch_all(pool)
+    .await?;
+    assert_eq!(
+        applied,
+        [
+            ("shipment-1".to_owned(), 1, 1),
+            ("shipment-2".to_owned(), 1, 2),
+            ("shipment-3".to_owned(), 1, 3)
+        ],
+        "each effect exactly once"
+    );
+    assert_eq!(topology.messages(channel).await?, 0);
+
+    Ok(())
+}
+
+/// JSON, except for the event named `unencodable`: a stand-in for an event a real
+/// encoding cannot handle.
+struct RefuseUnencodable;
+
+impl Encoding<ChaosEvent> for RefuseUnencodable {
+    fn content_type(&self) -> Option<&str> {
+        Some("application/json")
+    }
+
+    fn encode(&self, event: &ChaosEvent) -> Result<Vec<u8>, outbox::BoxError> {
+        if event.key == "unencodable" {
+            return Err("parcels must be positive".into());
+        }
+        Json.encode(event)
+    }
+}
+
+#[tokio::test]
+async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> TestResult {
+    let connection = connect_rabbitmq().await;
+    let channel = connection.create_channel().await?;
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let topology = Topology::declare(&channel, &db).await?;
+    let long = "k".repeat(300);
+    let names = ["ok-1", "unencodable", "unroutable", long.as_str(), "ok-2"];
+    let events: Vec<ChaosEvent> = names
+        .iter()
+        .map(|name| ChaosEvent {
+            key: (*name).to_owned(),
+            order_seq: 1,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let sink = RabbitSink::new(
+        connection.create_channel().await?,
+        topology.exchange.clone(),
+        ROUTING_KEY,
+    )
+    .await?
+    .routing_key_from(|event: &ChaosEvent| match event.key.as_str() {
+        // No queue is bound with this key: the broker returns the message.
+        "unroutable" => "nowhere".to_owned(),
+        key if key.len() > 255 => key.to_owned(),
+        _ => ROUTING_KEY.to_owned(),
+    })
+    .encoding(RefuseUnencodable);
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until("2 SENT and 3 DEAD", Duration::from_secs(30), async || {
+        let stats = outbox::stats::<ChaosEvent>(pool).await.unwrap();
+        (stats.sent, stats.dead) == (2, 3)
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    for (name, reason) in [
+        (
+            "unencodable",
+            "cannot encode the event: parcels must be positive",
+        ),
+        ("unroutable", "returned unroutable (312 NO_ROUTE)"),
+        (long.as_str(), "the routing key is not an AMQP short string"),
+    ] {
+        let row = row_of::<ChaosEvent>(pool, name).await;
+        let error = row.last_error.unwrap_or_default();
+        assert_eq!(
+            (row.status.as_str(), row.attempts),
+            ("DEAD", 1),
+            "{name}: {error}"
+        );
+        assert!(error.contains(reason), "{name}: {error}");
+    }
+    for name in ["ok-1", "ok-2"] {
+        let row = row_of::<ChaosEvent>(pool, name).await;
+        assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{name}");
+    }
+    assert_eq!(topology.messages(&channel).await?, 2);
+    topology.delete(&channel).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// A TCP proxy between clients and RabbitMQ: stopping it is, for the clients connected
+/// through it, the broker going away.
+struct Proxy {
+    port: u16,
+    upstream: String,
+    serving: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> TestResult<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let serving = Some(tokio::spawn(Self::serve(listener, upstream.clone())));
+        Ok(Self {
+            port,
+            upstream,
+            serving,
+        })
+    }
+
+    /// Closes the listener and every connection through it.
+    fn down(&mut self) {
+        if let Some(serving) = self.serving.take() {
+            serving.abort();
+        }
+    }
+
+    /// Listens again, on the same port.
+    async fn up(&mut self) -> TestResult {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await?;
+        self.serving = Some(tokio::spawn(Self::serve(listener, self.upstream.clone())));
+        Ok(())
+    }
+
+    async fn serve(listener: tokio::net::TcpListener, upstream: String) {
+        // Dropped with this task: aborts every connection.
+        let mut connections = tokio::task::JoinSet::new();
+        while let Ok((mut client, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            connections.spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_broker_outage_burns_no_attempts_and_the_relay_resumes_when_it_returns() -> TestResult {
+    let direct = connect_rabbitmq().await;
+    let channel = direct.create_channel().await?;
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let topology = Topology::declare(&channel, &db).await?;
+
+    // The relay's connection goes through the proxy, and recovers (lapin's automatic
+    // recovery: reconnects, reopens the channel in confirm mode).
+    let mut proxy = Proxy::start("127.0.0.1:5672".to_owned()).await?;
+    let through = amqp_url().replace("127.0.0.1:5672", &format!("127.0.0.1:{}", proxy.port));
+    let connection = Connection::connect(
+        &through,
+        lapin::ConnectionProperties::default().enable_auto_recover(),
+    )
+    .await?;
+    let sink = RabbitSink::new(
+        connection.create_channel().await?,
+        topology.exchange.clone(),
+        ROUTING_KEY,
+    )
+    .await?;
+    proxy.down();
+    wait_until("the channel notices", Duration::from_secs(10), async || {
+        !sink.channel().status().connected()
+    })
+    .await;
+
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
+    let events: Vec<ChaosEvent> = (1..=10)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .unavailable_backoff(Backoff::new(
+                Duration::from_millis(50),
+                Duration::from_millis(500),
+            ))
+            .run(shutdown.clone()),
+    );
+    let table = ChaosEvent::SPEC.table();
+    wait_until("5 batches held back", Duration::from_secs(20), async || {
+        counters.get(outbox::relay::metric::UNAVAILABLE, table) >= 5
+    })
+    .await;
+    let burnt: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM chaos_events WHERE attempts > 1 OR status = 'DEAD'",
+    )
+    .fetch_one(pool)
+    .await?;
+    assert_eq!(burnt, 0, "no attempt counted while the broker is away");
+
+    proxy.up().await?;
+    wait_until("all 10 SENT", Duration::from_mins(1), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 10
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    for event in &events {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts, row.last_error.as_deref()),
+            ("SENT", 1, None),
+            "{}",
+            event.key
+        );
+        assert!(row.generation >= 5, "claimed through the outage: {row:?}");
+    }
+    assert_eq!(counters.get(outbox::relay::metric::RETRIED, table), 0);
+    assert_eq!(topology.messages(&channel).await?, 10);
+    proxy.down();
+    topology.delete(&channel).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// The publish closes the channel (AMQP's 404 is a channel error): the events of the
+/// batch, all bound for the missing exchange, are `DEAD` with the broker's reason.
+#[tokio::test]
+async fn a_missing_exchange_is_dead_with_its_reason() -> TestResult {
+    let connection = connect_rabbitmq().await;
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let events: Vec<ChaosEvent> = (1..=2)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    // Declared by no one.
+    let exchange = format!("outbox.test.{}.missing", db.name());
+    let sink = RabbitSink::new(connection.create_channel().await?, exchange, ROUTING_KEY).await?;
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until("2 DEAD", Duration::from_secs(30), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().dead == 2
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+    for event in &events {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        let error = row.last_error.unwrap_or_default();
+        assert_eq!((row.status.as_str(), row.attempts), ("DEAD", 1), "{error}");
+        assert!(error.contains("no such exchange"), "{error}");
+    }
+    db.drop_schema().await?;
+    Ok(())
+}
