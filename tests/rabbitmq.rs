@@ -418,6 +418,16 @@ async fn consumer_applies_each_effect_once(
             Some(generation.clone()),
             "one claim per attempt here"
         );
+        let created_at: chrono::DateTime<chrono::Utc> =
+            sqlx::query_scalar("SELECT created_at FROM chaos_events WHERE event_id = $1")
+                .bind(&event_id)
+                .fetch_one(pool)
+                .await?;
+        assert_eq!(
+            header_of(delivery, header::CREATED_AT),
+            Some(outbox::message::timestamp(created_at.into())),
+            "the enqueue time, the same in both copies"
+        );
         copies.entry(event_id).or_default().push(generation);
         receipts.push(apply(pool, &inbox, delivery).await?);
         delivery.ack(BasicAckOptions::default()).await?;

@@ -18,7 +18,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, ErrorKind, PublisherConfirm};
 
-use crate::message::{Encoding, Json, header};
+use crate::message::{Encoding, Json, header, timestamp};
 use crate::relay::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 
@@ -266,6 +266,10 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
             .insert(
                 header::ATTEMPT.into(),
                 text(&delivery.attempt().to_string()),
+            )
+            .insert(
+                header::CREATED_AT.into(),
+                text(&timestamp(delivery.created_at())),
             );
         let mut properties = BasicProperties::default()
             .with_message_id(message_id)
