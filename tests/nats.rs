@@ -24,13 +24,14 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use outbox::Outbox;
 use outbox::inbox::{self, Inbox, Received};
-use outbox::message::{Encoding, Json, header};
+use outbox::message::header;
 use outbox::nats::async_nats::jetstream::{self, consumer, stream};
 use outbox::nats::{JetStreamSink, async_nats};
 use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError};
 use outbox::testing::TestSchema;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use support::broker::{self, Proxy, RefuseUnencodable};
 use support::child::{self, ChildCommand};
 use support::counters::Counters;
 use support::events::ChaosEvent;
@@ -182,26 +183,14 @@ impl Sink<ChaosEvent> for RecordAcks {
     }
 }
 
-/// The consumer's handling of one message: the effect (a row in `shipments`) and the
-/// inbox row in one transaction.
+/// The consumer's handling of one message: [`broker::apply`] to its event id and body.
 async fn apply(
     pool: &PgPool,
     inbox: &Inbox,
     message: &async_nats::Message,
 ) -> TestResult<Received> {
     let event_id = outbox::nats::event_id(message).ok_or("a message without an event id")?;
-    let event: serde_json::Value = serde_json::from_slice(&message.payload)?;
-    let mut tx = pool.begin().await?;
-    let received = inbox.receive(&mut *tx, event_id).await?;
-    if received.is_new() {
-        sqlx::query("INSERT INTO shipments (event_id, parcels) VALUES ($1, $2)")
-            .bind(event_id)
-            .bind(event["order_seq"].as_i64().ok_or("no order_seq")?)
-            .execute(&mut *tx)
-            .await?;
-    }
-    tx.commit().await?;
-    Ok(received)
+    broker::apply(pool, inbox, event_id, &message.payload).await
 }
 
 fn header_of<'m>(message: &'m async_nats::Message, name: &str) -> Option<&'m str> {
@@ -502,23 +491,6 @@ async fn create_stream(
     Ok(js.create_stream(config).await?)
 }
 
-/// JSON, except for the event named `unencodable`: a stand-in for an event a real
-/// encoding cannot handle.
-struct RefuseUnencodable;
-
-impl Encoding<ChaosEvent> for RefuseUnencodable {
-    fn content_type(&self) -> Option<&str> {
-        Some("application/json")
-    }
-
-    fn encode(&self, event: &ChaosEvent) -> Result<Vec<u8>, outbox::BoxError> {
-        if event.key == "unencodable" {
-            return Err("parcels must be positive".into());
-        }
-        Json.encode(event)
-    }
-}
-
 #[tokio::test]
 async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> TestResult {
     let js = jetstream::new(connect_nats().await);
@@ -589,54 +561,6 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
     js.delete_stream(&stream_name).await?;
     db.drop_schema().await?;
     Ok(())
-}
-
-/// A TCP proxy between clients and the NATS server: stopping it is, for the clients
-/// connected through it, the server going away.
-struct Proxy {
-    port: u16,
-    upstream: String,
-    serving: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Proxy {
-    async fn start(upstream: String) -> TestResult<Self> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let port = listener.local_addr()?.port();
-        let serving = Some(tokio::spawn(Self::serve(listener, upstream.clone())));
-        Ok(Self {
-            port,
-            upstream,
-            serving,
-        })
-    }
-
-    /// Closes the listener and every connection through it.
-    fn down(&mut self) {
-        if let Some(serving) = self.serving.take() {
-            serving.abort();
-        }
-    }
-
-    /// Listens again, on the same port.
-    async fn up(&mut self) -> TestResult {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await?;
-        self.serving = Some(tokio::spawn(Self::serve(listener, self.upstream.clone())));
-        Ok(())
-    }
-
-    async fn serve(listener: tokio::net::TcpListener, upstream: String) {
-        // Dropped with this task: aborts every connection.
-        let mut connections = tokio::task::JoinSet::new();
-        while let Ok((mut client, _)) = listener.accept().await {
-            let upstream = upstream.clone();
-            connections.spawn(async move {
-                if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                }
-            });
-        }
-    }
 }
 
 #[tokio::test]

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use outbox::Outbox;
 use outbox::inbox::{self, Inbox, Received};
-use outbox::message::{Encoding, Json, header};
+use outbox::message::header;
 use outbox::rabbitmq::RabbitSink;
 use outbox::rabbitmq::lapin::options::{
     BasicAckOptions, BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
@@ -36,6 +36,7 @@ use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError
 use outbox::testing::TestSchema;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use support::broker::{self, Proxy, RefuseUnencodable};
 use support::child::{self, ChildCommand};
 use support::counters::Counters;
 use support::events::ChaosEvent;
@@ -204,26 +205,14 @@ fn header_of(delivery: &lapin::message::Delivery, name: &str) -> Option<String> 
     }
 }
 
-/// The consumer's handling of one message: the effect (a row in `shipments`) and the
-/// inbox row in one transaction.
+/// The consumer's handling of one delivery: [`broker::apply`] to its event id and body.
 async fn apply(
     pool: &PgPool,
     inbox: &Inbox,
     delivery: &lapin::message::Delivery,
 ) -> TestResult<Received> {
     let event_id = outbox::rabbitmq::event_id(delivery).ok_or("a message without an event id")?;
-    let event: serde_json::Value = serde_json::from_slice(&delivery.data)?;
-    let mut tx = pool.begin().await?;
-    let received = inbox.receive(&mut *tx, event_id).await?;
-    if received.is_new() {
-        sqlx::query("INSERT INTO shipments (event_id, parcels) VALUES ($1, $2)")
-            .bind(event_id)
-            .bind(event["order_seq"].as_i64().ok_or("no order_seq")?)
-            .execute(&mut *tx)
-            .await?;
-    }
-    tx.commit().await?;
-    Ok(received)
+    broker::apply(pool, inbox, event_id, &delivery.data).await
 }
 
 /// What the redelivery test's phases share.
@@ -461,23 +450,6 @@ async fn consumer_applies_each_effect_once(
     Ok(())
 }
 
-/// JSON, except for the event named `unencodable`: a stand-in for an event a real
-/// encoding cannot handle.
-struct RefuseUnencodable;
-
-impl Encoding<ChaosEvent> for RefuseUnencodable {
-    fn content_type(&self) -> Option<&str> {
-        Some("application/json")
-    }
-
-    fn encode(&self, event: &ChaosEvent) -> Result<Vec<u8>, outbox::BoxError> {
-        if event.key == "unencodable" {
-            return Err("parcels must be positive".into());
-        }
-        Json.encode(event)
-    }
-}
-
 #[tokio::test]
 async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> TestResult {
     let connection = connect_rabbitmq().await;
@@ -547,54 +519,6 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
     topology.delete(&channel).await?;
     db.drop_schema().await?;
     Ok(())
-}
-
-/// A TCP proxy between clients and RabbitMQ: stopping it is, for the clients connected
-/// through it, the broker going away.
-struct Proxy {
-    port: u16,
-    upstream: String,
-    serving: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Proxy {
-    async fn start(upstream: String) -> TestResult<Self> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let port = listener.local_addr()?.port();
-        let serving = Some(tokio::spawn(Self::serve(listener, upstream.clone())));
-        Ok(Self {
-            port,
-            upstream,
-            serving,
-        })
-    }
-
-    /// Closes the listener and every connection through it.
-    fn down(&mut self) {
-        if let Some(serving) = self.serving.take() {
-            serving.abort();
-        }
-    }
-
-    /// Listens again, on the same port.
-    async fn up(&mut self) -> TestResult {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await?;
-        self.serving = Some(tokio::spawn(Self::serve(listener, self.upstream.clone())));
-        Ok(())
-    }
-
-    async fn serve(listener: tokio::net::TcpListener, upstream: String) {
-        // Dropped with this task: aborts every connection.
-        let mut connections = tokio::task::JoinSet::new();
-        while let Ok((mut client, _)) = listener.accept().await {
-            let upstream = upstream.clone();
-            connections.spawn(async move {
-                if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                }
-            });
-        }
-    }
 }
 
 #[tokio::test]

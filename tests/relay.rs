@@ -22,6 +22,7 @@ use support::rows::{Row, count, enqueue, row_of, status};
 // Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
 // 3 (`events.rs` checks the random start of production).
 use support::counters::Counters;
+use support::logs::Captured;
 use support::schema::schema_from_zero;
 use support::{TestResult, wait_until};
 use tokio::task::JoinHandle;
@@ -1512,30 +1513,6 @@ async fn results_a_sink_leaves_out_are_retried() -> TestResult {
     Ok(())
 }
 
-/// Log lines at WARN and above, captured from the relay's tracing events.
-#[derive(Clone, Default)]
-struct Warnings(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Warnings {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Warnings {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(PoisonError::into_inner)).into_owned()
-    }
-}
-
 /// Eight workers claiming from the head of one queue: no event is claimed by two of
 /// them, and not one statement fails (a claim skipping rows that another worker claimed
 /// after its snapshot still locks them until it commits; the relay records before it
@@ -1544,7 +1521,7 @@ impl Warnings {
 async fn eight_workers_share_a_backlog_without_a_double_claim_or_a_failed_statement() -> TestResult
 {
     use tracing_subscriber::util::SubscriberInitExt as _;
-    let warnings = Warnings::default();
+    let warnings = Captured::default();
     // A current-thread runtime polls the relay's tasks on this thread: they log here.
     let _logging = tracing_subscriber::fmt()
         .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)

@@ -12,6 +12,7 @@ use outbox::Outbox;
 use outbox::relay::{Backoff, CancellationToken, Delivery, MemorySink, Relay, Sink, SinkError};
 use support::counters::Counters;
 use support::events::{Budgeted, LabEvent};
+use support::logs::Captured;
 use support::rows::{count, enqueue, row_of};
 use support::schema::schema_from_zero;
 use support::{TestResult, wait_until};
@@ -52,51 +53,24 @@ impl Sink<Budgeted> for OutageSink {
     }
 }
 
-/// Log lines at INFO and above, captured from the relay's tracing events.
-#[derive(Clone, Default)]
-struct Logged(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logged {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logged {
-    /// The process's log, from the first call on. A subscriber of the test's own thread
-    /// would miss lines: tracing caches whether a log statement is enabled per statement,
-    /// and another test's thread without a subscriber races to disable it.
-    fn capture() -> &'static Self {
-        static LOGGED: OnceLock<Logged> = OnceLock::new();
-        LOGGED.get_or_init(|| {
-            let logged = Logged::default();
-            tracing_subscriber::fmt()
-                .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
-                .with_writer({
-                    let logged = logged.clone();
-                    move || logged.clone()
-                })
-                .with_ansi(false)
-                .init();
-            logged
-        })
-    }
-
-    /// The lines that contain every one of `texts`.
-    fn lines_with(&self, texts: &[&str]) -> usize {
-        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(PoisonError::into_inner))
-            .lines()
-            .filter(|line| texts.iter().all(|text| line.contains(text)))
-            .count()
-    }
+/// The process's log at INFO and above, captured from the first call on. A subscriber
+/// of the test's own thread would miss lines: tracing caches whether a log statement is
+/// enabled per statement, and another test's thread without a subscriber races to
+/// disable it.
+fn captured_log() -> &'static Captured {
+    static LOGGED: OnceLock<Captured> = OnceLock::new();
+    LOGGED.get_or_init(|| {
+        let logged = Captured::default();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+            .with_writer({
+                let logged = logged.clone();
+                move || logged.clone()
+            })
+            .with_ansi(false)
+            .init();
+        logged
+    })
 }
 
 /// `Budgeted` allows 3 attempts. The destination refuses 15 batches in a row, each
@@ -104,7 +78,7 @@ impl Logged {
 /// the third. Handed back uncounted, every event is `SENT` after one counted attempt.
 #[tokio::test]
 async fn a_long_outage_burns_no_attempts_backs_off_and_logs_twice() -> TestResult {
-    let logged = Logged::capture();
+    let logged = captured_log();
     // A current-thread runtime polls the relay's tasks on this thread: they count here.
     let counters = Counters::default();
     let _recording = metrics::set_default_local_recorder(&counters);
@@ -234,7 +208,7 @@ async fn only_the_unavailable_deliveries_of_a_batch_are_handed_back() -> TestRes
         .map(|n| LabEvent { name: (*n).into() })
         .collect();
     enqueue(pool, &events).await;
-    Logged::capture(); // whichever test starts first installs the subscriber
+    captured_log(); // whichever test starts first installs the subscriber
     let shutdown = CancellationToken::new();
     let relay = tokio::spawn(
         Relay::<LabEvent, _>::new(pool.clone(), HalfDown::default())

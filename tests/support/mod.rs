@@ -6,7 +6,9 @@
 //! - [`child`]: re-running the current executable as a child process to kill;
 //! - [`events`]: the event types the tests define (the examples' own are in
 //!   `examples/common`);
-//! - [`counters`]: a `metrics` recorder that counts.
+//! - [`counters`]: a `metrics` recorder that counts;
+//! - [`logs`]: the relay's log lines, captured;
+//! - [`broker`]: what the broker sinks' tests share (a proxy to cut, a consumer's effect).
 //!
 //! A test file includes it with `mod support;`; an example that runs a test driver (the
 //! recovery lab, the chaos run) with `#[path = "../tests/support/mod.rs"] mod support;`.
@@ -14,9 +16,11 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod broker;
 pub mod child;
 pub mod counters;
 pub mod events;
+pub mod logs;
 pub mod rows;
 pub mod schema;
 

@@ -1,0 +1,37 @@
+//! Log lines captured from the relay's `tracing` events, to count what it said.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// A `tracing_subscriber::fmt` writer that keeps everything written to it; clones share
+/// the same text.
+#[derive(Clone, Default)]
+pub struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(PoisonError::into_inner)).into_owned()
+    }
+
+    /// How many lines contain every one of `texts`.
+    pub fn lines_with(&self, texts: &[&str]) -> usize {
+        self.text()
+            .lines()
+            .filter(|line| texts.iter().all(|text| line.contains(text)))
+            .count()
+    }
+}
