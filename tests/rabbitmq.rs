@@ -22,7 +22,6 @@ use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt as _;
 use std::time::Duration;
 
-use outbox::Outbox;
 use outbox::inbox::{self, Inbox, Received};
 use outbox::message::header;
 use outbox::rabbitmq::RabbitSink;
@@ -32,13 +31,12 @@ use outbox::rabbitmq::lapin::options::{
 };
 use outbox::rabbitmq::lapin::types::{AMQPValue, FieldTable, ShortString};
 use outbox::rabbitmq::lapin::{self, Channel, Connection, ExchangeKind};
-use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError};
+use outbox::relay::{CancellationToken, Delivery, Relay, Sink, SinkError};
 use outbox::testing::TestSchema;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use support::broker::{self, Proxy, RefuseUnencodable};
 use support::child::{self, ChildCommand};
-use support::counters::Counters;
 use support::events::ChaosEvent;
 use support::rows::{enqueue, row_of};
 use support::schema::schema_from_zero;
@@ -550,56 +548,7 @@ async fn a_broker_outage_burns_no_attempts_and_the_relay_resumes_when_it_returns
     })
     .await;
 
-    let counters = Counters::default();
-    let _recording = metrics::set_default_local_recorder(&counters);
-    let events: Vec<ChaosEvent> = (1..=10)
-        .map(|n| ChaosEvent {
-            key: format!("shipment-{n}"),
-            order_seq: n,
-        })
-        .collect();
-    enqueue(pool, &events).await;
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
-        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
-            .poll_interval(Duration::from_millis(50))
-            .unavailable_backoff(Backoff::new(
-                Duration::from_millis(50),
-                Duration::from_millis(500),
-            ))
-            .run(shutdown.clone()),
-    );
-    let table = ChaosEvent::SPEC.table();
-    wait_until("5 batches held back", Duration::from_secs(20), async || {
-        counters.get(outbox::relay::metric::UNAVAILABLE, table) >= 5
-    })
-    .await;
-    let burnt: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM chaos_events WHERE attempts > 1 OR status = 'DEAD'",
-    )
-    .fetch_one(pool)
-    .await?;
-    assert_eq!(burnt, 0, "no attempt counted while the broker is away");
-
-    proxy.up().await?;
-    wait_until("all 10 SENT", Duration::from_mins(1), async || {
-        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 10
-    })
-    .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
-
-    for event in &events {
-        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
-        assert_eq!(
-            (row.status.as_str(), row.attempts, row.last_error.as_deref()),
-            ("SENT", 1, None),
-            "{}",
-            event.key
-        );
-        assert!(row.generation >= 5, "claimed through the outage: {row:?}");
-    }
-    assert_eq!(counters.get(outbox::relay::metric::RETRIED, table), 0);
+    broker::ride_out_an_outage(pool, &mut proxy, sink).await?;
     assert_eq!(topology.messages(&channel).await?, 10);
     proxy.down();
     topology.delete(&channel).await?;

@@ -2,12 +2,19 @@
 //! consumer's effect applied with its inbox row, and a TCP proxy whose stop is, for the
 //! clients connected through it, the broker going away.
 
+use std::time::Duration;
+
+use outbox::Outbox as _;
 use outbox::inbox::{Inbox, Received};
 use outbox::message::{Encoding, Json};
+use outbox::relay::{Backoff, CancellationToken, Relay, Sink};
 use sqlx::PgPool;
+use tokio::time::timeout;
 
-use super::TestResult;
+use super::counters::Counters;
 use super::events::ChaosEvent;
+use super::rows::{enqueue, row_of};
+use super::{TestResult, wait_until};
 
 /// JSON, except for the event named `unencodable`: a stand-in for an event a real
 /// encoding cannot handle.
@@ -46,6 +53,69 @@ pub async fn apply(
     }
     tx.commit().await?;
     Ok(received)
+}
+
+/// Ten events enqueued and published through `sink`, whose broker is away behind
+/// `proxy` (down) until the relay has held back five batches: no attempt is counted
+/// while it is away, and every event is `SENT` after one counted attempt once `proxy` is
+/// up again. The caller checks what the broker holds.
+pub async fn ride_out_an_outage(
+    pool: &PgPool,
+    proxy: &mut Proxy,
+    sink: impl Sink<ChaosEvent>,
+) -> TestResult {
+    // A current-thread runtime polls the relay's tasks on this thread: they count here.
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
+    let events: Vec<ChaosEvent> = (1..=10)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .unavailable_backoff(Backoff::new(
+                Duration::from_millis(50),
+                Duration::from_millis(500),
+            ))
+            .run(shutdown.clone()),
+    );
+    let table = ChaosEvent::SPEC.table();
+    wait_until("5 batches held back", Duration::from_secs(20), async || {
+        counters.get(outbox::relay::metric::UNAVAILABLE, table) >= 5
+    })
+    .await;
+    let burnt: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM chaos_events WHERE attempts > 1 OR status = 'DEAD'",
+    )
+    .fetch_one(pool)
+    .await?;
+    assert_eq!(burnt, 0, "no attempt counted while the broker is away");
+
+    proxy.up().await?;
+    wait_until("all 10 SENT", Duration::from_mins(1), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 10
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    for event in &events {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts, row.last_error.as_deref()),
+            ("SENT", 1, None),
+            "{}",
+            event.key
+        );
+        assert!(row.generation >= 5, "claimed through the outage: {row:?}");
+    }
+    assert_eq!(counters.get(outbox::relay::metric::RETRIED, table), 0);
+    Ok(())
 }
 
 /// A TCP proxy between clients and a broker: stopping it is, for the clients connected
