@@ -563,7 +563,10 @@ async fn a_missing_exchange_is_dead_with_its_reason() -> TestResult {
     let connection = connect_rabbitmq().await;
     let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
     let pool = db.pool();
-    let events: Vec<ChaosEvent> = (1..=2)
+    // One event: the broker closes the channel on the first publish to a missing
+    // exchange, and a batch-mate published after that close would find the channel
+    // closed (Unavailable until the application's channel recovers), not the 404.
+    let events: Vec<ChaosEvent> = (1..=1)
         .map(|n| ChaosEvent {
             key: format!("shipment-{n}"),
             order_seq: n,
@@ -579,8 +582,8 @@ async fn a_missing_exchange_is_dead_with_its_reason() -> TestResult {
             .poll_interval(Duration::from_millis(50))
             .run(shutdown.clone()),
     );
-    wait_until("2 DEAD", Duration::from_secs(30), async || {
-        outbox::stats::<ChaosEvent>(pool).await.unwrap().dead == 2
+    wait_until("DEAD", Duration::from_secs(30), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().dead == 1
     })
     .await;
     shutdown.cancel();

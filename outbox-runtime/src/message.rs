@@ -6,6 +6,11 @@
 use serde::Serialize;
 
 use crate::relay::BoxError;
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+use crate::{
+    relay::{Delivery, SinkError},
+    spec::Outbox,
+};
 
 /// How a broker sink turns an event into a message body.
 ///
@@ -55,6 +60,34 @@ impl<T: Serialize> Encoding<T> for Json {
     fn encode(&self, event: &T) -> Result<Vec<u8>, BoxError> {
         Ok(serde_json::to_vec(event)?)
     }
+}
+
+/// The body of `delivery`'s message, or a broker sink's answer when there is none to
+/// send: the event was taken over (nothing will be recorded for it), or it does not
+/// encode (permanent).
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+pub(crate) fn body<T, E: Encoding<T>>(
+    encoding: &E,
+    delivery: &Delivery<'_, T>,
+) -> Result<Vec<u8>, SinkError> {
+    if !delivery.is_owned() {
+        return Err(SinkError::transient("ownership lost"));
+    }
+    encoding
+        .encode(delivery.event())
+        .map_err(|error| SinkError::permanent(format!("cannot encode the event: {error}")))
+}
+
+/// The outbox's headers of `delivery`'s message, by name (the content type aside).
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+pub(crate) fn headers<T: Outbox>(delivery: &Delivery<'_, T>) -> [(&'static str, String); 5] {
+    [
+        (header::EVENT_ID, delivery.event_id().as_str().to_owned()),
+        (header::TABLE, T::SPEC.table.to_owned()),
+        (header::GENERATION, delivery.generation().to_string()),
+        (header::ATTEMPT, delivery.attempt().to_string()),
+        (header::CREATED_AT, timestamp(delivery.created_at())),
+    ]
 }
 
 /// `at` as the [`header::CREATED_AT`] header writes it.

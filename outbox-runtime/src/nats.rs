@@ -17,7 +17,7 @@ use async_nats::jetstream::publish::PublishAck;
 use async_nats::jetstream::{Context, ErrorCode};
 use futures_util::future::join_all;
 
-use crate::message::{Encoding, Json, header, timestamp};
+use crate::message::{self, Encoding, Json, header};
 use crate::relay::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 
@@ -195,26 +195,14 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
         &self,
         delivery: &Delivery<'_, T>,
     ) -> Result<(String, PublishAckFuture), Result<SinkError, Failure>> {
-        if !delivery.is_owned() {
-            // Another publisher took the event over; the relay records nothing for it.
-            return Err(Ok(SinkError::transient("ownership lost")));
-        }
-        let event = delivery.event();
-        let body = self.encoding.encode(event).map_err(|error| {
-            Ok(SinkError::permanent(format!(
-                "cannot encode the event: {error}"
-            )))
-        })?;
-        let subject = (self.subject)(event);
-        let event_id = delivery.event_id().as_str();
+        let body = message::body(&self.encoding, delivery).map_err(Ok)?;
+        let subject = (self.subject)(delivery.event());
         let mut message = PublishMessage::build()
             .payload(body.into())
-            .message_id(event_id)
-            .header(header::EVENT_ID, event_id)
-            .header(header::TABLE, T::SPEC.table)
-            .header(header::GENERATION, delivery.generation().to_string())
-            .header(header::ATTEMPT, delivery.attempt().to_string())
-            .header(header::CREATED_AT, timestamp(delivery.created_at()));
+            .message_id(delivery.event_id().as_str());
+        for (name, value) in message::headers(delivery) {
+            message = message.header(name, value);
+        }
         if let Some(content_type) = self.encoding.content_type() {
             message = message.header(header::CONTENT_TYPE, content_type);
         }

@@ -18,7 +18,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, ErrorKind, PublisherConfirm};
 
-use crate::message::{Encoding, Json, header, timestamp};
+use crate::message::{self, Encoding, Json, header};
 use crate::relay::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 
@@ -233,17 +233,8 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         &self,
         delivery: &Delivery<'_, T>,
     ) -> Result<(String, PublisherConfirm), Result<SinkError, (String, lapin::Error)>> {
-        if !delivery.is_owned() {
-            // Another publisher took the event over; the relay records nothing for it.
-            return Err(Ok(SinkError::transient("ownership lost")));
-        }
-        let event = delivery.event();
-        let body = self.encoding.encode(event).map_err(|error| {
-            Ok(SinkError::permanent(format!(
-                "cannot encode the event: {error}"
-            )))
-        })?;
-        let routing_key = (self.routing_key)(event);
+        let body = message::body(&self.encoding, delivery).map_err(Ok)?;
+        let routing_key = (self.routing_key)(delivery.event());
         let too_long = |what: &str, error| {
             Ok(SinkError::permanent(format!(
                 "the {what} is not an AMQP short string: {error}"
@@ -254,23 +245,10 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         let event_id = delivery.event_id().as_str();
         let message_id =
             ShortString::try_new(event_id).map_err(|error| too_long("event id", error))?;
-        let text = |value: &str| AMQPValue::LongString(LongString::from(value));
         let mut headers = FieldTable::default();
-        headers
-            .insert(header::EVENT_ID.into(), text(event_id))
-            .insert(header::TABLE.into(), text(T::SPEC.table))
-            .insert(
-                header::GENERATION.into(),
-                text(&delivery.generation().to_string()),
-            )
-            .insert(
-                header::ATTEMPT.into(),
-                text(&delivery.attempt().to_string()),
-            )
-            .insert(
-                header::CREATED_AT.into(),
-                text(&timestamp(delivery.created_at())),
-            );
+        for (name, value) in message::headers(delivery) {
+            headers.insert(name.into(), AMQPValue::LongString(LongString::from(value)));
+        }
         let mut properties = BasicProperties::default()
             .with_message_id(message_id)
             .with_delivery_mode(PERSISTENT)
