@@ -34,7 +34,7 @@ type SubjectOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// A [`Sink`] that publishes events to NATS JetStream.
 ///
 /// Each event becomes one message: the body from the [`Encoding`] (JSON by default),
-/// the headers of [`message::header`](crate::message::header) (event id, table,
+/// the headers of [`message::header`] (event id, table,
 /// generation, attempt, content type), and `Nats-Msg-Id` = the event id. A batch is
 /// pipelined: every message is published, then every acknowledgement awaited.
 ///

@@ -32,7 +32,7 @@ type RoutingKeyOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 ///
 /// Each event becomes one message: the body from the [`Encoding`] (JSON by default, its
 /// media type as the `content_type` property), the headers of
-/// [`message::header`](crate::message::header) (event id, table, generation, attempt),
+/// [`message::header`] (event id, table, generation, attempt, enqueue time),
 /// `message_id` = the event id, delivery mode 2 (persistent), published `mandatory`. A
 /// batch is pipelined: every message is published, then every publisher confirm
 /// awaited.
