@@ -34,8 +34,8 @@ type SubjectOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// A [`Sink`] that publishes events to NATS JetStream.
 ///
 /// Each event becomes one message: the body from the [`Encoding`] (JSON by default),
-/// the headers of [`message::header`] (event id, table,
-/// generation, attempt, content type), and `Nats-Msg-Id` = the event id. A batch is
+/// the headers of [`message::header`] (event id, table, generation, attempt, enqueue
+/// time, content type), and `Nats-Msg-Id` = the event id. A batch is
 /// pipelined: every message is published, then every acknowledgement awaited.
 ///
 /// | JetStream's answer | the result |
