@@ -83,6 +83,9 @@ fn generated_migrations_match_the_golden_files() {
         events::Tick::migrations(),
         events::Budgeted::migrations(),
         events::Receipt::migrations(),
+        events::OrderStep::migrations(),
+        events::LenientStep::migrations(),
+        events::Shipment::migrations(),
     ]);
 }
 

@@ -13,7 +13,7 @@ use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 
-use crate::model::{Model, Sent};
+use crate::model::{Dead, Model, Sent};
 
 /// One statement: the SQL the runtime runs, and (for the `checked` feature) the
 /// `::sqlx::query!` call through which the compiler verifies it against a live schema.
@@ -305,6 +305,13 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             let checked = quote!(::sqlx::query!(#sql).fetch_one(pool).await?;);
             Definition { sql, checked }
         }
+        Statement::DiscardDead => {
+            let sql = format!(
+                "DELETE FROM {t} WHERE status = '{dead}' AND event_id = ANY($1::text[]) RETURNING event_id"
+            );
+            let checked = quote!(::sqlx::query!(#sql, #texts).fetch_all(pool).await?;);
+            Definition { sql, checked }
+        }
         Statement::PruneSent => {
             let sql = format!(
                 "WITH doomed AS (\n\
@@ -329,12 +336,30 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                  \x20   statement_timestamp() - min(CASE\n\
                  \x20       WHEN status = '{ready}' AND next_attempt_at <= statement_timestamp() THEN next_attempt_at\n\
                  \x20       WHEN status = '{in_progress}' AND lease_until <= statement_timestamp() THEN lease_until END)\n\
-                 \x20       AS oldest_eligible_age\n\
-                 FROM {t}"
+                 \x20       AS oldest_eligible_age,\n\
+                 \x20   {held}\n\
+                 FROM {t}",
+                held = held_keys(table.model)
             );
             let checked = quote!(::sqlx::query!(#sql).fetch_one(pool).await?;);
             Definition { sql, checked }
         }
+    }
+}
+
+/// The stats' last two columns: how many keys a `DEAD` event holds back, and the age
+/// of the oldest such event (zero and NULL where no key can be held).
+fn held_keys(model: &Model) -> String {
+    let (held, age) = ("held_keys", "oldest_held_age");
+    match model.key() {
+        Some(key) if model.dead == Dead::HoldsKey => {
+            let (k, dead) = (quoted(&key.column), Status::Dead.as_sql());
+            format!(
+                "count(DISTINCT {k}) FILTER (WHERE status = '{dead}') AS {held},\n\
+                 \x20   statement_timestamp() - min(created_at) FILTER (WHERE status = '{dead}' AND {k} IS NOT NULL) AS {age}"
+            )
+        }
+        _ => format!("0::bigint AS {held}, NULL::interval AS {age}"),
     }
 }
 
@@ -391,14 +416,15 @@ fn notify(table: &Table<'_>) -> String {
 fn claim(table: &Table<'_>, limit: &str) -> String {
     let t = &table.name;
     let (ready, in_progress) = (Status::Ready.as_sql(), Status::InProgress.as_sql());
+    let (c, in_turn) = (candidate(table), in_turn(table));
     format!(
         "WITH expired AS (\n\
-         \x20   SELECT id, ctid FROM {t}\n\
-         \x20   WHERE status = '{in_progress}' AND lease_until <= statement_timestamp()\n\
+         \x20   SELECT id, ctid FROM {t}{c}\n\
+         \x20   WHERE status = '{in_progress}' AND lease_until <= statement_timestamp(){in_turn}\n\
          \x20   ORDER BY lease_until, id LIMIT {limit} FOR UPDATE SKIP LOCKED\n\
          ), ready AS (\n\
-         \x20   SELECT ctid FROM {t}\n\
-         \x20   WHERE status = '{ready}' AND next_attempt_at <= statement_timestamp()\n\
+         \x20   SELECT ctid FROM {t}{c}\n\
+         \x20   WHERE status = '{ready}' AND next_attempt_at <= statement_timestamp(){in_turn}\n\
          \x20   ORDER BY next_attempt_at, id LIMIT {limit} - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED\n\
          )\n\
          {}",
@@ -407,6 +433,39 @@ fn claim(table: &Table<'_>, limit: &str) -> String {
             "SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready",
             "o.id = ANY(ARRAY(SELECT id FROM expired))"
         )
+    )
+}
+
+/// The claim's name for a candidate row, which [`in_turn`] refers to.
+fn candidate(table: &Table<'_>) -> &'static str {
+    if table.model.key().is_some() {
+        " AS c"
+    } else {
+        ""
+    }
+}
+
+/// For a table with an ordering key, the claim's condition on a candidate `c`: no
+/// earlier event of its key is still to be published. Earlier events that are `READY`
+/// (a retry waiting out its delay, or simply due first) or `INPROGRESS` (live, or
+/// expired and to be reclaimed first) hold it back; `DEAD` ones too, unless the type
+/// says `dead_releases_key`. A candidate is checked against the claim's snapshot, which
+/// sees every earlier event of its key that committed before the claim began: one probe
+/// of the key's index, no extra round trip. Two events of one key are never claimed
+/// together, since the later one always sees the earlier one still to go. A NULL key
+/// (an event enqueued before the key existed) equals nothing: never held back.
+fn in_turn(table: &Table<'_>) -> String {
+    let Some(key) = table.model.key() else {
+        return String::new();
+    };
+    let (t, k, sent) = (&table.name, quoted(&key.column), Status::Sent.as_sql());
+    let dead = match table.model.dead {
+        Dead::HoldsKey => String::new(),
+        Dead::ReleasesKey => format!(" AND p.status <> '{}'", Status::Dead.as_sql()),
+    };
+    format!(
+        "\n\x20       AND NOT EXISTS (SELECT FROM {t} AS p\n\
+         \x20           WHERE p.{k} = c.{k} AND p.id < c.id AND p.status <> '{sent}'{dead})"
     )
 }
 
@@ -423,12 +482,13 @@ fn claim(table: &Table<'_>, limit: &str) -> String {
 fn claim_from(table: &Table<'_>, limit: &str) -> String {
     let t = &table.name;
     let ready = Status::Ready.as_sql();
+    let (c, in_turn) = (candidate(table), in_turn(table));
     format!(
         "WITH ready AS (\n\
-         \x20   SELECT ctid FROM {t}\n\
+         \x20   SELECT ctid FROM {t}{c}\n\
          \x20   WHERE status = '{ready}'\n\
          \x20       AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'\n\
-         \x20       AND next_attempt_at <= statement_timestamp()\n\
+         \x20       AND next_attempt_at <= statement_timestamp(){in_turn}\n\
          \x20   ORDER BY next_attempt_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED\n\
          )\n\
          {}",
