@@ -312,3 +312,37 @@ async fn four_workers_publish_each_key_in_order_through_retries() -> TestResult 
     db.drop_schema().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_backlog_behind_a_waiting_event_is_set_aside_once_and_woken_in_turn() -> TestResult {
+    let db = schema_with(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    let backlog: Vec<OrderStep> = (1..=50).map(|n| step(&format!("a{n}"), 1)).collect();
+    OrderStep::enqueue_all(&backlog, pool).await?;
+    let due = async |name: &str| support::rows::row_of::<OrderStep>(pool, name).await.due_in <= 0.0;
+
+    // The claim takes a1. a2, behind an event in flight, stays due; a3 to a50, behind
+    // events that wait, are set aside so that later claims do not step over them.
+    let claims = claim_all(pool).await?;
+    assert_eq!(names(&claims), ["a1"]);
+    assert!(due("a2").await);
+    for n in 3..=50 {
+        assert!(!due(&format!("a{n}")).await, "a{n} is set aside");
+    }
+    assert!(claim_all(pool).await?.is_empty());
+
+    // Each completion wakes the next event of its key, which the next claim takes.
+    for claim in claims {
+        claim.complete(pool).await?;
+    }
+    for n in 2..=50 {
+        let claims = claim_all(pool).await?;
+        assert_eq!(names(&claims), [format!("a{n}")]);
+        for claim in claims {
+            claim.complete(pool).await?;
+        }
+    }
+    assert_eq!(outbox::stats::<OrderStep>(pool).await?.sent, 50);
+    db.drop_schema().await?;
+    Ok(())
+}

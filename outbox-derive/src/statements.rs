@@ -161,12 +161,13 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             Definition { sql, checked }
         }
         Statement::Complete => {
-            let sql = match table.model.sent {
-                Sent::Keep => format!(
-                    "UPDATE {t} SET status = '{sent}', lease_until = NULL WHERE {OWNED} RETURNING id"
-                ),
-                Sent::Delete => format!("DELETE FROM {t} WHERE {OWNED} RETURNING id"),
+            let body = match table.model.sent {
+                Sent::Keep => {
+                    format!("UPDATE {t} SET status = '{sent}', lease_until = NULL WHERE {OWNED}")
+                }
+                Sent::Delete => format!("DELETE FROM {t} WHERE {OWNED}"),
             };
+            let sql = releasing(table, &body, "", &["id"], Some("true"));
             let checked = quote!(::sqlx::query!(#sql, 1_i64, 1_i64).fetch_optional(pool).await?;);
             Definition { sql, checked }
         }
@@ -179,9 +180,9 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                  \x20   last_error = CASE WHEN attempts >= {max}\n\
                  \x20       THEN 'attempt budget exhausted after ' || attempts || ' of {max} claims' || coalesce(': ' || $4::text, '')\n\
                  \x20       ELSE coalesce($4::text, last_error) END\n\
-                 WHERE {OWNED}\n\
-                 RETURNING status"
+                 WHERE {OWNED}"
             );
+            let sql = releasing(table, &sql, "", &["status"], dead_releases(table).then_some("f.status = 'DEAD'"));
             let checked = quote! {
                 ::sqlx::query!(#sql, 1_i64, 1_i64, ::std::time::Duration::ZERO as _, ::core::option::Option::<&str>::None)
                     .fetch_optional(pool)
@@ -198,8 +199,9 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
         }
         Statement::Fail => {
             let sql = format!(
-                "UPDATE {t} SET status = '{dead}', lease_until = NULL, last_error = $3 WHERE {OWNED} RETURNING id"
+                "UPDATE {t} SET status = '{dead}', lease_until = NULL, last_error = $3 WHERE {OWNED}"
             );
+            let sql = releasing(table, &sql, "", &["id"], dead_releases(table).then_some("true"));
             let checked =
                 quote!(::sqlx::query!(#sql, 1_i64, 1_i64, "reason").fetch_optional(pool).await?;);
             Definition { sql, checked }
@@ -208,20 +210,19 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             // The relay's common case, every row published: `Record`'s CASEs and three
             // more arrays cost ~15% of a batch's recording, measured. (Returning only the
             // rejected rows instead costs more: the anti-join outweighs the rows.)
-            let sql = match table.model.sent {
+            let body = match table.model.sent {
                 Sent::Keep => format!(
                     "UPDATE {t} AS o SET status = '{sent}', lease_until = NULL\n\
                      FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)\n\
-                     WHERE {OWNED_EACH}\n\
-                     RETURNING o.id"
+                     WHERE {OWNED_EACH}"
                 ),
                 Sent::Delete => format!(
                     "DELETE FROM {t} AS o\n\
                      USING unnest($1::bigint[], $2::bigint[]) AS u(id, generation)\n\
-                     WHERE {OWNED_EACH}\n\
-                     RETURNING o.id"
+                     WHERE {OWNED_EACH}"
                 ),
             };
+            let sql = releasing(table, &body, "o.", &["id"], Some("true"));
             let checked = quote!(::sqlx::query!(#sql, #ids, #ids).fetch_all(pool).await?;);
             Definition { sql, checked }
         }
@@ -254,23 +255,37 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                      \x20       WHEN u.outcome IN ('{o_retry}', '{o_dead}') THEN coalesce(u.error, o.last_error)\n\
                      \x20       ELSE o.last_error END\n\
                      FROM {from}\n\
-                     WHERE {only}{OWNED_EACH}\n\
-                     RETURNING o.id, o.status"
+                     WHERE {only}{OWNED_EACH}"
                 )
             };
-            let sql = match table.model.sent {
-                Sent::Keep => update(outcomes, ""),
+            let released = if dead_releases(table) {
+                format!("f.status IN ('{sent}', '{dead}')")
+            } else {
+                format!("f.status = '{sent}'")
+            };
+            let sql = match (table.model.sent, key_returning(table, "o.")) {
+                (Sent::Keep, _) => {
+                    releasing(table, &update(outcomes, ""), "o.", &["id", "status"], Some(&released))
+                }
                 // The published rows are deleted and the others updated, each by its
                 // own statement of one: two data-modifying CTEs on disjoint rows.
-                Sent::Delete => format!(
+                (Sent::Delete, key) => format!(
                     "WITH u AS (SELECT * FROM {outcomes}),\n\
                      sent AS (\n\
                      \x20   DELETE FROM {t} AS o USING u\n\
                      \x20   WHERE u.outcome = '{o_sent}' AND {OWNED_EACH}\n\
-                     \x20   RETURNING o.id, '{sent}' AS status),\n\
-                     other AS (\n{})\n\
+                     \x20   RETURNING o.id, '{sent}' AS status{key}),\n\
+                     other AS (\n{}\nRETURNING o.id, o.status{key}){}\n\
                      SELECT id, status FROM sent UNION ALL SELECT id, status FROM other",
-                    update("u", &format!("u.outcome <> '{o_sent}' AND "))
+                    update("u", &format!("u.outcome <> '{o_sent}' AND ")),
+                    if key.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            ",\ndone AS (SELECT * FROM sent UNION ALL SELECT * FROM other){}",
+                            wake(table, &released)
+                        )
+                    }
                 ),
             };
             let checked = quote! {
@@ -307,8 +322,9 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
         }
         Statement::DiscardDead => {
             let sql = format!(
-                "DELETE FROM {t} WHERE status = '{dead}' AND event_id = ANY($1::text[]) RETURNING event_id"
+                "DELETE FROM {t} WHERE status = '{dead}' AND event_id = ANY($1::text[])"
             );
+            let sql = releasing(table, &sql, "", &["event_id"], Some("true"));
             let checked = quote!(::sqlx::query!(#sql, #texts).fetch_all(pool).await?;);
             Definition { sql, checked }
         }
@@ -360,6 +376,92 @@ fn held_keys(model: &Model) -> String {
             )
         }
         _ => format!("0::bigint AS {held}, NULL::interval AS {age}"),
+    }
+}
+
+/// Whether a `DEAD` event lets the later events of its key go (`dead_releases_key`).
+fn dead_releases(table: &Table<'_>) -> bool {
+    table.model.key().is_some() && table.model.dead == Dead::ReleasesKey
+}
+
+/// The extra columns a finishing statement returns on a keyed table, for [`wake`]: the
+/// row id and its key, as `outbox_id` and `outbox_key`.
+fn key_returning(table: &Table<'_>, prefix: &str) -> String {
+    table.model.key().map_or_else(String::new, |key| {
+        format!(
+            ", {prefix}id AS outbox_id, {prefix}{} AS outbox_key",
+            quoted(&key.column)
+        )
+    })
+}
+
+/// `body`, an `UPDATE` or `DELETE` of the rows an outcome finishes, returning the
+/// `returning` columns (of the row named with `prefix`). On a table with an ordering
+/// key, the rows for which `released` holds (a condition on the returned row `f`; `None`
+/// when no row of this statement can release its key) also wake the next event of
+/// their key ([`wake`]).
+fn releasing(
+    table: &Table<'_>,
+    body: &str,
+    prefix: &str,
+    returning: &[&str],
+    released: Option<&str>,
+) -> String {
+    let columns = |prefix: &str| {
+        returning
+            .iter()
+            .map(|c| format!("{prefix}{c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match released {
+        Some(released) if table.model.key().is_some() => format!(
+            "WITH done AS (\n{body}\n    RETURNING {}{}){}\nSELECT {} FROM done",
+            columns(prefix),
+            key_returning(table, prefix),
+            wake(table, released),
+            columns("")
+        ),
+        _ => {
+            let line = if body.contains('\n') { "\n" } else { " " };
+            format!("{body}{line}RETURNING {}", columns(prefix))
+        }
+    }
+}
+
+/// The `woken` CTE of a statement whose `done` CTE returns finished rows (with
+/// [`key_returning`]'s columns): for each row `f` for which `released` holds, the next
+/// event of its key, if a claim set it aside ([`parking`]), is due again now.
+///
+/// This statement's snapshot sees every such setting aside: a claim sets an event aside
+/// only while it holds a share lock on the event before it, and only while that event is
+/// `READY` or `DEAD`, so before finishing here it was claimed, by a claim that had to
+/// wait for that lock (or skip the row) and so began after the setting aside committed.
+fn wake(table: &Table<'_>, released: &str) -> String {
+    let Some(key) = table.model.key() else {
+        return String::new();
+    };
+    let (t, k) = (&table.name, quoted(&key.column));
+    let (ready, sent) = (Status::Ready.as_sql(), Status::Sent.as_sql());
+    format!(
+        ",\nwoken AS (\n\
+         \x20   UPDATE {t} AS w SET next_attempt_at = statement_timestamp()\n\
+         \x20   FROM done AS f CROSS JOIN LATERAL (\n\
+         \x20       SELECT min(q.id) AS id FROM {t} AS q\n\
+         \x20       WHERE q.{k} = f.outbox_key AND q.id > f.outbox_id AND q.status <> '{sent}'{}) AS next\n\
+         \x20   WHERE {released} AND w.id = next.id\n\
+         \x20       AND w.status = '{ready}' AND w.next_attempt_at > statement_timestamp())",
+        blocking(table, "q")
+    )
+}
+
+/// For a keyed table whose `DEAD` events release their key, the condition that excludes
+/// them from the events before another (`alias.status <> 'DEAD'`); empty otherwise.
+fn blocking(table: &Table<'_>, alias: &str) -> String {
+    if dead_releases(table) {
+        format!(" AND {alias}.status <> '{}'", Status::Dead.as_sql())
+    } else {
+        String::new()
     }
 }
 
@@ -417,22 +519,82 @@ fn claim(table: &Table<'_>, limit: &str) -> String {
     let t = &table.name;
     let (ready, in_progress) = (Status::Ready.as_sql(), Status::InProgress.as_sql());
     let (c, in_turn) = (candidate(table), in_turn(table));
+    let (reached, parking) = if table.model.key().is_some() {
+        (", next_attempt_at", parking(table, limit))
+    } else {
+        ("", String::new())
+    };
     format!(
         "WITH expired AS (\n\
          \x20   SELECT id, ctid FROM {t}{c}\n\
          \x20   WHERE status = '{in_progress}' AND lease_until <= statement_timestamp(){in_turn}\n\
          \x20   ORDER BY lease_until, id LIMIT {limit} FOR UPDATE SKIP LOCKED\n\
          ), ready AS (\n\
-         \x20   SELECT ctid FROM {t}{c}\n\
+         \x20   SELECT ctid{reached} FROM {t}{c}\n\
          \x20   WHERE status = '{ready}' AND next_attempt_at <= statement_timestamp(){in_turn}\n\
          \x20   ORDER BY next_attempt_at, id LIMIT {limit} - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED\n\
-         )\n\
+         ){parking}\n\
          {}",
         take(
             table,
             "SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready",
             "o.id = ANY(ARRAY(SELECT id FROM expired))"
         )
+    )
+}
+
+/// For a keyed table, the claim's `parked` CTE: the due events its `ready` scan stepped
+/// over because an event before them waits (`READY`, not claimed by this statement nor
+/// being claimed by another, or `DEAD` where that holds the key) are set aside, due again
+/// after the lease or their age, whichever is longer, so that later claims do not step
+/// over them again: a hot key's backlog, or the events behind a retry's delay or a
+/// `DEAD` event, would otherwise be walked by every claim. An event behind one in flight
+/// is left where it is: it is released within moments, and there is at most one per key
+/// in flight.
+///
+/// The event before is share-locked, skipping one that is locked: while this claim has
+/// not committed, that event cannot be claimed, so it is claimed, and later finished,
+/// only by statements that see the setting aside, and the statement that finishes it
+/// wakes its successor ([`wake`]). The age term spaces out the rechecks of events held
+/// back for long (behind a `DEAD` event): each recheck that finds them still held back
+/// doubles their age, so they are rechecked a logarithmic number of times.
+///
+/// Only the range the `ready` scan walked is looked at: up to its last row, or every due
+/// row when it found fewer than it looked for.
+fn parking(table: &Table<'_>, limit: &str) -> String {
+    let Some(key) = table.model.key() else {
+        return String::new();
+    };
+    let (t, k, lease) = (&table.name, quoted(&key.column), &table.lease);
+    let (ready, sent, dead) = (
+        Status::Ready.as_sql(),
+        Status::Sent.as_sql(),
+        Status::Dead.as_sql(),
+    );
+    let waiting = if dead_releases(table) {
+        format!("'{ready}'")
+    } else {
+        format!("'{ready}', '{dead}'")
+    };
+    format!(
+        ", reach AS (\n\
+         \x20   SELECT CASE WHEN count(*) < {limit} - (SELECT count(*) FROM expired) THEN timestamptz 'infinity'\n\
+         \x20       ELSE max(next_attempt_at) END AS walked FROM ready\n\
+         ), parked AS (\n\
+         \x20   UPDATE {t} AS w\n\
+         \x20   SET next_attempt_at = statement_timestamp() + greatest({lease}, statement_timestamp() - w.created_at)\n\
+         \x20   WHERE w.ctid = ANY(ARRAY(\n\
+         \x20       SELECT c.ctid FROM {t} AS c\n\
+         \x20       WHERE c.status = '{ready}' AND c.next_attempt_at <= statement_timestamp()\n\
+         \x20           AND c.next_attempt_at <= (SELECT walked FROM reach)\n\
+         \x20           AND EXISTS (SELECT FROM {t} AS p, (\n\
+         \x20               SELECT max(q.id) AS id FROM {t} AS q\n\
+         \x20               WHERE q.{k} = c.{k} AND q.id < c.id AND q.status <> '{sent}'{}) AS before\n\
+         \x20           WHERE p.id = before.id AND p.status IN ({waiting})\n\
+         \x20               AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready))\n\
+         \x20           FOR SHARE OF p SKIP LOCKED)\n\
+         \x20       ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED)))",
+        blocking(table, "q")
     )
 }
 

@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
-use sqlx::{Acquire, PgConnection, PgExecutor, Postgres, Row};
+use sqlx::{Acquire, Connection as _, PgConnection, PgExecutor, Postgres, Row};
 
 use crate::error::{OutboxError, storable_reason};
 use crate::id::{EventId, Generation};
@@ -255,12 +255,32 @@ async fn claim_rows<'a, T: Outbox>(
     conn: impl Acquire<'a, Database = Postgres>,
     limit: u32,
 ) -> Result<ClaimedBatch<T>, OutboxError> {
-    let mut conn = conn
-        .acquire()
-        .await
-        .map_err(|e| OutboxError::from_sqlx(T::SPEC.table, e))?;
-    claim_on(&mut conn, Scope::All, limit).await
+    let db = |e| OutboxError::from_sqlx(T::SPEC.table, e);
+    let mut conn = conn.acquire().await.map_err(db)?;
+    if T::SPEC.key().is_none() {
+        return claim_on(&mut conn, Scope::All, limit).await;
+    }
+    if conn.is_in_transaction() {
+        // The caller's transaction: JIT stays off until it ends.
+        sqlx::raw_sql("SET LOCAL jit = off")
+            .execute(&mut *conn)
+            .await
+            .map_err(db)?;
+        return claim_on(&mut conn, Scope::All, limit).await;
+    }
+    let mut tx = conn.begin_with(BEGIN_WITHOUT_JIT).await.map_err(db)?;
+    let claimed = claim_on(&mut tx, Scope::All, limit).await?;
+    tx.commit().await.map_err(db)?;
+    Ok(claimed)
 }
+
+/// Begins the transaction of a claim on a table with an ordering key, with PostgreSQL's
+/// JIT compilation off. Its planner cannot know how few rows the claim sets aside
+/// (`parked`), so on a large table the claim's estimated cost passes `jit_above_cost`
+/// and every execution would be compiled first: measured, 600 ms per claim that ran in
+/// 2 ms without. `LOCAL`: the setting ends with the transaction; one round trip, as a
+/// plain `BEGIN`.
+pub(crate) const BEGIN_WITHOUT_JIT: &str = "BEGIN; SET LOCAL jit = off";
 
 /// [`claim_rows`] in `scope`, on a connection (or in a transaction) the caller holds.
 pub(crate) async fn claim_on<T: Outbox>(

@@ -23,12 +23,28 @@ WITH expired AS (
             WHERE p."order_id" = c."order_id" AND p.id < c.id AND p.status <> 'SENT' AND p.status <> 'DEAD')
     ORDER BY lease_until, id LIMIT 100 FOR UPDATE SKIP LOCKED
 ), ready AS (
-    SELECT ctid FROM "lenient_order_events" AS c
+    SELECT ctid, next_attempt_at FROM "lenient_order_events" AS c
     WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()
         AND NOT EXISTS (SELECT FROM "lenient_order_events" AS p
             WHERE p."order_id" = c."order_id" AND p.id < c.id AND p.status <> 'SENT' AND p.status <> 'DEAD')
     ORDER BY next_attempt_at, id LIMIT 100 - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED
-)
+), reach AS (
+    SELECT CASE WHEN count(*) < 100 - (SELECT count(*) FROM expired) THEN timestamptz 'infinity'
+        ELSE max(next_attempt_at) END AS walked FROM ready
+), parked AS (
+    UPDATE "lenient_order_events" AS w
+    SET next_attempt_at = statement_timestamp() + greatest(interval '30 seconds', statement_timestamp() - w.created_at)
+    WHERE w.ctid = ANY(ARRAY(
+        SELECT c.ctid FROM "lenient_order_events" AS c
+        WHERE c.status = 'READY' AND c.next_attempt_at <= statement_timestamp()
+            AND c.next_attempt_at <= (SELECT walked FROM reach)
+            AND EXISTS (SELECT FROM "lenient_order_events" AS p, (
+                SELECT max(q.id) AS id FROM "lenient_order_events" AS q
+                WHERE q."order_id" = c."order_id" AND q.id < c.id AND q.status <> 'SENT' AND q.status <> 'DEAD') AS before
+            WHERE p.id = before.id AND p.status IN ('READY')
+                AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready))
+            FOR SHARE OF p SKIP LOCKED)
+        ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED)))
 UPDATE "lenient_order_events" AS o SET
     status = CASE WHEN o.attempts >= 1 THEN 'DEAD' ELSE 'INPROGRESS' END,
     generation = CASE WHEN o.attempts >= 1 THEN o.generation ELSE o.generation + 1 END,
@@ -62,9 +78,20 @@ WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready))
 RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed, o."order_id";
 
 -- complete
-UPDATE "lenient_order_events" SET status = 'SENT', lease_until = NULL WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp() RETURNING id;
+WITH done AS (
+UPDATE "lenient_order_events" SET status = 'SENT', lease_until = NULL WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()
+    RETURNING id, id AS outbox_id, "order_id" AS outbox_key),
+woken AS (
+    UPDATE "lenient_order_events" AS w SET next_attempt_at = statement_timestamp()
+    FROM done AS f CROSS JOIN LATERAL (
+        SELECT min(q.id) AS id FROM "lenient_order_events" AS q
+        WHERE q."order_id" = f.outbox_key AND q.id > f.outbox_id AND q.status <> 'SENT' AND q.status <> 'DEAD') AS next
+    WHERE true AND w.id = next.id
+        AND w.status = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT id FROM done;
 
 -- retry
+WITH done AS (
 UPDATE "lenient_order_events" SET
     status = CASE WHEN attempts >= 1 THEN 'DEAD' ELSE 'READY' END,
     lease_until = NULL,
@@ -73,21 +100,49 @@ UPDATE "lenient_order_events" SET
         THEN 'attempt budget exhausted after ' || attempts || ' of 1 claims' || coalesce(': ' || $4::text, '')
         ELSE coalesce($4::text, last_error) END
 WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()
-RETURNING status;
+    RETURNING status, id AS outbox_id, "order_id" AS outbox_key),
+woken AS (
+    UPDATE "lenient_order_events" AS w SET next_attempt_at = statement_timestamp()
+    FROM done AS f CROSS JOIN LATERAL (
+        SELECT min(q.id) AS id FROM "lenient_order_events" AS q
+        WHERE q."order_id" = f.outbox_key AND q.id > f.outbox_id AND q.status <> 'SENT' AND q.status <> 'DEAD') AS next
+    WHERE f.status = 'DEAD' AND w.id = next.id
+        AND w.status = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT status FROM done;
 
 -- renew
 UPDATE "lenient_order_events" SET lease_until = statement_timestamp() + interval '30 seconds' WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp() RETURNING lease_until;
 
 -- fail
-UPDATE "lenient_order_events" SET status = 'DEAD', lease_until = NULL, last_error = $3 WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp() RETURNING id;
+WITH done AS (
+UPDATE "lenient_order_events" SET status = 'DEAD', lease_until = NULL, last_error = $3 WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()
+    RETURNING id, id AS outbox_id, "order_id" AS outbox_key),
+woken AS (
+    UPDATE "lenient_order_events" AS w SET next_attempt_at = statement_timestamp()
+    FROM done AS f CROSS JOIN LATERAL (
+        SELECT min(q.id) AS id FROM "lenient_order_events" AS q
+        WHERE q."order_id" = f.outbox_key AND q.id > f.outbox_id AND q.status <> 'SENT' AND q.status <> 'DEAD') AS next
+    WHERE true AND w.id = next.id
+        AND w.status = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT id FROM done;
 
 -- complete_batch
+WITH done AS (
 UPDATE "lenient_order_events" AS o SET status = 'SENT', lease_until = NULL
 FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)
 WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation AND o.lease_until > clock_timestamp()
-RETURNING o.id;
+    RETURNING o.id, o.id AS outbox_id, o."order_id" AS outbox_key),
+woken AS (
+    UPDATE "lenient_order_events" AS w SET next_attempt_at = statement_timestamp()
+    FROM done AS f CROSS JOIN LATERAL (
+        SELECT min(q.id) AS id FROM "lenient_order_events" AS q
+        WHERE q."order_id" = f.outbox_key AND q.id > f.outbox_id AND q.status <> 'SENT' AND q.status <> 'DEAD') AS next
+    WHERE true AND w.id = next.id
+        AND w.status = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT id FROM done;
 
 -- record
+WITH done AS (
 UPDATE "lenient_order_events" AS o SET
     status = CASE u.outcome
         WHEN 'SENT' THEN 'SENT'
@@ -108,7 +163,15 @@ UPDATE "lenient_order_events" AS o SET
 FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[])
     AS u(id, generation, outcome, delay, error)
 WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation AND o.lease_until > clock_timestamp()
-RETURNING o.id, o.status;
+    RETURNING o.id, o.status, o.id AS outbox_id, o."order_id" AS outbox_key),
+woken AS (
+    UPDATE "lenient_order_events" AS w SET next_attempt_at = statement_timestamp()
+    FROM done AS f CROSS JOIN LATERAL (
+        SELECT min(q.id) AS id FROM "lenient_order_events" AS q
+        WHERE q."order_id" = f.outbox_key AND q.id > f.outbox_id AND q.status <> 'SENT' AND q.status <> 'DEAD') AS next
+    WHERE f.status IN ('SENT', 'DEAD') AND w.id = next.id
+        AND w.status = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT id, status FROM done;
 
 -- renew_batch
 UPDATE "lenient_order_events" AS o SET lease_until = statement_timestamp() + interval '30 seconds'
@@ -124,7 +187,17 @@ WITH requeued AS (UPDATE "lenient_order_events" SET status = 'READY', attempts =
 SELECT count(*) AS requeued FROM requeued;
 
 -- discard_dead
-DELETE FROM "lenient_order_events" WHERE status = 'DEAD' AND event_id = ANY($1::text[]) RETURNING event_id;
+WITH done AS (
+DELETE FROM "lenient_order_events" WHERE status = 'DEAD' AND event_id = ANY($1::text[])
+    RETURNING event_id, id AS outbox_id, "order_id" AS outbox_key),
+woken AS (
+    UPDATE "lenient_order_events" AS w SET next_attempt_at = statement_timestamp()
+    FROM done AS f CROSS JOIN LATERAL (
+        SELECT min(q.id) AS id FROM "lenient_order_events" AS q
+        WHERE q."order_id" = f.outbox_key AND q.id > f.outbox_id AND q.status <> 'SENT' AND q.status <> 'DEAD') AS next
+    WHERE true AND w.id = next.id
+        AND w.status = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT event_id FROM done;
 
 -- prune_sent
 WITH doomed AS (

@@ -23,12 +23,28 @@ WITH expired AS (
             WHERE p."order_id" = c."order_id" AND p.id < c.id AND p.status <> 'SENT')
     ORDER BY lease_until, id LIMIT 100 FOR UPDATE SKIP LOCKED
 ), ready AS (
-    SELECT ctid FROM "order_step_events" AS c
+    SELECT ctid, next_attempt_at FROM "order_step_events" AS c
     WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()
         AND NOT EXISTS (SELECT FROM "order_step_events" AS p
             WHERE p."order_id" = c."order_id" AND p.id < c.id AND p.status <> 'SENT')
     ORDER BY next_attempt_at, id LIMIT 100 - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED
-)
+), reach AS (
+    SELECT CASE WHEN count(*) < 100 - (SELECT count(*) FROM expired) THEN timestamptz 'infinity'
+        ELSE max(next_attempt_at) END AS walked FROM ready
+), parked AS (
+    UPDATE "order_step_events" AS w
+    SET next_attempt_at = statement_timestamp() + greatest(interval '30 seconds', statement_timestamp() - w.created_at)
+    WHERE w.ctid = ANY(ARRAY(
+        SELECT c.ctid FROM "order_step_events" AS c
+        WHERE c.status = 'READY' AND c.next_attempt_at <= statement_timestamp()
+            AND c.next_attempt_at <= (SELECT walked FROM reach)
+            AND EXISTS (SELECT FROM "order_step_events" AS p, (
+                SELECT max(q.id) AS id FROM "order_step_events" AS q
+                WHERE q."order_id" = c."order_id" AND q.id < c.id AND q.status <> 'SENT') AS before
+            WHERE p.id = before.id AND p.status IN ('READY', 'DEAD')
+                AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready))
+            FOR SHARE OF p SKIP LOCKED)
+        ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED)))
 UPDATE "order_step_events" AS o SET
     status = CASE WHEN o.attempts >= 2 THEN 'DEAD' ELSE 'INPROGRESS' END,
     generation = CASE WHEN o.attempts >= 2 THEN o.generation ELSE o.generation + 1 END,
@@ -62,7 +78,17 @@ WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready))
 RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed, o."order_id";
 
 -- complete
-UPDATE "order_step_events" SET status = 'SENT', lease_until = NULL WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp() RETURNING id;
+WITH done AS (
+UPDATE "order_step_events" SET status = 'SENT', lease_until = NULL WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()
+    RETURNING id, id AS outbox_id, "order_id" AS outbox_key),
+woken AS (
+    UPDATE "order_step_events" AS w SET next_attempt_at = statement_timestamp()
+    FROM done AS f CROSS JOIN LATERAL (
+        SELECT min(q.id) AS id FROM "order_step_events" AS q
+        WHERE q."order_id" = f.outbox_key AND q.id > f.outbox_id AND q.status <> 'SENT') AS next
+    WHERE true AND w.id = next.id
+        AND w.status = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT id FROM done;
 
 -- retry
 UPDATE "order_step_events" SET
@@ -82,12 +108,22 @@ UPDATE "order_step_events" SET lease_until = statement_timestamp() + interval '3
 UPDATE "order_step_events" SET status = 'DEAD', lease_until = NULL, last_error = $3 WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp() RETURNING id;
 
 -- complete_batch
+WITH done AS (
 UPDATE "order_step_events" AS o SET status = 'SENT', lease_until = NULL
 FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)
 WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation AND o.lease_until > clock_timestamp()
-RETURNING o.id;
+    RETURNING o.id, o.id AS outbox_id, o."order_id" AS outbox_key),
+woken AS (
+    UPDATE "order_step_events" AS w SET next_attempt_at = statement_timestamp()
+    FROM done AS f CROSS JOIN LATERAL (
+        SELECT min(q.id) AS id FROM "order_step_events" AS q
+        WHERE q."order_id" = f.outbox_key AND q.id > f.outbox_id AND q.status <> 'SENT') AS next
+    WHERE true AND w.id = next.id
+        AND w.status = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT id FROM done;
 
 -- record
+WITH done AS (
 UPDATE "order_step_events" AS o SET
     status = CASE u.outcome
         WHEN 'SENT' THEN 'SENT'
@@ -108,7 +144,15 @@ UPDATE "order_step_events" AS o SET
 FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[])
     AS u(id, generation, outcome, delay, error)
 WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation AND o.lease_until > clock_timestamp()
-RETURNING o.id, o.status;
+    RETURNING o.id, o.status, o.id AS outbox_id, o."order_id" AS outbox_key),
+woken AS (
+    UPDATE "order_step_events" AS w SET next_attempt_at = statement_timestamp()
+    FROM done AS f CROSS JOIN LATERAL (
+        SELECT min(q.id) AS id FROM "order_step_events" AS q
+        WHERE q."order_id" = f.outbox_key AND q.id > f.outbox_id AND q.status <> 'SENT') AS next
+    WHERE f.status = 'SENT' AND w.id = next.id
+        AND w.status = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT id, status FROM done;
 
 -- renew_batch
 UPDATE "order_step_events" AS o SET lease_until = statement_timestamp() + interval '30 seconds'
@@ -124,7 +168,17 @@ WITH requeued AS (UPDATE "order_step_events" SET status = 'READY', attempts = 0,
 SELECT count(*) AS requeued FROM requeued;
 
 -- discard_dead
-DELETE FROM "order_step_events" WHERE status = 'DEAD' AND event_id = ANY($1::text[]) RETURNING event_id;
+WITH done AS (
+DELETE FROM "order_step_events" WHERE status = 'DEAD' AND event_id = ANY($1::text[])
+    RETURNING event_id, id AS outbox_id, "order_id" AS outbox_key),
+woken AS (
+    UPDATE "order_step_events" AS w SET next_attempt_at = statement_timestamp()
+    FROM done AS f CROSS JOIN LATERAL (
+        SELECT min(q.id) AS id FROM "order_step_events" AS q
+        WHERE q."order_id" = f.outbox_key AND q.id > f.outbox_id AND q.status <> 'SENT') AS next
+    WHERE true AND w.id = next.id
+        AND w.status = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT event_id FROM done;
 
 -- prune_sent
 WITH doomed AS (
