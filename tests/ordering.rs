@@ -49,6 +49,8 @@ async fn the_events_of_one_key_are_claimed_one_at_a_time_in_order() -> TestResul
     // One event per key: a1 holds a2 and a3 back while it is in flight; b1 is another key.
     let first = claim_all(pool).await?;
     assert_eq!(names(&first), ["a1", "b1"]);
+    let keys: Vec<Option<&str>> = first.iter().map(Claim::key).collect();
+    assert_eq!(keys, [Some("1"), Some("2")], "what a sink publishes under");
     assert!(claim_all(pool).await?.is_empty(), "a2 waits for a1");
 
     // Each completion lets the next event of the key go, and only that one.
@@ -258,6 +260,10 @@ impl Sink<OrderStep> for InOrder {
     async fn publish(&self, batch: &[Delivery<'_, OrderStep>]) -> Vec<Result<(), SinkError>> {
         let mut results = Vec::with_capacity(batch.len());
         for delivery in batch {
+            assert_eq!(
+                delivery.key(),
+                Some(delivery.event().order_id.to_string().as_str())
+            );
             results.push(self.deliver(delivery.event()).await);
         }
         results

@@ -182,7 +182,13 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                  \x20       ELSE coalesce($4::text, last_error) END\n\
                  WHERE {OWNED}"
             );
-            let sql = releasing(table, &sql, "", &["status"], dead_releases(table).then_some("f.status = 'DEAD'"));
+            let sql = releasing(
+                table,
+                &sql,
+                "",
+                &["status"],
+                dead_releases(table).then_some("f.status = 'DEAD'"),
+            );
             let checked = quote! {
                 ::sqlx::query!(#sql, 1_i64, 1_i64, ::std::time::Duration::ZERO as _, ::core::option::Option::<&str>::None)
                     .fetch_optional(pool)
@@ -201,7 +207,13 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             let sql = format!(
                 "UPDATE {t} SET status = '{dead}', lease_until = NULL, last_error = $3 WHERE {OWNED}"
             );
-            let sql = releasing(table, &sql, "", &["id"], dead_releases(table).then_some("true"));
+            let sql = releasing(
+                table,
+                &sql,
+                "",
+                &["id"],
+                dead_releases(table).then_some("true"),
+            );
             let checked =
                 quote!(::sqlx::query!(#sql, 1_i64, 1_i64, "reason").fetch_optional(pool).await?;);
             Definition { sql, checked }
@@ -264,9 +276,13 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                 format!("f.status = '{sent}'")
             };
             let sql = match (table.model.sent, key_returning(table, "o.")) {
-                (Sent::Keep, _) => {
-                    releasing(table, &update(outcomes, ""), "o.", &["id", "status"], Some(&released))
-                }
+                (Sent::Keep, _) => releasing(
+                    table,
+                    &update(outcomes, ""),
+                    "o.",
+                    &["id", "status"],
+                    Some(&released),
+                ),
                 // The published rows are deleted and the others updated, each by its
                 // own statement of one: two data-modifying CTEs on disjoint rows.
                 (Sent::Delete, key) => format!(
@@ -321,9 +337,8 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             Definition { sql, checked }
         }
         Statement::DiscardDead => {
-            let sql = format!(
-                "DELETE FROM {t} WHERE status = '{dead}' AND event_id = ANY($1::text[])"
-            );
+            let sql =
+                format!("DELETE FROM {t} WHERE status = '{dead}' AND event_id = ANY($1::text[])");
             let sql = releasing(table, &sql, "", &["event_id"], Some("true"));
             let checked = quote!(::sqlx::query!(#sql, #texts).fetch_all(pool).await?;);
             Definition { sql, checked }
@@ -683,6 +698,13 @@ fn take(table: &Table<'_>, candidates: &str, reclaimed: &str) -> String {
             claim_header::RECLAIMED_NAME
         )))
         .chain(table.payload.iter().map(|c| format!("o.{c}")))
+        .chain(table.model.key().map(|key| {
+            format!(
+                "o.{}::text AS {}",
+                quoted(&key.column),
+                claim_header::KEY_NAME
+            )
+        }))
         .collect::<Vec<_>>()
         .join(", ");
     format!(

@@ -33,6 +33,8 @@ pub struct Claim<T: Outbox> {
     lease_until: DateTime<Utc>,
     created_at: DateTime<Utc>,
     reclaimed: bool,
+    /// The ordering key as text, for a type with `#[outbox(key)]` (NULL keys are `None`).
+    key: Option<String>,
     event: T,
 }
 
@@ -83,6 +85,13 @@ impl<T: Outbox> Claim<T> {
     /// When the event was enqueued (its row's `created_at`, the database's clock).
     pub fn created_at(&self) -> SystemTime {
         self.created_at.into()
+    }
+
+    /// The event's ordering key as text (`#[outbox(key)]`), to publish it under: a
+    /// broker that orders by key (a Kafka partition key) keeps the order the outbox
+    /// kept. `None` for a type without a key, or an event enqueued before the key.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
     }
 
     /// The event.
@@ -384,6 +393,10 @@ pub(crate) fn decode_claim<T: Outbox>(
     };
     let created_at: DateTime<Utc> = row.try_get(header::CREATED_AT)?;
     let reclaimed: bool = row.try_get(header::RECLAIMED)?;
+    let key = match T::SPEC.key() {
+        Some(_) => row.try_get::<Option<String>, _>(header::KEY_NAME)?,
+        None => None,
+    };
     let due = (!reclaimed)
         .then(|| row.try_get::<DateTime<Utc>, _>(header::NEXT_ATTEMPT_AT))
         .transpose()?
@@ -397,6 +410,7 @@ pub(crate) fn decode_claim<T: Outbox>(
             lease_until,
             created_at,
             reclaimed,
+            key,
             event,
         }),
         Err(source) => Claimed::Undecodable(Undecodable {

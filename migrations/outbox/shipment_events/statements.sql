@@ -54,7 +54,7 @@ UPDATE "shipment_events" AS o SET
         THEN 'lease expired on claim ' || o.attempts || ' of 10: attempt budget exhausted'
         ELSE o.last_error END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."parcel";
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."parcel", o."parcel"::text AS outbox_key;
 
 -- claim_from
 WITH ready AS (
@@ -75,7 +75,7 @@ UPDATE "shipment_events" AS o SET
         THEN 'lease expired on claim ' || o.attempts || ' of 10: attempt budget exhausted'
         ELSE o.last_error END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed, o."parcel";
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed, o."parcel", o."parcel"::text AS outbox_key;
 
 -- complete
 WITH done AS (

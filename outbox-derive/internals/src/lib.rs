@@ -176,6 +176,8 @@ pub mod claim_header {
     ];
     /// The result name of [`RECLAIMED`]: not a column, so no payload column may take it.
     pub const RECLAIMED_NAME: &str = "outbox_reclaimed";
+    /// For a type with an ordering key, the key as text, after the payload columns.
+    pub const KEY_NAME: &str = "outbox_key";
 }
 
 /// Declares [`Statement`] from one list, so its variants, [`Statement::ALL`] and
