@@ -77,6 +77,8 @@ fn generated_migrations_match_the_golden_files() {
         common::PaymentCaptured::migrations(),
         common::BenchEvent::migrations(),
         common::BenchDeletedEvent::migrations(),
+        common::BenchOrderedEvent::migrations(),
+        common::BenchKeyedEvent::migrations(),
         events::LabEvent::migrations(),
         events::ChaosEvent::migrations(),
         events::EveryType::migrations(),
