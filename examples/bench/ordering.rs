@@ -43,10 +43,16 @@ impl Bench {
              {FEW_KEYS_EVENTS} events.\n",
             args.runs
         ));
-        self.line("| keys | events | ordered events/s | unordered events/s | ordered / unordered |");
+        self.line(
+            "| keys | events | ordered events/s | unordered events/s | ordered / unordered |",
+        );
         self.line("|---|---|---|---|---|");
         for keys in KEYS {
-            let n = if keys >= 1_000 { 100_000 } else { FEW_KEYS_EVENTS };
+            let n = if keys >= 1_000 {
+                100_000
+            } else {
+                FEW_KEYS_EVENTS
+            };
             let ordered: Vec<BenchOrderedEvent> = (0..n)
                 .map(|i| BenchOrderedEvent {
                     key: i64::try_from(i % keys).unwrap_or_default(),
@@ -165,7 +171,9 @@ impl Bench {
 
     async fn explain_ordered_claim(&self) -> Result<String> {
         let mut tx = self.pool.begin().await?;
-        sqlx::raw_sql("SET LOCAL jit = off").execute(&mut *tx).await?;
+        sqlx::raw_sql("SET LOCAL jit = off")
+            .execute(&mut *tx)
+            .await?;
         let explain = format!(
             "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
             BenchOrderedEvent::SPEC.sql().claim_limited(BATCH)

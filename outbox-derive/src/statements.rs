@@ -448,6 +448,15 @@ fn releasing(
 /// [`key_returning`]'s columns): for each row `f` for which `released` holds, the next
 /// event of its key, if a claim set it aside ([`parking`]), is due again now.
 ///
+/// The next event is the first entry after the finished one in the key's index, found
+/// with a row comparison on `(key, id)`: an order only that index has. (With `key =
+/// $1 AND id > $2 ORDER BY id` the planner may walk the primary key from the finished
+/// event onwards instead, to the end of the table when it was its key's last event.)
+///
+/// The events to wake are found first, then by their ids (`status || ''` keeps the
+/// planner off the `READY` index, whose statistics rarely know of the events set aside,
+/// as [`OWNED`] keeps it off the `INPROGRESS` one).
+///
 /// This statement's snapshot sees every such setting aside: a claim sets an event aside
 /// only while it holds a share lock on the event before it, and only while that event is
 /// `READY` or `DEAD`, so before finishing here it was claimed, by a claim that had to
@@ -459,13 +468,16 @@ fn wake(table: &Table<'_>, released: &str) -> String {
     let (t, k) = (&table.name, quoted(&key.column));
     let (ready, sent) = (Status::Ready.as_sql(), Status::Sent.as_sql());
     format!(
-        ",\nwoken AS (\n\
+        ",\nnext AS (\n\
+         \x20   SELECT q.id FROM done AS f CROSS JOIN LATERAL (\n\
+         \x20       SELECT q.id, q.{k} AS key FROM {t} AS q\n\
+         \x20       WHERE (q.{k}, q.id) > (f.outbox_key, f.outbox_id) AND q.status <> '{sent}'{}\n\
+         \x20       ORDER BY q.{k}, q.id LIMIT 1) AS q\n\
+         \x20   WHERE {released} AND q.key = f.outbox_key\n\
+         ), woken AS (\n\
          \x20   UPDATE {t} AS w SET next_attempt_at = statement_timestamp()\n\
-         \x20   FROM done AS f CROSS JOIN LATERAL (\n\
-         \x20       SELECT min(q.id) AS id FROM {t} AS q\n\
-         \x20       WHERE q.{k} = f.outbox_key AND q.id > f.outbox_id AND q.status <> '{sent}'{}) AS next\n\
-         \x20   WHERE {released} AND w.id = next.id\n\
-         \x20       AND w.status = '{ready}' AND w.next_attempt_at > statement_timestamp())",
+         \x20   WHERE w.id = ANY(ARRAY(SELECT id FROM next))\n\
+         \x20       AND w.status || '' = '{ready}' AND w.next_attempt_at > statement_timestamp())",
         blocking(table, "q")
     )
 }
@@ -563,14 +575,16 @@ fn claim(table: &Table<'_>, limit: &str) -> String {
 /// being claimed by another, or `DEAD` where that holds the key) are set aside, due again
 /// after the lease or their age, whichever is longer, so that later claims do not step
 /// over them again: a hot key's backlog, or the events behind a retry's delay or a
-/// `DEAD` event, would otherwise be walked by every claim. An event behind one in flight
-/// is left where it is: it is released within moments, and there is at most one per key
-/// in flight.
+/// `DEAD` event, would otherwise be walked by every claim. An event right behind one in
+/// flight is left where it is: it is released within moments, and there is at most one
+/// per key in flight. (While an event of a key is in flight, none before it waits: so an
+/// event with a waiting event anywhere before it is at least two behind.)
 ///
-/// The event before is share-locked, skipping one that is locked: while this claim has
-/// not committed, that event cannot be claimed, so it is claimed, and later finished,
-/// only by statements that see the setting aside, and the statement that finishes it
-/// wakes its successor ([`wake`]). The age term spaces out the rechecks of events held
+/// The waiting event is share-locked, skipping one that is locked: while this claim has
+/// not committed, it cannot be claimed, and no event after it before it is finished, so
+/// every event between it and the one set aside is claimed, and finished, by statements
+/// that see the setting aside; the one that finishes the last of them wakes its
+/// successor ([`wake`]). The age term spaces out the rechecks of events held
 /// back for long (behind a `DEAD` event): each recheck that finds them still held back
 /// doubles their age, so they are rechecked a logarithmic number of times.
 ///
@@ -581,11 +595,7 @@ fn parking(table: &Table<'_>, limit: &str) -> String {
         return String::new();
     };
     let (t, k, lease) = (&table.name, quoted(&key.column), &table.lease);
-    let (ready, sent, dead) = (
-        Status::Ready.as_sql(),
-        Status::Sent.as_sql(),
-        Status::Dead.as_sql(),
-    );
+    let (ready, dead) = (Status::Ready.as_sql(), Status::Dead.as_sql());
     let waiting = if dead_releases(table) {
         format!("'{ready}'")
     } else {
@@ -602,14 +612,11 @@ fn parking(table: &Table<'_>, limit: &str) -> String {
          \x20       SELECT c.ctid FROM {t} AS c\n\
          \x20       WHERE c.status = '{ready}' AND c.next_attempt_at <= statement_timestamp()\n\
          \x20           AND c.next_attempt_at <= (SELECT walked FROM reach)\n\
-         \x20           AND EXISTS (SELECT FROM {t} AS p, (\n\
-         \x20               SELECT max(q.id) AS id FROM {t} AS q\n\
-         \x20               WHERE q.{k} = c.{k} AND q.id < c.id AND q.status <> '{sent}'{}) AS before\n\
-         \x20           WHERE p.id = before.id AND p.status IN ({waiting})\n\
-         \x20               AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready))\n\
-         \x20           FOR SHARE OF p SKIP LOCKED)\n\
-         \x20       ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED)))",
-        blocking(table, "q")
+         \x20           AND EXISTS (SELECT FROM {t} AS p\n\
+         \x20               WHERE p.{k} = c.{k} AND p.id < c.id AND p.status IN ({waiting})\n\
+         \x20                   AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready))\n\
+         \x20               FOR SHARE SKIP LOCKED)\n\
+         \x20       ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED)))"
     )
 }
 

@@ -38,12 +38,10 @@ WITH expired AS (
         SELECT c.ctid FROM "bench_ordered_events" AS c
         WHERE c.status = 'READY' AND c.next_attempt_at <= statement_timestamp()
             AND c.next_attempt_at <= (SELECT walked FROM reach)
-            AND EXISTS (SELECT FROM "bench_ordered_events" AS p, (
-                SELECT max(q.id) AS id FROM "bench_ordered_events" AS q
-                WHERE q."key" = c."key" AND q.id < c.id AND q.status <> 'SENT') AS before
-            WHERE p.id = before.id AND p.status IN ('READY', 'DEAD')
-                AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready))
-            FOR SHARE OF p SKIP LOCKED)
+            AND EXISTS (SELECT FROM "bench_ordered_events" AS p
+                WHERE p."key" = c."key" AND p.id < c.id AND p.status IN ('READY', 'DEAD')
+                    AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready))
+                FOR SHARE SKIP LOCKED)
         ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED)))
 UPDATE "bench_ordered_events" AS o SET
     status = CASE WHEN o.attempts >= 10 THEN 'DEAD' ELSE 'INPROGRESS' END,
@@ -81,13 +79,16 @@ RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_atte
 WITH done AS (
 UPDATE "bench_ordered_events" SET status = 'SENT', lease_until = NULL WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()
     RETURNING id, id AS outbox_id, "key" AS outbox_key),
-woken AS (
+next AS (
+    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
+        SELECT q.id, q."key" AS key FROM "bench_ordered_events" AS q
+        WHERE (q."key", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT'
+        ORDER BY q."key", q.id LIMIT 1) AS q
+    WHERE true AND q.key = f.outbox_key
+), woken AS (
     UPDATE "bench_ordered_events" AS w SET next_attempt_at = statement_timestamp()
-    FROM done AS f CROSS JOIN LATERAL (
-        SELECT min(q.id) AS id FROM "bench_ordered_events" AS q
-        WHERE q."key" = f.outbox_key AND q.id > f.outbox_id AND q.status <> 'SENT') AS next
-    WHERE true AND w.id = next.id
-        AND w.status = 'READY' AND w.next_attempt_at > statement_timestamp())
+    WHERE w.id = ANY(ARRAY(SELECT id FROM next))
+        AND w.status || '' = 'READY' AND w.next_attempt_at > statement_timestamp())
 SELECT id FROM done;
 
 -- retry
@@ -113,13 +114,16 @@ UPDATE "bench_ordered_events" AS o SET status = 'SENT', lease_until = NULL
 FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)
 WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation AND o.lease_until > clock_timestamp()
     RETURNING o.id, o.id AS outbox_id, o."key" AS outbox_key),
-woken AS (
+next AS (
+    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
+        SELECT q.id, q."key" AS key FROM "bench_ordered_events" AS q
+        WHERE (q."key", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT'
+        ORDER BY q."key", q.id LIMIT 1) AS q
+    WHERE true AND q.key = f.outbox_key
+), woken AS (
     UPDATE "bench_ordered_events" AS w SET next_attempt_at = statement_timestamp()
-    FROM done AS f CROSS JOIN LATERAL (
-        SELECT min(q.id) AS id FROM "bench_ordered_events" AS q
-        WHERE q."key" = f.outbox_key AND q.id > f.outbox_id AND q.status <> 'SENT') AS next
-    WHERE true AND w.id = next.id
-        AND w.status = 'READY' AND w.next_attempt_at > statement_timestamp())
+    WHERE w.id = ANY(ARRAY(SELECT id FROM next))
+        AND w.status || '' = 'READY' AND w.next_attempt_at > statement_timestamp())
 SELECT id FROM done;
 
 -- record
@@ -145,13 +149,16 @@ FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[])
     AS u(id, generation, outcome, delay, error)
 WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation AND o.lease_until > clock_timestamp()
     RETURNING o.id, o.status, o.id AS outbox_id, o."key" AS outbox_key),
-woken AS (
+next AS (
+    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
+        SELECT q.id, q."key" AS key FROM "bench_ordered_events" AS q
+        WHERE (q."key", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT'
+        ORDER BY q."key", q.id LIMIT 1) AS q
+    WHERE f.status = 'SENT' AND q.key = f.outbox_key
+), woken AS (
     UPDATE "bench_ordered_events" AS w SET next_attempt_at = statement_timestamp()
-    FROM done AS f CROSS JOIN LATERAL (
-        SELECT min(q.id) AS id FROM "bench_ordered_events" AS q
-        WHERE q."key" = f.outbox_key AND q.id > f.outbox_id AND q.status <> 'SENT') AS next
-    WHERE f.status = 'SENT' AND w.id = next.id
-        AND w.status = 'READY' AND w.next_attempt_at > statement_timestamp())
+    WHERE w.id = ANY(ARRAY(SELECT id FROM next))
+        AND w.status || '' = 'READY' AND w.next_attempt_at > statement_timestamp())
 SELECT id, status FROM done;
 
 -- renew_batch
@@ -171,13 +178,16 @@ SELECT count(*) AS requeued FROM requeued;
 WITH done AS (
 DELETE FROM "bench_ordered_events" WHERE status = 'DEAD' AND event_id = ANY($1::text[])
     RETURNING event_id, id AS outbox_id, "key" AS outbox_key),
-woken AS (
+next AS (
+    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
+        SELECT q.id, q."key" AS key FROM "bench_ordered_events" AS q
+        WHERE (q."key", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT'
+        ORDER BY q."key", q.id LIMIT 1) AS q
+    WHERE true AND q.key = f.outbox_key
+), woken AS (
     UPDATE "bench_ordered_events" AS w SET next_attempt_at = statement_timestamp()
-    FROM done AS f CROSS JOIN LATERAL (
-        SELECT min(q.id) AS id FROM "bench_ordered_events" AS q
-        WHERE q."key" = f.outbox_key AND q.id > f.outbox_id AND q.status <> 'SENT') AS next
-    WHERE true AND w.id = next.id
-        AND w.status = 'READY' AND w.next_attempt_at > statement_timestamp())
+    WHERE w.id = ANY(ARRAY(SELECT id FROM next))
+        AND w.status || '' = 'READY' AND w.next_attempt_at > statement_timestamp())
 SELECT event_id FROM done;
 
 -- prune_sent
