@@ -75,7 +75,7 @@ async fn a_retry_waiting_out_its_delay_holds_back_the_later_events_of_its_key() 
     let mut claims = claim_all(pool).await?.into_iter();
     let a1 = claims.next().ok_or("a1")?;
     let retried = a1
-        .retry_because(pool, Duration::from_secs(3600), "broker said no")
+        .retry_because(pool, Duration::from_hours(1), "broker said no")
         .await?;
     assert_eq!(retried, outbox::Retried::Scheduled);
 
@@ -301,14 +301,14 @@ async fn four_workers_publish_each_key_in_order_through_retries() -> TestResult 
             .run(stop.clone()),
     );
     let total = i64::from(PER_KEY) * KEYS;
-    wait_until("every event is SENT", Duration::from_secs(60), async || {
+    wait_until("every event is SENT", Duration::from_mins(1), async || {
         outbox::stats::<OrderStep>(pool).await.unwrap().sent == total
     })
     .await;
     stop.cancel();
     relay.await??;
 
-    let seen = sink.seen.lock().unwrap_or_else(PoisonError::into_inner);
+    let seen = std::mem::take(&mut *sink.seen.lock().unwrap_or_else(PoisonError::into_inner));
     assert!(seen.early.is_empty(), "published early: {:?}", seen.early);
     let in_order: Vec<u32> = (0..PER_KEY).collect();
     for (key, firsts) in &seen.first {
