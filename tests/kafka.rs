@@ -523,9 +523,9 @@ async fn kafka_bad_input_is_dead_with_its_reason_and_the_other_events_are_sent()
     let topic = format!("outbox.test.{}.shipments", db.name());
     let missing = format!("outbox.test.{}.missing", db.name());
     create_topic(&tansu.bootstrap(), &topic).await?;
-    // Over the producer's `message.max.bytes` below: the event id is the key, and a
-    // header, and in the value.
-    let huge = "h".repeat(20_000);
+    // Over the producer's `message.max.bytes` below (librdkafka's least, 1000): the
+    // event id is the key, a header, and in the value.
+    let huge = "h".repeat(1000);
     let names = ["ok-1", "unencodable", huge.as_str(), "missing", "ok-2"];
     let events: Vec<ChaosEvent> = names
         .iter()
@@ -537,9 +537,10 @@ async fn kafka_bad_input_is_dead_with_its_reason_and_the_other_events_are_sent()
     enqueue(pool, &events).await;
     let mut config = producer_config(&tansu.bootstrap());
     config
-        .set("message.max.bytes", "10000")
-        // A topic the broker does not have stays missing (no auto-creation), and is
-        // known missing quickly.
+        .set("message.max.bytes", "1000")
+        // A producer asks the broker to create a topic it does not know (tansu does), and
+        // waits up to `topic.metadata.propagation.max.ms` (30 s) for a new topic to show:
+        // here a missing topic stays missing, and is known missing at once.
         .set("allow.auto.create.topics", "false")
         .set("topic.metadata.propagation.max.ms", "100");
     let topic_of = topic.clone();
@@ -571,12 +572,16 @@ async fn kafka_bad_input_is_dead_with_its_reason_and_the_other_events_are_sent()
             "unencodable",
             "cannot encode the event: parcels must be positive",
         ),
-        (huge.as_str(), "Broker: Message size too large"),
-        ("missing", "Unknown topic"),
+        (huge.as_str(), "MessageSizeTooLarge"),
+        ("missing", "UnknownTopicOrPartition"),
     ] {
         let row = row_of::<ChaosEvent>(pool, name).await;
         let error = row.last_error.unwrap_or_default();
-        assert_eq!(row.status.as_str(), "DEAD", "{error}");
+        assert_eq!(
+            (row.status.as_str(), row.attempts),
+            ("DEAD", 1),
+            "{name:.20}: {error}"
+        );
         assert!(error.contains(reason), "{name:.20}: {error}");
     }
     for name in ["ok-1", "ok-2"] {
