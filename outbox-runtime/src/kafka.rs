@@ -110,6 +110,12 @@ pub enum ConfigError {
 /// (`consistent_random`, CRC32 of the key); set `partitioner=murmur2_random` for the
 /// partitions Java clients choose.
 ///
+/// A topic the brokers do not have: librdkafka asks them to create it
+/// (`allow.auto.create.topics`, true for a producer; the broker's own setting decides),
+/// and waits up to `topic.metadata.propagation.max.ms` (30 s by default) for a new topic
+/// to show before it fails the records for it. Set `allow.auto.create.topics=false` and
+/// a shorter propagation time for a missing topic to be `DEAD` at the first attempt.
+///
 /// # Results
 ///
 /// | the producer's answer | the result |
@@ -117,13 +123,14 @@ pub enum ConfigError {
 /// | a delivery report without error | `Ok` (`SENT`) |
 /// | no delivery of the batch succeeded, some failed on the way to the brokers (timed out, transport, all brokers down, authentication), and no broker answers a metadata request within 1 s | [`SinkError::Unavailable`]: handed back, no attempt counted |
 /// | the same failures while a broker answers; the local queue is full; any other broker error | [`SinkError::Transient`] |
-/// | the event does not encode; the record is over `message.max.bytes` (librdkafka's or the broker's); the topic does not exist (known, or after librdkafka's `topic.metadata.propagation.max.ms`, 30 s by default); an invalid topic name; no authorization for the topic | [`SinkError::Permanent`] (`DEAD`) |
+/// | the event does not encode; the record is over `message.max.bytes` (librdkafka's or the broker's); the topic does not exist (below); an invalid topic name; no authorization for the topic | [`SinkError::Permanent`] (`DEAD`) |
 ///
 /// Once librdkafka reports that every broker is down, the sink asks for the cluster's
 /// metadata before it hands the producer a batch: while no broker answers, batches are
 /// unavailable at once, and no record waits in librdkafka's queue through the outage.
-/// A producer that hits a fatal error (possible with the idempotent producer) is
-/// replaced by a new one, built from the same configuration.
+/// A producer that hits a fatal error (possible with the idempotent producer) fails its
+/// batch as unavailable and is replaced by a new one, built from the same configuration,
+/// before the next batch.
 ///
 /// ```no_run
 /// use outbox_runtime::kafka::{KafkaSink, rdkafka::ClientConfig};
@@ -204,11 +211,24 @@ impl<T, E> KafkaSink<T, E> {
         self
     }
 
-    /// Derives each record's key from the delivery instead of using the event id: Kafka
-    /// keeps the records of one key in order in one partition, so an aggregate id keeps
-    /// an aggregate's events together:
-    /// `.key_from(|delivery: &Delivery<'_, OrderPlaced>| delivery.event().order_id.to_string())`.
-    /// The event id stays in the [`header::EVENT_ID`] header.
+    /// Derives each record's key from the delivery instead of using the event id. Kafka
+    /// keeps the records of one key in one partition, in the order they were produced,
+    /// so an aggregate id as the key keeps an aggregate's events together. The event id
+    /// stays in the [`header::EVENT_ID`] header.
+    ///
+    /// ```no_run
+    /// # use outbox_runtime::kafka::{KafkaSink, rdkafka::ClientConfig};
+    /// # use outbox_runtime::relay::Delivery;
+    /// # trait Account { fn account(&self) -> &str; }
+    /// // `OrderPlaced`: your event, with an `account()`.
+    /// # fn build<OrderPlaced: outbox_runtime::Outbox + serde::Serialize + Account>(
+    /// #     config: ClientConfig,
+    /// # ) -> Result<(), Box<dyn std::error::Error>> {
+    /// // The events of one account in one partition, in order.
+    /// let sink = KafkaSink::<OrderPlaced>::new(&config, "orders")?
+    ///     .key_from(|delivery: &Delivery<'_, OrderPlaced>| delivery.event().account().to_owned());
+    /// # Ok(()) }
+    /// ```
     #[must_use]
     pub fn key_from<K: Into<Vec<u8>>>(
         mut self,
@@ -505,7 +525,11 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
             Err(Err(failure)) if failure.kind() == Kind::Unreached => Some(failure.topic.clone()),
             _ => None,
         });
+        // A producer that hit a fatal error fails every record until it is replaced (at
+        // the next batch): not the events' fault.
+        let fatal = producer.client().fatal_error().is_some();
         let unavailable = match unreached {
+            Some(_) if fatal => true,
             Some(topic) if !acked => !client.reachable(&producer, topic).await,
             _ => false,
         };
