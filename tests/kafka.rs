@@ -265,9 +265,8 @@ fn kafka_redeliver_child() {
             .connect(&url)
             .await
             .expect("the test's schema");
-        let sink = KillAfterAcks(
-            KafkaSink::new(&producer_config(&bootstrap), topic).expect("a producer"),
-        );
+        let sink =
+            KillAfterAcks(KafkaSink::new(&producer_config(&bootstrap), topic).expect("a producer"));
         let result = Relay::<ChaosEvent, _>::new(pool, sink)
             .run(CancellationToken::new())
             .await;
@@ -649,8 +648,6 @@ fn kafka_a_producer_that_is_not_idempotent_or_unbounded_is_refused() {
     );
     // What the sink sets, accepted when given.
     let mut config = producer_config("127.0.0.1:9");
-    config
-        .set("enable.idempotence", "true")
-        .set("acks", "all");
+    config.set("enable.idempotence", "true").set("acks", "all");
     KafkaSink::<ChaosEvent>::new(&config, "shipments").expect("an idempotent producer");
 }

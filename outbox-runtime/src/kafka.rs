@@ -46,7 +46,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 #[non_exhaustive]
 pub enum ConfigError {
     /// A property contradicts the idempotent producer the sink needs.
-    #[error("`{property}={value}` contradicts the idempotent producer the outbox needs: it must be {required}")]
+    #[error(
+        "`{property}={value}` contradicts the idempotent producer the outbox needs: it must be {required}"
+    )]
     Contradicts {
         /// The property, as given.
         property: String,
@@ -262,7 +264,10 @@ impl Client {
         let Some((code, reason)) = producer.client().fatal_error() else {
             return producer;
         };
-        let mut current = self.producer.write().unwrap_or_else(PoisonError::into_inner);
+        let mut current = self
+            .producer
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         if current.client().fatal_error().is_none() {
             // Replaced meanwhile.
             return current.clone();
@@ -366,8 +371,10 @@ impl ClientContext for Health {
             | RDKafkaErrorCode::SaslAuthenticationFailed,
         ) = error.rdkafka_error_code()
         {
-            *brokers.reason.lock().unwrap_or_else(PoisonError::into_inner) =
-                format!("{error}: {reason}");
+            *brokers
+                .reason
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = format!("{error}: {reason}");
             brokers.down.store(true, Ordering::Relaxed);
         }
         tracing::warn!(%error, reason, "librdkafka");
