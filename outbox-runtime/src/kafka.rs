@@ -100,10 +100,11 @@ pub enum ConfigError {
 ///   refused with a [`ConfigError`].
 /// - `message.timeout.ms`: half the event type's lease, at most 10 s (so 10 s for the
 ///   default 30 s lease). It bounds how long librdkafka keeps a record queued
-///   or retries it. It must stay below the lease: the relay renews its leases while a
-///   batch is in flight, but if it cannot (it lost its database), the lease ends and
-///   another relay publishes the events again; a record librdkafka still held then
-///   could land after that relay's copy. A value of 0 (no limit) or one not below the
+///   or retries it, sent or not (a record timed out in flight may still have been
+///   written). It must stay below the lease: the relay renews its leases while a batch
+///   is in flight, but if it cannot (it lost its database), the lease ends and another
+///   relay publishes the events again; a record librdkafka still held then could land
+///   after that relay's copy. A value of 0 (no limit) or one not below the
 ///   lease is refused. Pick it below the relay's
 ///   [`send_timeout`](crate::relay::Relay::send_timeout) too (30 s by default), so
 ///   that every delivery report arrives before the relay gives up on the batch.
@@ -123,9 +124,10 @@ pub enum ConfigError {
 /// | the producer's answer | the result |
 /// |---|---|
 /// | a delivery report without error | `Ok` (`SENT`) |
-/// | no delivery of the batch succeeded, some failed on the way to the brokers (timed out, transport, all brokers down, authentication), and no broker answers a metadata request within 1 s | [`SinkError::Unavailable`]: handed back, no attempt counted |
-/// | the same failures while a broker answers; the local queue is full; any other broker error | [`SinkError::Transient`] |
-/// | the event does not encode; the record is over `message.max.bytes` (librdkafka's or the broker's); the topic does not exist (below); an invalid topic name; no authorization for the topic | [`SinkError::Permanent`] (`DEAD`) |
+/// | no delivery of the batch succeeded, some failed on the way to the brokers (timed out, transport, all brokers down), and no broker answers a metadata request within 1 s | [`SinkError::Unavailable`]: handed back, no attempt counted |
+/// | the same failures while a broker answers (or beside a delivery that succeeded); the local queue is full; any other broker error | [`SinkError::Transient`] |
+/// | the cluster refuses the producer (authentication, cluster authorization such as `IDEMPOTENT_WRITE`); the producer hit a fatal error | [`SinkError::Unavailable`] |
+/// | the event does not encode; the record is over `message.max.bytes` (librdkafka's or the broker's); the topic does not exist (above); an invalid topic name; no authorization for the topic | [`SinkError::Permanent`] (`DEAD`) |
 ///
 /// Once librdkafka reports that every broker is down, the sink asks for the cluster's
 /// metadata before it hands the producer a batch: while no broker answers, batches are
@@ -422,6 +424,10 @@ enum Kind {
     /// The record did not reach a broker: retried, or the batch is unavailable when no
     /// broker answers.
     Unreached,
+    /// The cluster refuses this producer (its credentials, its cluster-wide ACLs), or
+    /// the producer is unusable (a fatal error; it is replaced): nothing could be
+    /// published, so no attempt is counted.
+    Refused,
     /// Anything else: retried.
     Transient,
 }
@@ -450,14 +456,26 @@ fn kind(error: &KafkaError) -> Kind {
             | Code::BrokerTransportFailure
             | Code::Resolve
             | Code::NetworkException
-            | Code::BrokerNotAvailable
-            | Code::Authentication
+            | Code::BrokerNotAvailable,
+        ) => Kind::Unreached,
+        Some(
+            Code::Authentication
             | Code::SaslAuthenticationFailed
             | Code::ClusterAuthorizationFailed
             | Code::Fatal,
-        ) => Kind::Unreached,
+        ) => Kind::Refused,
         _ => Kind::Transient,
     }
+}
+
+/// What kept a batch's records from the brokers, besides the records themselves.
+#[derive(Clone, Copy)]
+enum Outage {
+    None,
+    /// No broker answers.
+    Brokers,
+    /// The producer hit a fatal error: it fails every record until it is replaced.
+    Fatal,
 }
 
 /// A record that did not reach its topic.
@@ -471,13 +489,15 @@ impl Failure {
         kind(&self.error)
     }
 
-    fn into_error(self, unavailable: bool) -> SinkError {
+    fn into_error(self, outage: Outage) -> SinkError {
         let Self { topic, error } = self;
         let what = format!("publishing to topic `{topic}`: {error}");
-        match kind(&error) {
-            Kind::Permanent => SinkError::permanent(what),
-            Kind::Unreached if unavailable => SinkError::unavailable(what),
-            Kind::Unreached | Kind::Transient => SinkError::transient(what),
+        match (kind(&error), outage) {
+            (Kind::Permanent, _) => SinkError::permanent(what),
+            (Kind::Refused, _)
+            | (Kind::Unreached, Outage::Brokers | Outage::Fatal)
+            | (Kind::Transient, Outage::Fatal) => SinkError::unavailable(what),
+            (Kind::Unreached | Kind::Transient, _) => SinkError::transient(what),
         }
     }
 }
@@ -487,6 +507,9 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
     /// (the partition and offset of its record), or the error the [`Sink`]
     /// implementation reports. For sinks that wrap this one and need the offsets.
     pub async fn publish_acked(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<Acked, SinkError>> {
+        if batch.is_empty() {
+            return Vec::new();
+        }
         let client = &self.client;
         let producer = client.producer();
         if client.brokers.down.load(Ordering::Relaxed) {
@@ -532,20 +555,23 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
             Err(Err(failure)) if failure.kind() == Kind::Unreached => Some(failure.topic.clone()),
             _ => None,
         });
-        // A producer that hit a fatal error fails every record until it is replaced (at
-        // the next batch): not the events' fault.
-        let fatal = producer.client().fatal_error().is_some();
-        let unavailable = match unreached {
-            Some(_) if fatal => true,
-            Some(topic) if !acked => !client.reachable(&producer, topic).await,
-            _ => false,
+        let outage = if producer.client().fatal_error().is_some() {
+            // Replaced before the next batch.
+            Outage::Fatal
+        } else if let Some(topic) = unreached
+            && !acked
+            && !client.reachable(&producer, topic).await
+        {
+            Outage::Brokers
+        } else {
+            Outage::None
         };
         delivered
             .into_iter()
             .map(|delivered| match delivered {
                 Ok(acked) => Ok(acked),
                 Err(Ok(error)) => Err(error),
-                Err(Err(failure)) => Err(failure.into_error(unavailable)),
+                Err(Err(failure)) => Err(failure.into_error(outage)),
             })
             .collect()
     }
