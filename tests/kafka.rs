@@ -704,7 +704,7 @@ async fn kafka_credentials_the_broker_refuses_burn_no_attempts_and_send_nothing_
             event.key
         );
     }
-    let errors = errors.lock().unwrap_or_else(PoisonError::into_inner);
+    let errors = std::mem::take(&mut *errors.lock().unwrap_or_else(PoisonError::into_inner));
     assert!(
         errors
             .iter()
