@@ -356,30 +356,51 @@ fn create(config: &ClientConfig, brokers: &Arc<Brokers>) -> Result<Producer, Kaf
 struct Health(Arc<Brokers>);
 
 /// Whether librdkafka reported every broker down (or authentication failing) since a
-/// broker last answered.
+/// broker last answered, and what it said.
 #[derive(Default)]
 struct Brokers {
     down: AtomicBool,
-    /// What librdkafka said last when it reported them down.
-    reason: Mutex<String>,
+    said: Mutex<Said>,
+}
+
+#[derive(Default)]
+struct Said {
+    /// The last error reported, to log a repeat once: rdkafka 0.39 hands a producer's
+    /// error event to the context twice.
+    last: String,
+    /// The last error other than "all brokers down": why they are.
+    cause: String,
 }
 
 impl ClientContext for Health {
     fn error(&self, error: KafkaError, reason: &str) {
         let Self(brokers) = self;
+        let code = error.rdkafka_error_code();
         if let Some(
             RDKafkaErrorCode::AllBrokersDown
             | RDKafkaErrorCode::Authentication
             | RDKafkaErrorCode::SaslAuthenticationFailed,
-        ) = error.rdkafka_error_code()
+        ) = code
         {
-            *brokers
-                .reason
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = format!("{error}: {reason}");
             brokers.down.store(true, Ordering::Relaxed);
         }
-        tracing::warn!(%error, reason, "librdkafka");
+        let text = format!("{error}: {reason}");
+        let mut said = brokers.said.lock().unwrap_or_else(PoisonError::into_inner);
+        if said.last == text {
+            return;
+        }
+        let all_down = code == Some(RDKafkaErrorCode::AllBrokersDown);
+        if !all_down {
+            said.cause.clone_from(&text);
+        }
+        said.last = text;
+        drop(said);
+        if all_down {
+            // Repeated while the brokers are away; the relay logs the outage itself.
+            tracing::debug!(%error, reason, "librdkafka");
+        } else {
+            tracing::warn!(%error, reason, "librdkafka");
+        }
     }
 }
 
@@ -388,11 +409,14 @@ impl Brokers {
         self.down.store(false, Ordering::Relaxed);
     }
 
-    fn reason(&self) -> String {
-        self.reason
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    /// Why no broker answers, as librdkafka said last.
+    fn cause(&self) -> String {
+        let said = self.said.lock().unwrap_or_else(PoisonError::into_inner);
+        if said.cause.is_empty() {
+            said.last.clone()
+        } else {
+            said.cause.clone()
+        }
     }
 }
 
@@ -518,12 +542,12 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
                 .map(|delivery| (self.topic)(delivery.event()))
                 .unwrap_or_default();
             if !client.reachable(&producer, topic).await {
-                let reason = client.brokers.reason();
+                let cause = client.brokers.cause();
                 return batch
                     .iter()
                     .map(|_| {
                         Err(SinkError::unavailable(format!(
-                            "no Kafka broker answers ({reason})"
+                            "no Kafka broker answers; librdkafka: {cause}"
                         )))
                     })
                     .collect();
