@@ -658,3 +658,53 @@ pub fn event_id<M: rdkafka::Message>(message: &M) -> Option<&str> {
         .value
         .and_then(|value| std::str::from_utf8(value).ok())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn configured(lease: Duration, set: &[(&str, &str)]) -> Result<ClientConfig, ConfigError> {
+        let mut config = ClientConfig::new();
+        for (property, value) in set {
+            config.set(*property, *value);
+        }
+        producer_config(&config, "orders", lease)
+    }
+
+    #[test]
+    fn the_idempotent_producer_and_a_message_timeout_below_the_lease_are_set() {
+        for (lease, timeout) in [(2, "1000"), (30, "10000"), (300, "10000")] {
+            let config = configured(Duration::from_secs(lease), &[]).unwrap();
+            assert_eq!(config.get("enable.idempotence"), Some("true"));
+            assert_eq!(config.get("acks"), Some("all"));
+            assert_eq!(config.get("message.timeout.ms"), Some(timeout), "{lease}s");
+        }
+    }
+
+    #[test]
+    fn what_the_application_set_in_agreement_is_kept() {
+        let config = configured(
+            Duration::from_secs(30),
+            &[
+                ("request.required.acks", "-1"),
+                ("delivery.timeout.ms", "20000"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.get("acks"), None);
+        assert_eq!(config.get("request.required.acks"), Some("-1"));
+        assert_eq!(config.get("message.timeout.ms"), None);
+        assert_eq!(config.get("delivery.timeout.ms"), Some("20000"));
+    }
+
+    #[test]
+    fn a_message_timeout_not_below_the_lease_is_refused() {
+        let error =
+            configured(Duration::from_secs(30), &[("message.timeout.ms", "30000")]).unwrap_err();
+        assert!(
+            matches!(&error, ConfigError::MessageTimeout { property: "message.timeout.ms", value, table: "orders", lease }
+                if value == "30000" && *lease == Duration::from_secs(30)),
+            "{error}"
+        );
+    }
+}
