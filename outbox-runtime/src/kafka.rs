@@ -217,8 +217,10 @@ impl<T, E> KafkaSink<T, E> {
 
     /// Derives each record's key from the delivery instead of using the event id. Kafka
     /// keeps the records of one key in one partition, in the order they were produced,
-    /// so an aggregate id as the key keeps an aggregate's events together. The event id
-    /// stays in the [`header::EVENT_ID`] header.
+    /// so an aggregate id as the key keeps an aggregate's events together (the relay
+    /// publishes in claim order, but an event retried after a failure comes after the
+    /// events published meanwhile). The event id stays in the [`header::EVENT_ID`]
+    /// header.
     ///
     /// ```no_run
     /// # use outbox_runtime::kafka::{KafkaSink, rdkafka::ClientConfig};
