@@ -12,8 +12,8 @@
 //!   others sent.
 //! - An outage: the client loses its broker (a proxy in between is stopped); batches go
 //!   back without counting attempts until it returns, then everything is sent.
-//! - Credentials the broker refuses: batches go back without counting attempts, nothing
-//!   `DEAD`.
+//! - Credentials the broker refuses, and a broker that accepts connections and never
+//!   answers: batches go back without counting attempts, nothing `DEAD`.
 //! - A configuration that contradicts the idempotent producer, or an unbounded message
 //!   timeout, is refused when the sink is built.
 //!
@@ -713,6 +713,78 @@ async fn kafka_credentials_the_broker_refuses_burn_no_attempts_and_send_nothing_
     assert!(
         errors.iter().any(|error| error.contains("Authentication")),
         "librdkafka's reason: {errors:?}"
+    );
+    assert_eq!(counters.get(outbox::relay::metric::RETRIED, table), 0);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// A listener that accepts connections and never answers: a broker hung, or a network
+/// that drops everything. librdkafka reports no broker down; the records time out in
+/// flight, and the sink finds that no broker answers a metadata request either.
+#[tokio::test]
+async fn kafka_a_broker_that_does_not_answer_burns_no_attempts_and_sends_nothing_to_dead()
+-> TestResult {
+    // A current-thread runtime polls the relay's tasks on this thread: they count here.
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = silent.local_addr()?.port();
+    let holding = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((connection, _)) = silent.accept().await {
+            held.push(connection);
+        }
+    });
+    let events: Vec<ChaosEvent> = (1..=3)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let sink = Recording {
+        sink: KafkaSink::new(&producer_config(&format!("127.0.0.1:{port}")), "shipments")?,
+        errors: Arc::clone(&errors),
+    };
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .unavailable_backoff(Backoff::new(
+                Duration::from_millis(50),
+                Duration::from_millis(500),
+            ))
+            .run(shutdown.clone()),
+    );
+    let table = ChaosEvent::SPEC.table();
+    wait_until("2 batches held back", Duration::from_secs(30), async || {
+        counters.get(outbox::relay::metric::UNAVAILABLE, table) >= 2
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+    holding.abort();
+
+    for event in &events {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts, row.last_error.as_deref()),
+            ("READY", 0, None),
+            "{}",
+            event.key
+        );
+    }
+    let errors = std::mem::take(&mut *errors.lock().unwrap_or_else(PoisonError::into_inner));
+    assert!(
+        !errors.is_empty()
+            && errors.iter().all(|error| {
+                error.starts_with("destination unavailable") && error.contains("MessageTimedOut")
+            }),
+        "every record timed out, every batch unavailable: {errors:?}"
     );
     assert_eq!(counters.get(outbox::relay::metric::RETRIED, table), 0);
     db.drop_schema().await?;
