@@ -24,6 +24,8 @@
 #[path = "../tests/support/child.rs"]
 mod child;
 mod common;
+#[path = "bench/ordering.rs"]
+mod ordering;
 #[path = "bench/pinned.rs"]
 mod pinned;
 #[path = "bench/wakeups.rs"]
@@ -126,6 +128,8 @@ enum Section {
     Pinned,
     /// Only with --only: claim statements per batch at each of --wakeup-rates (~25 s each).
     Wakeups,
+    /// Only with --only: per-key ordering vs the same table unordered (a few minutes).
+    Ordering,
     Memory,
     Peers,
 }
@@ -138,7 +142,7 @@ impl Args {
         match (&self.only, section) {
             (Some(only), _) => only.contains(&section),
             (None, Section::Endurance) => self.endurance,
-            (None, Section::Pinned | Section::Wakeups) => false,
+            (None, Section::Pinned | Section::Wakeups | Section::Ordering) => false,
             (None, _) => true,
         }
     }
@@ -1133,7 +1137,12 @@ async fn main() -> Result {
     let schema = outbox::testing::TestSchema::new().await?;
     outbox::migrate(
         schema.pool(),
-        &[BenchEvent::migrations(), BenchDeletedEvent::migrations()],
+        &[
+            BenchEvent::migrations(),
+            BenchDeletedEvent::migrations(),
+            common::BenchOrderedEvent::migrations(),
+            common::BenchKeyedEvent::migrations(),
+        ],
     )
     .await?;
     let leftovers = PgmqLeftovers::default();
@@ -1183,6 +1192,9 @@ async fn run(
     }
     if args.selects(Section::Wakeups) {
         bench.wakeups(args).await?;
+    }
+    if args.selects(Section::Ordering) {
+        bench.ordering(args).await?;
     }
     if args.selects(Section::Memory) {
         bench.memory(args).await?;

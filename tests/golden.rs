@@ -77,12 +77,17 @@ fn generated_migrations_match_the_golden_files() {
         common::PaymentCaptured::migrations(),
         common::BenchEvent::migrations(),
         common::BenchDeletedEvent::migrations(),
+        common::BenchOrderedEvent::migrations(),
+        common::BenchKeyedEvent::migrations(),
         events::LabEvent::migrations(),
         events::ChaosEvent::migrations(),
         events::EveryType::migrations(),
         events::Tick::migrations(),
         events::Budgeted::migrations(),
         events::Receipt::migrations(),
+        events::OrderStep::migrations(),
+        events::LenientStep::migrations(),
+        events::Shipment::migrations(),
     ]);
 }
 

@@ -139,3 +139,29 @@ pub async fn publish_all<T: Outbox, S: Sink<T>>(
     running.await?;
     Ok(())
 }
+
+/// The ordering benchmark's event, ordered by its `key` (`#[outbox(key)]`).
+#[derive(outbox::Outbox, Debug, Clone)]
+#[outbox(table = "bench_ordered_events", lease = "30s", retry_delay = "1s")]
+pub struct BenchOrderedEvent {
+    #[outbox(key)]
+    pub key: i64,
+    pub payload: String,
+}
+
+/// [`BenchOrderedEvent`] without the ordering: the same columns, `key` a plain column.
+#[derive(outbox::Outbox, Debug, Clone)]
+#[outbox(table = "bench_keyed_events", lease = "30s", retry_delay = "1s")]
+pub struct BenchKeyedEvent {
+    pub key: i64,
+    pub payload: String,
+}
+
+impl From<&BenchOrderedEvent> for BenchKeyedEvent {
+    fn from(event: &BenchOrderedEvent) -> Self {
+        Self {
+            key: event.key,
+            payload: event.payload.clone(),
+        }
+    }
+}

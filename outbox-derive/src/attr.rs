@@ -38,8 +38,9 @@ pub(crate) const CONTAINER_KEYS: &[&str] = &[
     "retry_delay",
     "max_attempts",
     "delete_sent",
+    "dead_releases_key",
 ];
-pub(crate) const FIELD_KEYS: &[&str] = &["event_id", "json", "column", "since"];
+pub(crate) const FIELD_KEYS: &[&str] = &["event_id", "key", "json", "column", "since"];
 
 /// `#[outbox(..)]` on the struct.
 #[derive(Default)]
@@ -49,12 +50,14 @@ pub(crate) struct ContainerAttrs {
     pub(crate) retry_delay: Option<LitStr>,
     pub(crate) max_attempts: Option<LitInt>,
     pub(crate) delete_sent: Option<Ident>,
+    pub(crate) dead_releases_key: Option<Ident>,
 }
 
 /// `#[outbox(..)]` on a field.
 #[derive(Default)]
 pub(crate) struct FieldAttrs {
     pub(crate) event_id: Option<Ident>,
+    pub(crate) key: Option<Ident>,
     pub(crate) json: Option<Ident>,
     pub(crate) column: Option<LitStr>,
     pub(crate) since: Option<LitInt>,
@@ -209,6 +212,9 @@ pub(crate) fn parse_container(attrs: &[Attribute], errors: &mut Errors) -> Conta
             } else if key.is_ident("delete_sent") {
                 let v = flag(&meta, errors)?;
                 set_once(&mut out.delete_sent, v, key, errors);
+            } else if key.is_ident("dead_releases_key") {
+                let v = flag(&meta, errors)?;
+                set_once(&mut out.dead_releases_key, v, key, errors);
             } else {
                 let here = ("the struct", CONTAINER_KEYS);
                 unknown(&meta, here, ("a field", FIELD_KEYS), errors)?;
@@ -230,6 +236,9 @@ pub(crate) fn parse_field(attrs: &[Attribute], errors: &mut Errors) -> FieldAttr
             if key.is_ident("event_id") {
                 let v = flag(&meta, errors)?;
                 set_once(&mut out.event_id, v, key, errors);
+            } else if key.is_ident("key") {
+                let v = flag(&meta, errors)?;
+                set_once(&mut out.key, v, key, errors);
             } else if key.is_ident("json") {
                 let v = flag(&meta, errors)?;
                 set_once(&mut out.json, v, key, errors);

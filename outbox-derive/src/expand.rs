@@ -22,6 +22,13 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
         (&model.table, &model.history_table, model.max_attempts);
     let lease = micros(model.lease);
     let retry_delay = micros(model.retry_delay);
+    let key = model.key().map_or_else(
+        || quote!(::core::option::Option::None),
+        |f| {
+            let column = &f.column;
+            quote!(::core::option::Option::Some(#column))
+        },
+    );
 
     let columns = BOOKKEEPING
         .iter()
@@ -72,6 +79,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
                 #p::Duration::from_micros(#lease),
                 #p::Duration::from_micros(#retry_delay),
                 #max_attempts,
+                #key,
                 #statements,
                 &[#(#columns),*],
                 &[#(#steps),*],

@@ -38,6 +38,7 @@ fn stand_in(input: &DeriveInput) -> TokenStream {
         retry_delay: Duration::ZERO,
         max_attempts: 0,
         sent: crate::model::Sent::Keep,
+        dead: crate::model::Dead::HoldsKey,
         event_id: None,
         fields: Vec::new(),
     };
@@ -54,6 +55,7 @@ fn stand_in(input: &DeriveInput) -> TokenStream {
                 #p::Duration::ZERO,
                 #p::Duration::ZERO,
                 0,
+                ::core::option::Option::None,
                 #p::derive_only_statements([#(#statements),*], &[], &[]),
                 &[],
                 &[],

@@ -45,6 +45,7 @@ pub(crate) fn fields(
     let mut event_id: Option<EventIdField> = None;
     let mut fields = Vec::new();
     let mut column_spans = Vec::new();
+    let mut first_key: Option<Ident> = None;
     for field in named.into_iter().flat_map(|n| &n.named) {
         let Some(ident) = field.ident.clone() else {
             continue;
@@ -72,6 +73,10 @@ pub(crate) fn fields(
             .as_ref()
             .map_or_else(|| ident.span(), LitStr::span);
         if let Some(f) = payload_field(ident, field, &fattrs, generics, errors) {
+            if let Some(flag) = &fattrs.key {
+                validate_key(field, &fattrs, flag, first_key.as_ref(), errors);
+                first_key.get_or_insert_with(|| f.ident.clone());
+            }
             fields.push(f);
             column_spans.push(column_span);
         }
@@ -91,6 +96,9 @@ fn validate_event_id(field: &syn::Field, attrs: &attr::FieldAttrs, errors: &mut 
             "an `event_id` field must be `String`, `uuid::Uuid`, `i64` or `i32`: a stable value that never changes across retries",
         ));
     }
+    if let Some(key) = &attrs.key {
+        errors.push(syn::Error::new(key.span(), "`key` cannot be combined with `event_id`: the event id names one event, the ordering key the aggregate many events share; mark another field with #[outbox(key)]"));
+    }
     for (present, key) in [
         (attrs.json.as_ref().map(Spanned::span), "json"),
         (attrs.column.as_ref().map(Spanned::span), "column"),
@@ -99,6 +107,37 @@ fn validate_event_id(field: &syn::Field, attrs: &attr::FieldAttrs, errors: &mut 
         if let Some(span) = present {
             errors.push(syn::Error::new(span, format!("`{key}` cannot be combined with `event_id`: the id is always stored in the `event_id` column")));
         }
+    }
+}
+
+/// The ordering key: an aggregate id, compared by equality in the claim, so a type
+/// whose equality PostgreSQL and Rust agree on; one per struct.
+fn validate_key(
+    field: &syn::Field,
+    attrs: &attr::FieldAttrs,
+    flag: &Ident,
+    first: Option<&Ident>,
+    errors: &mut Errors,
+) {
+    const SUPPORTED: &[&str] = &["String", "Uuid", "i64", "i32"];
+    let ty = types::option_inner(&field.ty).unwrap_or(&field.ty);
+    if !SUPPORTED.iter().any(|name| types::is_ident(ty, name)) {
+        errors.push(syn::Error::new_spanned(
+            &field.ty,
+            "an ordering `key` must be `String`, `uuid::Uuid`, `i64` or `i32` (an aggregate id), or an `Option` of one for a key added with `since`",
+        ));
+    }
+    if let Some(json) = &attrs.json {
+        errors.push(syn::Error::new(
+            json.span(),
+            "`json` cannot be combined with `key`: the ordering key is compared as a plain column",
+        ));
+    }
+    if let Some(first) = first {
+        errors.push(syn::Error::new(
+            flag.span(),
+            format!("only one field can be the ordering `key`, and `{first}` already is"),
+        ));
     }
 }
 
@@ -123,6 +162,7 @@ fn payload_field(
         sql_type: sql_type?,
         option_of,
         json,
+        key: attrs.key.is_some(),
         since: since?,
     })
 }

@@ -12,7 +12,7 @@ use crate::attr::{self, Errors};
 const HISTORY_PREFIX: &str = "_outbox_history_";
 
 /// Not a column: the claim statement returns it beside the payload columns.
-const RESERVED_RESULT: &str = claim_header::RECLAIMED_NAME;
+const RESERVED_RESULTS: [&str; 2] = [claim_header::RECLAIMED_NAME, claim_header::KEY_NAME];
 
 /// PostgreSQL's system columns: `CREATE TABLE` refuses a column with one of these names.
 const SYSTEM_COLUMNS: &[&str] = &["tableoid", "xmin", "cmin", "xmax", "cmax", "ctid"];
@@ -81,8 +81,8 @@ fn taken(column: &str) -> Option<String> {
             "is reserved for the outbox's own bookkeeping ({})",
             names.join(", ")
         )
-    } else if column == RESERVED_RESULT {
-        format!("is reserved: the claim statement returns `{RESERVED_RESULT}` beside the payload")
+    } else if RESERVED_RESULTS.contains(&column) {
+        format!("is reserved: the claim statement returns `{column}` beside the payload")
     } else if SYSTEM_COLUMNS.contains(&column) {
         format!(
             "is a PostgreSQL system column ({}), which no table can declare",

@@ -70,6 +70,7 @@ use syn::{DeriveInput, parse_macro_input};
 /// | `retry_delay = "1m"` | How long a retried event waits before it is due again, when the retry names no delay (the relay backs off from it). Greater than zero. | `"1m"` |
 /// | `max_attempts = 10` | How many claims an event may use before it moves to `DEAD` (an integer from 1 to 2147483647). | `10` |
 /// | `delete_sent` | A flag: the guarded outcome that records an event as published deletes its row instead of keeping it as `SENT` (the same guards: a stale owner deletes nothing). The table then holds only work not yet done and `DEAD` rows, with no `SENT` row versions to write, vacuum or prune. The price: once its row is gone an event id is forgotten, so enqueueing the same id again enqueues it again. | off: `SENT` rows are kept until `prune_sent` |
+/// | `dead_releases_key` | A flag, with an ordering `key`: a `DEAD` event no longer holds back the later events of its key. | off: a `DEAD` event holds its key until it is requeued or discarded |
 ///
 /// Durations are strings in [humantime](https://docs.rs/humantime) syntax (`"500ms"`,
 /// `"30s"`, `"1m"`, `"1h 30m"`), in whole microseconds, PostgreSQL's `interval`
@@ -82,8 +83,9 @@ use syn::{DeriveInput, parse_macro_input};
 /// | attribute | meaning |
 /// |---|---|
 /// | `event_id` | This field is the event's stable id, the one consumers deduplicate on: stored (as text) in the `event_id` column rather than a column of its own. Its type is `String`, `uuid::Uuid`, `i64` or `i32`. At most one field; it combines with no other attribute. Without one, a UUIDv7 is generated at enqueue. |
+/// | `key` | This field is the ordering key, an aggregate id (`String`, `uuid::Uuid`, `i64`, `i32`, or an `Option` of one with `since`): the events of one key are claimed one at a time, in the order of their row ids, each only once every earlier one is `SENT` (or `DEAD`, with `dead_releases_key`). Stored in the field's column, with an index on it. At most one field. |
 /// | `json` | Stores the field, of any type implementing serde's `Serialize` and `Deserialize`, as `jsonb`. |
-/// | `column = "name"` | The field's column (a plain lowercase identifier, as for `table`); default: the field's name. The outbox's own columns (`id`, `event_id`, `status`, `generation`, `attempts`, `lease_until`, `next_attempt_at`, `last_error`, `created_at`), `outbox_reclaimed` and PostgreSQL's system columns are reserved. |
+/// | `column = "name"` | The field's column (a plain lowercase identifier, as for `table`); default: the field's name. The outbox's own columns (`id`, `event_id`, `status`, `generation`, `attempts`, `lease_until`, `next_attempt_at`, `last_error`, `created_at`), `outbox_reclaimed`, `outbox_key` and PostgreSQL's system columns are reserved. |
 /// | `since = 2` | The migration version of the table that adds this column (2 or more; version 1 creates the table). The field must be an `Option`: rows written before it have no value. Fields with the same `since` are added by one migration. |
 ///
 /// # Field types

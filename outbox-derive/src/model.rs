@@ -21,6 +21,8 @@ pub(crate) struct Model {
     pub(crate) max_attempts: i32,
     /// What recording an event as published does to its row.
     pub(crate) sent: Sent,
+    /// Whether a `DEAD` event holds back the later events of its key.
+    pub(crate) dead: Dead,
     pub(crate) event_id: Option<EventIdField>,
     pub(crate) fields: Vec<Field>,
 }
@@ -34,6 +36,16 @@ pub(crate) enum Sent {
     /// The row is deleted by the guarded outcome (`delete_sent`): no second row version,
     /// no pruning.
     Delete,
+}
+
+/// What a `DEAD` event does to the later events of its ordering key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dead {
+    /// They wait until an operator requeues or discards it (the default: order is the
+    /// point of a key).
+    HoldsKey,
+    /// They go on without it (`dead_releases_key`).
+    ReleasesKey,
 }
 
 /// The field whose value is the event's stable id, stored in the `event_id` column.
@@ -52,6 +64,9 @@ pub(crate) struct Field {
     pub(crate) option_of: Option<Type>,
     /// Stored as jsonb through `sqlx::types::Json`.
     pub(crate) json: bool,
+    /// The ordering key (`#[outbox(key)]`): events of one key are claimed one at a
+    /// time, in `id` order.
+    pub(crate) key: bool,
     /// The migration version that adds the column (1: the `CREATE TABLE`).
     pub(crate) since: u32,
 }
@@ -66,6 +81,17 @@ impl Model {
         let retry_delay = duration::retry_delay(attrs.retry_delay.as_ref(), &mut errors);
         let max_attempts = parse_max_attempts(attrs.max_attempts.as_ref(), &mut errors);
         let (event_id, fields) = fields::fields(named, &input.generics, &mut errors);
+        let dead = match &attrs.dead_releases_key {
+            Some(flag) if !fields.iter().any(|f| f.key) => {
+                errors.push(syn::Error::new(
+                    flag.span(),
+                    "`dead_releases_key` needs an ordering key: mark the field that holds the aggregate id with #[outbox(key)]",
+                ));
+                Dead::ReleasesKey
+            }
+            Some(_) => Dead::ReleasesKey,
+            None => Dead::HoldsKey,
+        };
 
         errors.finish(Self {
             ident: input.ident.clone(),
@@ -79,9 +105,15 @@ impl Model {
             } else {
                 Sent::Keep
             },
+            dead,
             event_id,
             fields,
         })
+    }
+
+    /// The ordering key's field, if the type has one.
+    pub(crate) fn key(&self) -> Option<&Field> {
+        self.fields.iter().find(|f| f.key)
     }
 
     /// Migration versions beyond 1, in order.

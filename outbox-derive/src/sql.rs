@@ -24,13 +24,20 @@ pub(crate) fn migrations(model: &Model) -> Vec<(u32, String, String)> {
             many => format!("{}_columns", many.len()),
         };
         let mut sql = String::new();
-        for f in added {
+        for f in &added {
             let _ = writeln!(
                 sql,
                 "ALTER TABLE {t} ADD COLUMN {} {};",
                 quoted(&f.column),
                 f.sql_type.ddl
             );
+        }
+        if let Some(key) = added.iter().find(|f| f.key) {
+            sql.push_str(
+                "-- Events enqueued before this version have no key (NULL): they are published\n\
+                 -- in no particular order, as before, and never hold back a keyed event.\n",
+            );
+            key_index(&mut sql, &t, key);
         }
         migrations.push((version, format!("V{version}__add_{names}"), sql));
     }
@@ -68,5 +75,20 @@ fn create_table(model: &Model) -> String {
          -- DEAD rows are few and looked at by operators: requeue and stats find them here.\n\
          CREATE INDEX ON {t} (id) WHERE status = 'DEAD';\n"
     );
+    if let Some(key) = model.key().filter(|f| f.since == 1) {
+        key_index(&mut sql, &t, key);
+    }
     sql
+}
+
+/// The index of the ordering key: each key's unpublished events in order, where the
+/// claim asks whether an event has an earlier one still to go.
+fn key_index(sql: &mut String, t: &str, key: &Field) {
+    let _ = write!(
+        sql,
+        "-- Each key's events not yet SENT, in order: an event is claimed only when none\n\
+         -- comes before it.\n\
+         CREATE INDEX ON {t} ({}, id) WHERE status <> 'SENT';\n",
+        quoted(&key.column)
+    );
 }

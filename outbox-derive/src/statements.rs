@@ -13,7 +13,7 @@ use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 
-use crate::model::{Model, Sent};
+use crate::model::{Dead, Model, Sent};
 
 /// One statement: the SQL the runtime runs, and (for the `checked` feature) the
 /// `::sqlx::query!` call through which the compiler verifies it against a live schema.
@@ -161,12 +161,13 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             Definition { sql, checked }
         }
         Statement::Complete => {
-            let sql = match table.model.sent {
-                Sent::Keep => format!(
-                    "UPDATE {t} SET status = '{sent}', lease_until = NULL WHERE {OWNED} RETURNING id"
-                ),
-                Sent::Delete => format!("DELETE FROM {t} WHERE {OWNED} RETURNING id"),
+            let body = match table.model.sent {
+                Sent::Keep => {
+                    format!("UPDATE {t} SET status = '{sent}', lease_until = NULL WHERE {OWNED}")
+                }
+                Sent::Delete => format!("DELETE FROM {t} WHERE {OWNED}"),
             };
+            let sql = releasing(table, &body, "", &["id"], Some("true"));
             let checked = quote!(::sqlx::query!(#sql, 1_i64, 1_i64).fetch_optional(pool).await?;);
             Definition { sql, checked }
         }
@@ -179,8 +180,14 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                  \x20   last_error = CASE WHEN attempts >= {max}\n\
                  \x20       THEN 'attempt budget exhausted after ' || attempts || ' of {max} claims' || coalesce(': ' || $4::text, '')\n\
                  \x20       ELSE coalesce($4::text, last_error) END\n\
-                 WHERE {OWNED}\n\
-                 RETURNING status"
+                 WHERE {OWNED}"
+            );
+            let sql = releasing(
+                table,
+                &sql,
+                "",
+                &["status"],
+                dead_releases(table).then_some("f.status = 'DEAD'"),
             );
             let checked = quote! {
                 ::sqlx::query!(#sql, 1_i64, 1_i64, ::std::time::Duration::ZERO as _, ::core::option::Option::<&str>::None)
@@ -198,7 +205,14 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
         }
         Statement::Fail => {
             let sql = format!(
-                "UPDATE {t} SET status = '{dead}', lease_until = NULL, last_error = $3 WHERE {OWNED} RETURNING id"
+                "UPDATE {t} SET status = '{dead}', lease_until = NULL, last_error = $3 WHERE {OWNED}"
+            );
+            let sql = releasing(
+                table,
+                &sql,
+                "",
+                &["id"],
+                dead_releases(table).then_some("true"),
             );
             let checked =
                 quote!(::sqlx::query!(#sql, 1_i64, 1_i64, "reason").fetch_optional(pool).await?;);
@@ -208,20 +222,19 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             // The relay's common case, every row published: `Record`'s CASEs and three
             // more arrays cost ~15% of a batch's recording, measured. (Returning only the
             // rejected rows instead costs more: the anti-join outweighs the rows.)
-            let sql = match table.model.sent {
+            let body = match table.model.sent {
                 Sent::Keep => format!(
                     "UPDATE {t} AS o SET status = '{sent}', lease_until = NULL\n\
                      FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)\n\
-                     WHERE {OWNED_EACH}\n\
-                     RETURNING o.id"
+                     WHERE {OWNED_EACH}"
                 ),
                 Sent::Delete => format!(
                     "DELETE FROM {t} AS o\n\
                      USING unnest($1::bigint[], $2::bigint[]) AS u(id, generation)\n\
-                     WHERE {OWNED_EACH}\n\
-                     RETURNING o.id"
+                     WHERE {OWNED_EACH}"
                 ),
             };
+            let sql = releasing(table, &body, "o.", &["id"], Some("true"));
             let checked = quote!(::sqlx::query!(#sql, #ids, #ids).fetch_all(pool).await?;);
             Definition { sql, checked }
         }
@@ -254,23 +267,41 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                      \x20       WHEN u.outcome IN ('{o_retry}', '{o_dead}') THEN coalesce(u.error, o.last_error)\n\
                      \x20       ELSE o.last_error END\n\
                      FROM {from}\n\
-                     WHERE {only}{OWNED_EACH}\n\
-                     RETURNING o.id, o.status"
+                     WHERE {only}{OWNED_EACH}"
                 )
             };
-            let sql = match table.model.sent {
-                Sent::Keep => update(outcomes, ""),
+            let released = if dead_releases(table) {
+                format!("f.status IN ('{sent}', '{dead}')")
+            } else {
+                format!("f.status = '{sent}'")
+            };
+            let sql = match (table.model.sent, key_returning(table, "o.")) {
+                (Sent::Keep, _) => releasing(
+                    table,
+                    &update(outcomes, ""),
+                    "o.",
+                    &["id", "status"],
+                    Some(&released),
+                ),
                 // The published rows are deleted and the others updated, each by its
                 // own statement of one: two data-modifying CTEs on disjoint rows.
-                Sent::Delete => format!(
+                (Sent::Delete, key) => format!(
                     "WITH u AS (SELECT * FROM {outcomes}),\n\
                      sent AS (\n\
                      \x20   DELETE FROM {t} AS o USING u\n\
                      \x20   WHERE u.outcome = '{o_sent}' AND {OWNED_EACH}\n\
-                     \x20   RETURNING o.id, '{sent}' AS status),\n\
-                     other AS (\n{})\n\
+                     \x20   RETURNING o.id, '{sent}' AS status{key}),\n\
+                     other AS (\n{}\nRETURNING o.id, o.status{key}){}\n\
                      SELECT id, status FROM sent UNION ALL SELECT id, status FROM other",
-                    update("u", &format!("u.outcome <> '{o_sent}' AND "))
+                    update("u", &format!("u.outcome <> '{o_sent}' AND ")),
+                    if key.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            ",\ndone AS (SELECT * FROM sent UNION ALL SELECT * FROM other){}",
+                            wake(table, &released)
+                        )
+                    }
                 ),
             };
             let checked = quote! {
@@ -305,6 +336,13 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             let checked = quote!(::sqlx::query!(#sql).fetch_one(pool).await?;);
             Definition { sql, checked }
         }
+        Statement::DiscardDead => {
+            let sql =
+                format!("DELETE FROM {t} WHERE status = '{dead}' AND event_id = ANY($1::text[])");
+            let sql = releasing(table, &sql, "", &["event_id"], Some("true"));
+            let checked = quote!(::sqlx::query!(#sql, #texts).fetch_all(pool).await?;);
+            Definition { sql, checked }
+        }
         Statement::PruneSent => {
             let sql = format!(
                 "WITH doomed AS (\n\
@@ -329,12 +367,128 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                  \x20   statement_timestamp() - min(CASE\n\
                  \x20       WHEN status = '{ready}' AND next_attempt_at <= statement_timestamp() THEN next_attempt_at\n\
                  \x20       WHEN status = '{in_progress}' AND lease_until <= statement_timestamp() THEN lease_until END)\n\
-                 \x20       AS oldest_eligible_age\n\
-                 FROM {t}"
+                 \x20       AS oldest_eligible_age,\n\
+                 \x20   {held}\n\
+                 FROM {t}",
+                held = held_keys(table.model)
             );
             let checked = quote!(::sqlx::query!(#sql).fetch_one(pool).await?;);
             Definition { sql, checked }
         }
+    }
+}
+
+/// The stats' last two columns: how many keys a `DEAD` event holds back, and the age
+/// of the oldest such event (zero and NULL where no key can be held).
+fn held_keys(model: &Model) -> String {
+    let (held, age) = ("held_keys", "oldest_held_age");
+    match model.key() {
+        Some(key) if model.dead == Dead::HoldsKey => {
+            let (k, dead) = (quoted(&key.column), Status::Dead.as_sql());
+            format!(
+                "count(DISTINCT {k}) FILTER (WHERE status = '{dead}') AS {held},\n\
+                 \x20   statement_timestamp() - min(created_at) FILTER (WHERE status = '{dead}' AND {k} IS NOT NULL) AS {age}"
+            )
+        }
+        _ => format!("0::bigint AS {held}, NULL::interval AS {age}"),
+    }
+}
+
+/// Whether a `DEAD` event lets the later events of its key go (`dead_releases_key`).
+fn dead_releases(table: &Table<'_>) -> bool {
+    table.model.key().is_some() && table.model.dead == Dead::ReleasesKey
+}
+
+/// The extra columns a finishing statement returns on a keyed table, for [`wake`]: the
+/// row id and its key, as `outbox_id` and `outbox_key`.
+fn key_returning(table: &Table<'_>, prefix: &str) -> String {
+    table.model.key().map_or_else(String::new, |key| {
+        format!(
+            ", {prefix}id AS outbox_id, {prefix}{} AS outbox_key",
+            quoted(&key.column)
+        )
+    })
+}
+
+/// `body`, an `UPDATE` or `DELETE` of the rows an outcome finishes, returning the
+/// `returning` columns (of the row named with `prefix`). On a table with an ordering
+/// key, the rows for which `released` holds (a condition on the returned row `f`; `None`
+/// when no row of this statement can release its key) also wake the next event of
+/// their key ([`wake`]).
+fn releasing(
+    table: &Table<'_>,
+    body: &str,
+    prefix: &str,
+    returning: &[&str],
+    released: Option<&str>,
+) -> String {
+    let columns = |prefix: &str| {
+        returning
+            .iter()
+            .map(|c| format!("{prefix}{c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match released {
+        Some(released) if table.model.key().is_some() => format!(
+            "WITH done AS (\n{body}\n    RETURNING {}{}){}\nSELECT {} FROM done",
+            columns(prefix),
+            key_returning(table, prefix),
+            wake(table, released),
+            columns("")
+        ),
+        _ => {
+            let line = if body.contains('\n') { "\n" } else { " " };
+            format!("{body}{line}RETURNING {}", columns(prefix))
+        }
+    }
+}
+
+/// The `woken` CTE of a statement whose `done` CTE returns finished rows (with
+/// [`key_returning`]'s columns): for each row `f` for which `released` holds, the next
+/// event of its key, if a claim set it aside ([`parking`]), is due again now.
+///
+/// The next event is the first entry after the finished one in the key's index, found
+/// with a row comparison on `(key, id)`: an order only that index has. (With `key =
+/// $1 AND id > $2 ORDER BY id` the planner may walk the primary key from the finished
+/// event onwards instead, to the end of the table when it was its key's last event.)
+///
+/// The events to wake are found first, then by their ids (`status || ''` keeps the
+/// planner off the `READY` index, whose statistics rarely know of the events set aside,
+/// as [`OWNED`] keeps it off the `INPROGRESS` one).
+///
+/// This statement's snapshot sees every such setting aside: a claim sets an event aside
+/// only while it holds a share lock on the event before it, and only while that event is
+/// `READY` or `DEAD`, so before finishing here it was claimed, by a claim that had to
+/// wait for that lock (or skip the row) and so began after the setting aside committed.
+fn wake(table: &Table<'_>, released: &str) -> String {
+    let Some(key) = table.model.key() else {
+        return String::new();
+    };
+    let (t, k) = (&table.name, quoted(&key.column));
+    let (ready, sent) = (Status::Ready.as_sql(), Status::Sent.as_sql());
+    format!(
+        ",\nnext AS (\n\
+         \x20   SELECT q.id FROM done AS f CROSS JOIN LATERAL (\n\
+         \x20       SELECT q.id, q.{k} AS key FROM {t} AS q\n\
+         \x20       WHERE (q.{k}, q.id) > (f.outbox_key, f.outbox_id) AND q.status <> '{sent}'{}\n\
+         \x20       ORDER BY q.{k}, q.id LIMIT 1) AS q\n\
+         \x20   WHERE {released} AND q.key = f.outbox_key\n\
+         ), woken AS (\n\
+         \x20   UPDATE {t} AS w SET next_attempt_at = statement_timestamp()\n\
+         \x20   WHERE w.id = ANY(ARRAY(SELECT id FROM next))\n\
+         \x20       AND w.status || '' = '{ready}' AND w.next_attempt_at > statement_timestamp())",
+        blocking(table, "q")
+    )
+}
+
+/// For a keyed table whose `DEAD` events release their key, the condition that excludes
+/// them from the events before another (`alias.status <> 'DEAD'`); empty otherwise.
+fn blocking(table: &Table<'_>, alias: &str) -> String {
+    if dead_releases(table) {
+        format!(" AND {alias}.status <> '{}'", Status::Dead.as_sql())
+    } else {
+        String::new()
     }
 }
 
@@ -391,22 +545,111 @@ fn notify(table: &Table<'_>) -> String {
 fn claim(table: &Table<'_>, limit: &str) -> String {
     let t = &table.name;
     let (ready, in_progress) = (Status::Ready.as_sql(), Status::InProgress.as_sql());
+    let (c, in_turn) = (candidate(table), in_turn(table));
+    let (reached, parking) = if table.model.key().is_some() {
+        (", next_attempt_at", parking(table, limit))
+    } else {
+        ("", String::new())
+    };
     format!(
         "WITH expired AS (\n\
-         \x20   SELECT id, ctid FROM {t}\n\
-         \x20   WHERE status = '{in_progress}' AND lease_until <= statement_timestamp()\n\
+         \x20   SELECT id, ctid FROM {t}{c}\n\
+         \x20   WHERE status = '{in_progress}' AND lease_until <= statement_timestamp(){in_turn}\n\
          \x20   ORDER BY lease_until, id LIMIT {limit} FOR UPDATE SKIP LOCKED\n\
          ), ready AS (\n\
-         \x20   SELECT ctid FROM {t}\n\
-         \x20   WHERE status = '{ready}' AND next_attempt_at <= statement_timestamp()\n\
+         \x20   SELECT ctid{reached} FROM {t}{c}\n\
+         \x20   WHERE status = '{ready}' AND next_attempt_at <= statement_timestamp(){in_turn}\n\
          \x20   ORDER BY next_attempt_at, id LIMIT {limit} - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED\n\
-         )\n\
+         ){parking}\n\
          {}",
         take(
             table,
             "SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready",
             "o.id = ANY(ARRAY(SELECT id FROM expired))"
         )
+    )
+}
+
+/// For a keyed table, the claim's `parked` CTE: the due events its `ready` scan stepped
+/// over because an event before them waits (`READY`, not claimed by this statement nor
+/// being claimed by another, or `DEAD` where that holds the key) are set aside, due again
+/// after the lease or their age, whichever is longer, so that later claims do not step
+/// over them again: a hot key's backlog, or the events behind a retry's delay or a
+/// `DEAD` event, would otherwise be walked by every claim. An event right behind one in
+/// flight is left where it is: it is released within moments, and there is at most one
+/// per key in flight. (While an event of a key is in flight, none before it waits: so an
+/// event with a waiting event anywhere before it is at least two behind.)
+///
+/// The waiting event is share-locked, skipping one that is locked: while this claim has
+/// not committed, it cannot be claimed, and no event after it before it is finished, so
+/// every event between it and the one set aside is claimed, and finished, by statements
+/// that see the setting aside; the one that finishes the last of them wakes its
+/// successor ([`wake`]). The age term spaces out the rechecks of events held
+/// back for long (behind a `DEAD` event): each recheck that finds them still held back
+/// doubles their age, so they are rechecked a logarithmic number of times.
+///
+/// Only the range the `ready` scan walked is looked at: up to its last row, or every due
+/// row when it found fewer than it looked for.
+fn parking(table: &Table<'_>, limit: &str) -> String {
+    let Some(key) = table.model.key() else {
+        return String::new();
+    };
+    let (t, k, lease) = (&table.name, quoted(&key.column), &table.lease);
+    let (ready, dead) = (Status::Ready.as_sql(), Status::Dead.as_sql());
+    let waiting = if dead_releases(table) {
+        format!("'{ready}'")
+    } else {
+        format!("'{ready}', '{dead}'")
+    };
+    format!(
+        ", reach AS (\n\
+         \x20   SELECT CASE WHEN count(*) < {limit} - (SELECT count(*) FROM expired) THEN timestamptz 'infinity'\n\
+         \x20       ELSE max(next_attempt_at) END AS walked FROM ready\n\
+         ), parked AS (\n\
+         \x20   UPDATE {t} AS w\n\
+         \x20   SET next_attempt_at = statement_timestamp() + greatest({lease}, statement_timestamp() - w.created_at)\n\
+         \x20   WHERE w.ctid = ANY(ARRAY(\n\
+         \x20       SELECT c.ctid FROM {t} AS c\n\
+         \x20       WHERE c.status = '{ready}' AND c.next_attempt_at <= statement_timestamp()\n\
+         \x20           AND c.next_attempt_at <= (SELECT walked FROM reach)\n\
+         \x20           AND EXISTS (SELECT FROM {t} AS p\n\
+         \x20               WHERE p.{k} = c.{k} AND p.id < c.id AND p.status IN ({waiting})\n\
+         \x20                   AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready))\n\
+         \x20               FOR SHARE SKIP LOCKED)\n\
+         \x20       ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED)))"
+    )
+}
+
+/// The claim's name for a candidate row, which [`in_turn`] refers to.
+fn candidate(table: &Table<'_>) -> &'static str {
+    if table.model.key().is_some() {
+        " AS c"
+    } else {
+        ""
+    }
+}
+
+/// For a table with an ordering key, the claim's condition on a candidate `c`: no
+/// earlier event of its key is still to be published. Earlier events that are `READY`
+/// (a retry waiting out its delay, or simply due first) or `INPROGRESS` (live, or
+/// expired and to be reclaimed first) hold it back; `DEAD` ones too, unless the type
+/// says `dead_releases_key`. A candidate is checked against the claim's snapshot, which
+/// sees every earlier event of its key that committed before the claim began: one probe
+/// of the key's index, no extra round trip. Two events of one key are never claimed
+/// together, since the later one always sees the earlier one still to go. A NULL key
+/// (an event enqueued before the key existed) equals nothing: never held back.
+fn in_turn(table: &Table<'_>) -> String {
+    let Some(key) = table.model.key() else {
+        return String::new();
+    };
+    let (t, k, sent) = (&table.name, quoted(&key.column), Status::Sent.as_sql());
+    let dead = match table.model.dead {
+        Dead::HoldsKey => String::new(),
+        Dead::ReleasesKey => format!(" AND p.status <> '{}'", Status::Dead.as_sql()),
+    };
+    format!(
+        "\n\x20       AND NOT EXISTS (SELECT FROM {t} AS p\n\
+         \x20           WHERE p.{k} = c.{k} AND p.id < c.id AND p.status <> '{sent}'{dead})"
     )
 }
 
@@ -423,12 +666,13 @@ fn claim(table: &Table<'_>, limit: &str) -> String {
 fn claim_from(table: &Table<'_>, limit: &str) -> String {
     let t = &table.name;
     let ready = Status::Ready.as_sql();
+    let (c, in_turn) = (candidate(table), in_turn(table));
     format!(
         "WITH ready AS (\n\
-         \x20   SELECT ctid FROM {t}\n\
+         \x20   SELECT ctid FROM {t}{c}\n\
          \x20   WHERE status = '{ready}'\n\
          \x20       AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'\n\
-         \x20       AND next_attempt_at <= statement_timestamp()\n\
+         \x20       AND next_attempt_at <= statement_timestamp(){in_turn}\n\
          \x20   ORDER BY next_attempt_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED\n\
          )\n\
          {}",
@@ -461,6 +705,13 @@ fn take(table: &Table<'_>, candidates: &str, reclaimed: &str) -> String {
             claim_header::RECLAIMED_NAME
         )))
         .chain(table.payload.iter().map(|c| format!("o.{c}")))
+        .chain(table.model.key().map(|key| {
+            format!(
+                "o.{}::text AS {}",
+                quoted(&key.column),
+                claim_header::KEY_NAME
+            )
+        }))
         .collect::<Vec<_>>()
         .join(", ");
     format!(

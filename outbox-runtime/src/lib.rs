@@ -32,7 +32,7 @@ pub use interval::MAX_INTERVAL;
 pub use migrate::{
     AppliedMigration, MigrationReport, TableMigrations, migrate, migrate_with_app, verify,
 };
-pub use ops::{Stats, prune_sent, requeue_all_dead, requeue_dead, stats};
+pub use ops::{Stats, discard_dead, prune_sent, requeue_all_dead, requeue_dead, stats};
 pub use spec::{Column, MigrationStep, Outbox, PgQuery, TableSpec};
 
 /// Re-exported so applications can build their own refinery migrations

@@ -585,6 +585,7 @@ mod tests {
             lease: Duration::from_secs(30),
             retry_delay: Duration::from_secs(1),
             max_attempts: 5,
+            key: None,
             sql: crate::spec::derive_only_statements([""; Statement::COUNT], &[], &[]),
             columns,
             migrations,

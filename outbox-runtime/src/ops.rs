@@ -27,17 +27,26 @@ pub struct Stats {
     /// How long the oldest eligible event (due `READY`, or expired `INPROGRESS`) has
     /// waited; `None` when nothing is eligible. The lag alert signal.
     pub oldest_eligible_age: Option<Duration>,
+    /// Ordering keys held back by a `DEAD` event (a type with `#[outbox(key)]`, unless
+    /// it says `dead_releases_key`): their later events wait for an operator to requeue
+    /// or discard it.
+    pub held_keys: i64,
+    /// How long ago the oldest `DEAD` event holding back a key was enqueued; `None` when
+    /// no key is held.
+    pub oldest_held_age: Option<Duration>,
 }
 
 /// Reads [`Stats`] for `T`'s table. Counts the whole table: poll it every few seconds,
 /// not per event.
 pub async fn stats<'e, T: Outbox>(executor: impl PgExecutor<'e>) -> Result<Stats, OutboxError> {
     let spec = T::SPEC;
-    let (ready, in_progress, sent, dead, expired_claims, age): (
+    let (ready, in_progress, sent, dead, expired_claims, age, held_keys, held_age): (
         i64,
         i64,
         i64,
         i64,
+        i64,
+        Option<PgInterval>,
         i64,
         Option<PgInterval>,
     ) = sqlx::query_as(spec.sql.get(Statement::Stats))
@@ -51,6 +60,8 @@ pub async fn stats<'e, T: Outbox>(executor: impl PgExecutor<'e>) -> Result<Stats
         dead,
         expired_claims,
         oldest_eligible_age: age.map(interval_to_duration),
+        held_keys,
+        oldest_held_age: held_age.map(interval_to_duration),
     })
 }
 
@@ -88,6 +99,24 @@ pub async fn requeue_all_dead<'e, T: Outbox>(
         .await
         .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
     Ok(count.unsigned_abs())
+}
+
+/// Deletes the `DEAD` events among `event_ids`: the operator's way to give one up for
+/// good. For a type with an ordering key this is what lets the key's later events go
+/// on without it (requeueing it publishes it first instead). Rows that are not `DEAD`
+/// now are left alone. Returns the ids that were deleted.
+pub async fn discard_dead<'e, T: Outbox>(
+    executor: impl PgExecutor<'e>,
+    event_ids: &[impl AsRef<str>],
+) -> Result<Vec<crate::EventId>, OutboxError> {
+    let spec = T::SPEC;
+    let ids: Vec<&str> = event_ids.iter().map(AsRef::as_ref).collect();
+    let discarded: Vec<String> = sqlx::query_scalar(spec.sql.get(Statement::DiscardDead))
+        .bind(ids)
+        .fetch_all(executor)
+        .await
+        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+    Ok(discarded.into_iter().map(crate::EventId::from).collect())
 }
 
 /// Deletes up to `batch` `SENT` rows enqueued more than `older_than` ago, and returns

@@ -115,6 +115,8 @@ pub struct TableSpec {
     pub(crate) retry_delay: Duration,
     /// How many claims an event may use before it moves to `DEAD`.
     pub(crate) max_attempts: i32,
+    /// The ordering key's column (`#[outbox(key)]`), if the type has one.
+    pub(crate) key: Option<&'static str>,
     /// The statements.
     pub(crate) sql: Statements,
     /// Every column the table must have, bookkeeping columns included.
@@ -136,6 +138,7 @@ pub const fn derive_only_table_spec(
     lease: Duration,
     retry_delay: Duration,
     max_attempts: i32,
+    key: Option<&'static str>,
     sql: Statements,
     columns: &'static [Column],
     migrations: &'static [MigrationStep],
@@ -146,6 +149,7 @@ pub const fn derive_only_table_spec(
         lease,
         retry_delay,
         max_attempts,
+        key,
         sql,
         columns,
         migrations,
@@ -178,6 +182,12 @@ impl TableSpec {
     /// (`#[outbox(max_attempts = ..)]`).
     pub const fn max_attempts(&self) -> i32 {
         self.max_attempts
+    }
+
+    /// The column of the ordering key (`#[outbox(key)]`), if the type has one: its
+    /// events are published one at a time per key, in the order they were enqueued.
+    pub const fn key(&self) -> Option<&'static str> {
+        self.key
     }
 
     /// Every column the table must have, bookkeeping columns included.

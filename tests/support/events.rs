@@ -103,3 +103,47 @@ pub struct Receipt {
     #[outbox(event_id)]
     pub name: String,
 }
+
+/// Per-key ordering: the events of one order leave in order. A short budget, so that
+/// a test can spend it.
+#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+#[outbox(
+    table = "order_step_events",
+    lease = "30s",
+    retry_delay = "1s",
+    max_attempts = 2
+)]
+pub struct OrderStep {
+    #[outbox(event_id)]
+    pub name: String,
+    #[outbox(key)]
+    pub order_id: i64,
+}
+
+/// Per-key ordering where a `DEAD` event does not hold its key back.
+#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+#[outbox(table = "lenient_order_events", max_attempts = 1, dead_releases_key)]
+pub struct LenientStep {
+    #[outbox(event_id)]
+    pub name: String,
+    #[outbox(key)]
+    pub order_id: uuid::Uuid,
+}
+
+/// A table created without a key ([`Shipment`] as it was first released)...
+#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+#[outbox(table = "shipment_events")]
+pub struct ShipmentBeforeKey {
+    #[outbox(event_id)]
+    pub name: String,
+}
+
+/// ...and the same table once a later version adds its ordering key.
+#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+#[outbox(table = "shipment_events")]
+pub struct Shipment {
+    #[outbox(event_id)]
+    pub name: String,
+    #[outbox(key, since = 2)]
+    pub parcel: Option<String>,
+}

@@ -124,6 +124,9 @@ UPDATE "receipt_events" SET status = 'READY', attempts = 0, next_attempt_at = st
 WITH requeued AS (UPDATE "receipt_events" SET status = 'READY', attempts = 0, next_attempt_at = statement_timestamp() WHERE status = 'DEAD' RETURNING 1)
 SELECT count(*) AS requeued FROM requeued;
 
+-- discard_dead
+DELETE FROM "receipt_events" WHERE status = 'DEAD' AND event_id = ANY($1::text[]) RETURNING event_id;
+
 -- prune_sent
 WITH doomed AS (
     SELECT id FROM "receipt_events"
@@ -141,5 +144,6 @@ SELECT
     statement_timestamp() - min(CASE
         WHEN status = 'READY' AND next_attempt_at <= statement_timestamp() THEN next_attempt_at
         WHEN status = 'INPROGRESS' AND lease_until <= statement_timestamp() THEN lease_until END)
-        AS oldest_eligible_age
+        AS oldest_eligible_age,
+    0::bigint AS held_keys, NULL::interval AS oldest_held_age
 FROM "receipt_events";

@@ -176,6 +176,8 @@ pub mod claim_header {
     ];
     /// The result name of [`RECLAIMED`]: not a column, so no payload column may take it.
     pub const RECLAIMED_NAME: &str = "outbox_reclaimed";
+    /// For a type with an ordering key, the key as text, after the payload columns.
+    pub const KEY_NAME: &str = "outbox_key";
 }
 
 /// Declares [`Statement`] from one list, so its variants, [`Statement::ALL`] and
@@ -250,9 +252,13 @@ statements! {
     RequeueDead => "requeue_dead",
     /// `DEAD -> READY` with a fresh budget for every dead row. Returns the count.
     RequeueAllDead => "requeue_all_dead",
+    /// Deletes the `DEAD` rows among the event ids in `$1` (`text[]`): given up for
+    /// good, by an operator. Returns the `event_id`s deleted.
+    DiscardDead => "discard_dead",
     /// Deletes up to `$2` (`bigint`) `SENT` rows created more than `$1` (`interval`) ago.
     PruneSent => "prune_sent",
-    /// Counts per status, expired claims, and the age of the oldest eligible event.
+    /// Counts per status, expired claims, the age of the oldest eligible event, then the
+    /// keys held back by a `DEAD` event and the age of the oldest such event.
     Stats => "stats",
 }
 

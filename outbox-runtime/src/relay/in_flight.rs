@@ -24,6 +24,7 @@ impl<'a, T: Outbox> InFlight<'a, T> {
             generation: claim.generation(),
             attempt: claim.attempt(),
             created_at: claim.created_at(),
+            key: claim.key(),
             event: claim.event(),
             lost: CancellationToken::new(),
         }

@@ -407,7 +407,12 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         account::<T>(&pending.outcomes, &recorded);
         if let Some(next) = next {
             next.done();
-            self.frontier.advance(claimed.reached);
+            // An event held back by its key keeps its place in the `READY` index, which
+            // the claims pass: released, it lies behind any frontier. A keyed table's
+            // claims have none, and start at the beginning.
+            if T::SPEC.key().is_none() {
+                self.frontier.advance(claimed.reached);
+            }
         }
         Ok(claimed.claims)
     }
@@ -489,7 +494,10 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             Pending {
                 outcomes: in_flight::outcomes(&rows, results, &self.relay.retry),
                 lease_deadline: Some(lease_deadline),
-                drained: claims.len() < self.relay.batch_size as usize,
+                // With an ordering key, recording a batch lets the next event of each of
+                // its keys go, and nobody is notified: the claim that follows the
+                // recording in its transaction finds them.
+                drained: claims.len() < self.relay.batch_size as usize && T::SPEC.key().is_none(),
                 unavailable: unavailable.is_some(),
             }
         }

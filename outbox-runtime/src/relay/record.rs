@@ -6,7 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::{Connection as _, PgConnection, PgExecutor};
 
-use crate::claim::{ClaimedBatch, Scope, claim_on};
+use crate::claim::{BEGIN_WITHOUT_JIT, ClaimedBatch, Scope, claim_on};
 use crate::error::{OutboxError, storable_reason};
 use crate::spec::{Outbox, Statement, interval};
 use outbox_internals::{Outcome as Recording, Status};
@@ -76,11 +76,13 @@ pub(crate) async fn record_and_claim<T: Outbox>(
         };
         return Ok((ClaimedBatch::default(), recorded));
     }
-    if outcomes.is_empty() && scope == Scope::All {
+    let keyed = T::SPEC.key().is_some();
+    if outcomes.is_empty() && scope == Scope::All && !keyed {
         // One statement without parameters: no transaction needed.
         return Ok((claim_on::<T>(conn, scope, limit).await?, no_outcomes()));
     }
     let mut tx = match scope {
+        _ if keyed => conn.begin_with(BEGIN_WITHOUT_JIT).await,
         Scope::All => conn.begin().await,
         Scope::ReadyFrom(_) => conn.begin_with(GENERIC_PLANS).await,
     }

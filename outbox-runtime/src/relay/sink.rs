@@ -21,6 +21,7 @@ pub struct Delivery<'a, T> {
     pub(crate) generation: Generation,
     pub(crate) attempt: u32,
     pub(crate) created_at: SystemTime,
+    pub(crate) key: Option<&'a str>,
     pub(crate) event: &'a T,
     pub(crate) lost: CancellationToken,
 }
@@ -44,6 +45,13 @@ impl<T> Delivery<'_, T> {
     /// When the event was enqueued (the database's clock).
     pub fn created_at(&self) -> SystemTime {
         self.created_at
+    }
+
+    /// The event's ordering key as text (`#[outbox(key)]`): publish under it where the
+    /// broker orders by key (a partition key), so the broker keeps the outbox's order.
+    /// `None` for a type without a key, or an event enqueued before the key.
+    pub fn key(&self) -> Option<&str> {
+        self.key
     }
 
     /// The event.

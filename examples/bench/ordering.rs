@@ -1,0 +1,190 @@
+//! The `ordering` section: what per-key ordering (`#[outbox(key)]`) costs.
+//!
+//! ```text
+//! cargo run --release --example bench -- --only ordering
+//! ```
+//!
+//! 1. A backlog drained by a relay (batch 100, 4 workers, no-op sink), ordered vs the
+//!    same columns unordered, in one run, for a range of key counts. With few keys the
+//!    ordered relay publishes one event per key per claim and its rate is bounded by
+//!    the number of keys, not by the database: those rows take smaller backlogs.
+//! 2. The claim beside a large history: the claim of 100 from a backlog of distinct keys,
+//!    timed on a small table and again beside 1,000,000 `SENT` rows and 100,000 keys
+//!    held back by a `DEAD` event (each with a later event set aside behind it), with
+//!    the claim's plan.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use outbox::Outbox;
+
+use super::common::{BenchKeyedEvent, BenchOrderedEvent};
+use super::{Args, Bench, Figure, Result};
+
+const BATCH: u32 = 100;
+const WORKERS: usize = 4;
+/// Key counts of the drain rows; `1` is one hot key.
+const KEYS: [usize; 4] = [100_000, 1_000, 10, 1];
+/// Events of a row whose rate is bounded by its keys: enough for a steady rate.
+const FEW_KEYS_EVENTS: usize = 2_000;
+/// Claims timed per table in part 2.
+const CLAIMS: usize = 200;
+
+impl Bench {
+    pub(super) async fn ordering(&self, args: &Args) -> Result {
+        self.heading("Ordering: per-key ordering vs the same table unordered");
+        self.line(&format!(
+            "Part 1: the relay drains a backlog (batch {BATCH}, {WORKERS} workers, no-op sink, \
+             100-byte payloads), once with `#[outbox(key)]` on `key` and once with `key` a plain \
+             column, the two in turn (order reversed every other run), {} runs. Events are \
+             enqueued with keys round-robin, as many customers' orders arrive. With 10 keys or \
+             one, the ordered relay has at most one event per key in flight: its rate is one \
+             claim → publish → record cycle per key at a time, so those rows drain \
+             {FEW_KEYS_EVENTS} events.\n",
+            args.runs
+        ));
+        self.line(
+            "| keys | events | ordered events/s | unordered events/s | ordered / unordered |",
+        );
+        self.line("|---|---|---|---|---|");
+        for keys in KEYS {
+            let n = if keys >= 1_000 {
+                100_000
+            } else {
+                FEW_KEYS_EVENTS
+            };
+            let ordered: Vec<BenchOrderedEvent> = (0..n)
+                .map(|i| BenchOrderedEvent {
+                    key: i64::try_from(i % keys).unwrap_or_default(),
+                    payload: format!("{i:0>100}"),
+                })
+                .collect();
+            let unordered: Vec<BenchKeyedEvent> = ordered.iter().map(Into::into).collect();
+            let (mut with, mut without) = (Vec::new(), Vec::new());
+            for run in 0..args.runs {
+                if run % 2 == 0 {
+                    with.push(self.drain_relay(&ordered, BATCH, WORKERS).await?);
+                    without.push(self.drain_relay(&unordered, BATCH, WORKERS).await?);
+                } else {
+                    without.push(self.drain_relay(&unordered, BATCH, WORKERS).await?);
+                    with.push(self.drain_relay(&ordered, BATCH, WORKERS).await?);
+                }
+            }
+            let ratio = Figure::of(with.iter().zip(&without).map(|(o, u)| o / u).collect());
+            self.line(&format!(
+                "| {keys} | {n} | {} | {} | **{:.2}** ({:.2}–{:.2}) |",
+                Figure::of(with).show(""),
+                Figure::of(without).show(""),
+                ratio.median,
+                ratio.min,
+                ratio.max
+            ));
+        }
+        self.claim_beside_history().await
+    }
+
+    /// Part 2: claim latency on a small table, then beside a large history.
+    async fn claim_beside_history(&self) -> Result {
+        let table = BenchOrderedEvent::SPEC.table();
+        self.line(&format!(
+            "\nPart 2: {CLAIMS} claims of {BATCH} from a backlog of 10,000 events of distinct \
+             keys, each in a transaction rolled back (the table is the same for each), timed \
+             from the client. *Small*: the backlog alone. *Large*: beside 1,000,000 `SENT` \
+             rows and 100,000 keys held back by a `DEAD` event, each with a later event (set \
+             aside by a first, committed claim, as the relay's claims do).\n"
+        ));
+        let backlog: Vec<BenchOrderedEvent> = (0..10_000)
+            .map(|i| BenchOrderedEvent {
+                key: 1_000_000 + i,
+                payload: format!("{i:0>100}"),
+            })
+            .collect();
+        self.fill_with(&backlog).await?;
+        let small = self.time_claims().await?;
+        let history = format!(
+            "INSERT INTO {table} (event_id, key, payload, status)
+                 SELECT 'sent-' || g, g % 200000, lpad(g::text, 100, '0'), 'SENT'
+                 FROM generate_series(1, 1000000) g;
+             INSERT INTO {table} (event_id, key, payload, status, last_error)
+                 SELECT 'dead-' || g, 2000000 + g, lpad(g::text, 100, '0'), 'DEAD', 'bench'
+                 FROM generate_series(1, 100000) g;
+             -- Due an hour ago: in front of the backlog in the claim's index.
+             INSERT INTO {table} (event_id, key, payload, next_attempt_at)
+                 SELECT 'held-' || g, 2000000 + g, lpad(g::text, 100, '0'),
+                     statement_timestamp() - interval '1 hour'
+                 FROM generate_series(1, 100000) g;
+             VACUUM ANALYZE {table};"
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(history))
+            .execute(&self.pool)
+            .await?;
+        // The first claim sets the held events aside, and commits; so do the relay's.
+        let started = Instant::now();
+        let first = BenchOrderedEvent::claim_batch(&self.pool, BATCH).await?;
+        let setting_aside = started.elapsed();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}")))
+            .execute(&self.pool)
+            .await?;
+        let large = self.time_claims().await?;
+        let stats = outbox::stats::<BenchOrderedEvent>(&self.pool).await?;
+        self.line("| table | rows | claim p50 | claim p99 |");
+        self.line("|---|---|---|---|");
+        self.line(&format!(
+            "| small | 10,000 READY | {:.2} ms | {:.2} ms |",
+            small.0, small.1
+        ));
+        self.line(&format!(
+            "| large | {} SENT, {} READY, {} DEAD holding {} keys | {:.2} ms | {:.2} ms |",
+            stats.sent, stats.ready, stats.dead, stats.held_keys, large.0, large.1
+        ));
+        self.line(&format!(
+            "\nLarge / small: p50 **{:.2}**, p99 **{:.2}**. The first claim beside the history \
+             (it claimed {} events and set 100,000 aside) took {:.0} ms, once.\n",
+            large.0 / small.0,
+            large.1 / small.1,
+            first.len(),
+            setting_aside.as_secs_f64() * 1e3
+        ));
+        self.line(&format!(
+            "The claim's plan beside the history (`EXPLAIN (ANALYZE, BUFFERS)`, rolled back):\n\n```text\n{}```",
+            self.explain_ordered_claim().await?
+        ));
+        Ok(())
+    }
+
+    /// p50 and p99 in milliseconds of [`CLAIMS`] claims, each rolled back.
+    async fn time_claims(&self) -> Result<(f64, f64)> {
+        let mut times = Vec::with_capacity(CLAIMS);
+        for _ in 0..CLAIMS {
+            let mut tx = self.pool.begin().await?;
+            let started = Instant::now();
+            let claims = BenchOrderedEvent::claim_batch(&mut *tx, BATCH).await?;
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+            tx.rollback().await?;
+            if claims.len() != BATCH as usize {
+                return Err(format!("a claim took {} events, not {BATCH}", claims.len()).into());
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        Ok((times[CLAIMS / 2], times[CLAIMS * 99 / 100]))
+    }
+
+    async fn explain_ordered_claim(&self) -> Result<String> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::raw_sql("SET LOCAL jit = off")
+            .execute(&mut *tx)
+            .await?;
+        let explain = format!(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
+            BenchOrderedEvent::SPEC.sql().claim_limited(BATCH)
+        );
+        let lines: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.rollback().await?;
+        Ok(lines.iter().fold(String::new(), |mut out, l| {
+            let _ = writeln!(out, "{l}");
+            out
+        }))
+    }
+}
