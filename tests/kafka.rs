@@ -14,6 +14,8 @@
 //!   back without counting attempts until it returns, then everything is sent.
 //! - Credentials the broker refuses, and a broker that accepts connections and never
 //!   answers: batches go back without counting attempts, nothing `DEAD`.
+//! - Per-key ordering: the ordering key is the record key, and each key's records are in
+//!   the outbox's order.
 //! - A configuration that contradicts the idempotent producer, or an unbounded message
 //!   timeout, is refused when the sink is built.
 //!
@@ -39,14 +41,14 @@ use outbox::kafka::rdkafka::consumer::{Consumer as _, StreamConsumer};
 use outbox::kafka::rdkafka::message::{BorrowedMessage, Headers as _};
 use outbox::kafka::rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
 use outbox::kafka::{ConfigError, KafkaSink};
-use outbox::message::header;
+use outbox::message::{Encoding, header};
 use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError};
 use outbox::testing::TestSchema;
 use sqlx::postgres::PgPoolOptions;
 use support::broker::{self, Proxy, RefuseUnencodable};
 use support::child::{self, ChildCommand};
 use support::counters::Counters;
-use support::events::ChaosEvent;
+use support::events::{ChaosEvent, OrderStep};
 use support::rows::{enqueue, row_of};
 use support::schema::schema_from_zero;
 use support::{TestResult, wait_until};
@@ -620,6 +622,76 @@ async fn kafka_a_broker_outage_burns_no_attempts_and_the_relay_resumes_when_it_r
     assert_eq!(sent.len(), 10, "one record of each event: {sent:?}");
     proxy.down();
     drop(tansu);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// `OrderStep` as JSON, written by hand (the type is not `Serialize`).
+struct StepJson;
+
+impl Encoding<OrderStep> for StepJson {
+    fn content_type(&self) -> Option<&str> {
+        Some("application/json")
+    }
+
+    fn encode(&self, step: &OrderStep) -> Result<Vec<u8>, outbox::BoxError> {
+        let json = serde_json::json!({ "name": step.name, "order_id": step.order_id });
+        Ok(serde_json::to_vec(&json)?)
+    }
+}
+
+#[tokio::test]
+async fn kafka_the_ordering_key_is_the_record_key_and_each_key_keeps_its_order() -> TestResult {
+    let tansu = Tansu::start().await?;
+    let db = schema_from_zero(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    let topic = format!("outbox.test.{}.steps", db.name());
+    create_topic(&tansu.bootstrap(), &topic).await?;
+    let steps: Vec<OrderStep> = (1..=3)
+        .flat_map(|n| {
+            [7, 8].map(|order_id| OrderStep {
+                name: format!("order-{order_id}-step-{n}"),
+                order_id,
+            })
+        })
+        .collect();
+    enqueue(pool, &steps).await;
+    let sink = KafkaSink::<OrderStep>::new(&producer_config(&tansu.bootstrap()), topic.clone())?
+        .encoding(StepJson);
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<OrderStep, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until("all 6 SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 6
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    // key -> its records' event ids, in the partition's order.
+    let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for record in records(&tansu.bootstrap(), &topic, 6).await? {
+        let key = String::from_utf8(record.key.clone().ok_or("a record without a key")?)?;
+        by_key.entry(key).or_default().push(record.event_id);
+    }
+    let expected: BTreeMap<String, Vec<String>> = [7, 8]
+        .map(|order_id| {
+            (
+                order_id.to_string(),
+                (1..=3)
+                    .map(|n| format!("order-{order_id}-step-{n}"))
+                    .collect(),
+            )
+        })
+        .into_iter()
+        .collect();
+    assert_eq!(
+        by_key, expected,
+        "keyed by the order, in the outbox's order"
+    );
     db.drop_schema().await?;
     Ok(())
 }

@@ -2,7 +2,8 @@
 //!
 //! The sink takes the application's own librdkafka [`ClientConfig`] (its brokers, TLS,
 //! SASL and tuning), makes it an idempotent producer, and publishes each event as one
-//! record on a topic of its choosing, keyed by the event id unless told otherwise.
+//! record on a topic of its choosing, keyed by the event's ordering key (or its event
+//! id, for a type without one) unless told otherwise.
 //!
 //! Kafka has no deduplication across producers: the idempotent producer drops the
 //! copies its own retries make within one producer session, but an event published
@@ -83,10 +84,16 @@ pub enum ConfigError {
 /// producer.
 ///
 /// Each event becomes one record: the value from the [`Encoding`] (JSON by default),
-/// the key (the event id by default, or [`KafkaSink::key_from`]), and the headers of
+/// the key, and the headers of
 /// [`message::header`] (event id, table, generation, attempt, enqueue time, content
 /// type) as UTF-8 bytes. A batch is pipelined: every record is handed to the producer,
 /// then every delivery report awaited.
+///
+/// The key is the event's ordering key ([`Delivery::key`], `#[outbox(key)]`) when it
+/// has one, else its event id; [`KafkaSink::key_from`] chooses another. Kafka keeps the
+/// records of one key in one partition, in the order they were produced, and the relay
+/// publishes an ordering key's events one at a time, in order, each once the previous
+/// one is `SENT`: the partition keeps the outbox's order of each key.
 ///
 /// # The producer
 ///
@@ -215,11 +222,11 @@ impl<T, E> KafkaSink<T, E> {
         self
     }
 
-    /// Derives each record's key from the delivery instead of using the event id. Kafka
-    /// keeps the records of one key in one partition, in the order they were produced,
-    /// so an aggregate id as the key keeps an aggregate's events together (the relay
-    /// publishes in claim order, but an event retried after a failure comes after the
-    /// events published meanwhile). The event id stays in the [`header::EVENT_ID`]
+    /// Derives each record's key from the delivery, instead of its ordering key or
+    /// event id. Kafka keeps the records of one key in one partition, so an aggregate id
+    /// as the key keeps an aggregate's events together; in the outbox's order only when
+    /// it is the ordering key (without one, an event retried after a failure comes after
+    /// the events published meanwhile). The event id stays in the [`header::EVENT_ID`]
     /// header.
     ///
     /// ```no_run
@@ -614,7 +621,11 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
         let topic = (self.topic)(delivery.event());
         let key = match &self.key {
             Some(key) => key(delivery),
-            None => delivery.event_id().as_str().as_bytes().to_vec(),
+            None => delivery
+                .key()
+                .unwrap_or(delivery.event_id().as_str())
+                .as_bytes()
+                .to_vec(),
         };
         let mut headers = OwnedHeaders::new_with_capacity(6);
         for (name, value) in message::headers(delivery) {
