@@ -9,7 +9,7 @@
 //!   once.
 //! - Bad input: an event that does not encode, a record over the producer's
 //!   `message.max.bytes`, a topic that does not exist: each `DEAD` with its reason, the
-//!   others sent.
+//!   others sent. A full producer queue: retried, everything sent once.
 //! - An outage: the client loses its broker (a proxy in between is stopped); batches go
 //!   back without counting attempts until it returns, then everything is sent.
 //! - Credentials the broker refuses, and a broker that accepts connections and never
@@ -622,6 +622,74 @@ async fn kafka_a_broker_outage_burns_no_attempts_and_the_relay_resumes_when_it_r
     assert_eq!(sent.len(), 10, "one record of each event: {sent:?}");
     proxy.down();
     drop(tansu);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// A producer queue of one record: the batch's other records do not fit (`QueueFull`),
+/// which is transient: retried, and everything is sent, once each.
+#[tokio::test]
+async fn kafka_a_full_local_queue_is_transient_and_every_event_is_sent_once() -> TestResult {
+    let tansu = Tansu::start().await?;
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let topic = format!("outbox.test.{}.shipments", db.name());
+    create_topic(&tansu.bootstrap(), &topic).await?;
+    let events: Vec<ChaosEvent> = (1..=3)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let mut config = producer_config(&tansu.bootstrap());
+    config.set("queue.buffering.max.messages", "1");
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let sink = Recording {
+        sink: KafkaSink::new(&config, topic.clone())?,
+        errors: Arc::clone(&errors),
+    };
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until("all 3 SENT", Duration::from_secs(30), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 3
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    let errors = std::mem::take(&mut *errors.lock().unwrap_or_else(PoisonError::into_inner));
+    assert!(
+        !errors.is_empty()
+            && errors
+                .iter()
+                .all(|error| error.starts_with("transient") && error.contains("QueueFull")),
+        "{errors:?}"
+    );
+    let mut attempts = Vec::new();
+    for event in &events {
+        attempts.push(
+            row_of::<ChaosEvent>(pool, event.key.as_str())
+                .await
+                .attempts,
+        );
+    }
+    assert_eq!(
+        attempts.iter().sum::<i32>(),
+        3 + i32::try_from(errors.len())?,
+        "one counted attempt per refusal: {attempts:?}"
+    );
+    let mut sent: Vec<String> = records(&tansu.bootstrap(), &topic, 3)
+        .await?
+        .into_iter()
+        .map(|record| record.event_id)
+        .collect();
+    sent.sort();
+    assert_eq!(sent, ["shipment-1", "shipment-2", "shipment-3"]);
     db.drop_schema().await?;
     Ok(())
 }
