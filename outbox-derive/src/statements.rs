@@ -547,7 +547,7 @@ fn claim(table: &Table<'_>, limit: &str) -> String {
     let (ready, in_progress) = (Status::Ready.as_sql(), Status::InProgress.as_sql());
     let (c, in_turn) = (candidate(table), in_turn(table));
     let (reached, parking) = if table.model.key().is_some() {
-        (", next_attempt_at", parking(table, limit))
+        (", next_attempt_at, id", parking(table, limit))
     } else {
         ("", String::new())
     };
@@ -588,8 +588,10 @@ fn claim(table: &Table<'_>, limit: &str) -> String {
 /// back for long (behind a `DEAD` event): each recheck that finds them still held back
 /// doubles their age, so they are rechecked a logarithmic number of times.
 ///
-/// Only the range the `ready` scan walked is looked at: up to its last row, or every due
-/// row when it found fewer than it looked for.
+/// Only the range the `ready` scan walked is looked at, by `(next_attempt_at, id)` (one
+/// batch enqueued in one statement shares its `next_attempt_at`): up to its last row,
+/// or every due row when it found fewer than it looked for. The rows it claimed are
+/// passed over before any lookup.
 fn parking(table: &Table<'_>, limit: &str) -> String {
     let Some(key) = table.model.key() else {
         return String::new();
@@ -603,15 +605,19 @@ fn parking(table: &Table<'_>, limit: &str) -> String {
     };
     format!(
         ", reach AS (\n\
-         \x20   SELECT CASE WHEN count(*) < {limit} - (SELECT count(*) FROM expired) THEN timestamptz 'infinity'\n\
-         \x20       ELSE max(next_attempt_at) END AS walked FROM ready\n\
+         \x20   SELECT at, id FROM (\n\
+         \x20       SELECT next_attempt_at AS at, id, 0 AS last FROM ready\n\
+         \x20       WHERE (SELECT count(*) FROM ready) = {limit} - (SELECT count(*) FROM expired)\n\
+         \x20       UNION ALL SELECT timestamptz 'infinity', 0, 1) AS walked\n\
+         \x20   ORDER BY last, at DESC, id DESC LIMIT 1\n\
          ), parked AS (\n\
          \x20   UPDATE {t} AS w\n\
          \x20   SET next_attempt_at = statement_timestamp() + greatest({lease}, statement_timestamp() - w.created_at)\n\
          \x20   WHERE w.ctid = ANY(ARRAY(\n\
          \x20       SELECT c.ctid FROM {t} AS c\n\
          \x20       WHERE c.status = '{ready}' AND c.next_attempt_at <= statement_timestamp()\n\
-         \x20           AND c.next_attempt_at <= (SELECT walked FROM reach)\n\
+         \x20           AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))\n\
+         \x20           AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready))\n\
          \x20           AND EXISTS (SELECT FROM {t} AS p\n\
          \x20               WHERE p.{k} = c.{k} AND p.id < c.id AND p.status IN ({waiting})\n\
          \x20                   AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready))\n\

@@ -23,21 +23,25 @@ WITH expired AS (
             WHERE p."parcel" = c."parcel" AND p.id < c.id AND p.status <> 'SENT')
     ORDER BY lease_until, id LIMIT 100 FOR UPDATE SKIP LOCKED
 ), ready AS (
-    SELECT ctid, next_attempt_at FROM "shipment_events" AS c
+    SELECT ctid, next_attempt_at, id FROM "shipment_events" AS c
     WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()
         AND NOT EXISTS (SELECT FROM "shipment_events" AS p
             WHERE p."parcel" = c."parcel" AND p.id < c.id AND p.status <> 'SENT')
     ORDER BY next_attempt_at, id LIMIT 100 - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED
 ), reach AS (
-    SELECT CASE WHEN count(*) < 100 - (SELECT count(*) FROM expired) THEN timestamptz 'infinity'
-        ELSE max(next_attempt_at) END AS walked FROM ready
+    SELECT at, id FROM (
+        SELECT next_attempt_at AS at, id, 0 AS last FROM ready
+        WHERE (SELECT count(*) FROM ready) = 100 - (SELECT count(*) FROM expired)
+        UNION ALL SELECT timestamptz 'infinity', 0, 1) AS walked
+    ORDER BY last, at DESC, id DESC LIMIT 1
 ), parked AS (
     UPDATE "shipment_events" AS w
     SET next_attempt_at = statement_timestamp() + greatest(interval '30 seconds', statement_timestamp() - w.created_at)
     WHERE w.ctid = ANY(ARRAY(
         SELECT c.ctid FROM "shipment_events" AS c
         WHERE c.status = 'READY' AND c.next_attempt_at <= statement_timestamp()
-            AND c.next_attempt_at <= (SELECT walked FROM reach)
+            AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
+            AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready))
             AND EXISTS (SELECT FROM "shipment_events" AS p
                 WHERE p."parcel" = c."parcel" AND p.id < c.id AND p.status IN ('READY', 'DEAD')
                     AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready))
