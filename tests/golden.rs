@@ -88,6 +88,7 @@ fn generated_migrations_match_the_golden_files() {
         events::OrderStep::migrations(),
         events::LenientStep::migrations(),
         events::Shipment::migrations(),
+        events::OrderedChaosEvent::migrations(),
     ]);
 }
 

@@ -147,3 +147,21 @@ pub struct Shipment {
     #[outbox(key, since = 2)]
     pub parcel: Option<String>,
 }
+
+/// The ordering chaos run's event: one of `seq` 0, 1, 2.. of its order, with a short
+/// lease so that pauses outlast it, and a budget that chaos never exhausts.
+#[derive(outbox::Outbox, Debug, Clone)]
+#[outbox(
+    table = "ordered_chaos_events",
+    lease = "2s",
+    retry_delay = "50ms",
+    max_attempts = 1000
+)]
+pub struct OrderedChaosEvent {
+    /// `<order>-<seq>`.
+    #[outbox(event_id)]
+    pub name: String,
+    #[outbox(key)]
+    pub order_id: i64,
+    pub seq: i32,
+}

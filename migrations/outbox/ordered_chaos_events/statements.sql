@@ -1,0 +1,217 @@
+-- enqueue
+WITH enqueued AS (
+    INSERT INTO "ordered_chaos_events" (event_id, "order_id", "seq") VALUES ($1, $2, $3)
+    ON CONFLICT (event_id) DO NOTHING RETURNING id)
+SELECT id FROM enqueued, (SELECT pg_notify('ordered_chaos_events', '') FROM enqueued LIMIT 1) AS notified;
+
+-- enqueue_all
+WITH enqueued AS (
+    INSERT INTO "ordered_chaos_events" (event_id, "order_id", "seq") SELECT * FROM unnest($1::text[], $2::bigint[], $3::integer[]) RETURNING id)
+SELECT pg_notify('ordered_chaos_events', '') FROM enqueued LIMIT 1;
+
+-- enqueue_all_skipping
+WITH enqueued AS (
+    INSERT INTO "ordered_chaos_events" (event_id, "order_id", "seq") SELECT * FROM unnest($1::text[], $2::bigint[], $3::integer[])
+    ON CONFLICT (event_id) DO NOTHING RETURNING event_id)
+SELECT event_id FROM enqueued, (SELECT pg_notify('ordered_chaos_events', '') FROM enqueued LIMIT 1) AS notified;
+
+-- claim
+WITH expired AS (
+    SELECT id, ctid FROM "ordered_chaos_events" AS c
+    WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()
+        AND NOT EXISTS (SELECT FROM "ordered_chaos_events" AS p
+            WHERE p."order_id" = c."order_id" AND p.id < c.id AND p.status <> 'SENT')
+    ORDER BY lease_until, id LIMIT 100 FOR UPDATE SKIP LOCKED
+), ready AS (
+    SELECT ctid, next_attempt_at, id FROM "ordered_chaos_events" AS c
+    WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()
+        AND NOT EXISTS (SELECT FROM "ordered_chaos_events" AS p
+            WHERE p."order_id" = c."order_id" AND p.id < c.id AND p.status <> 'SENT')
+    ORDER BY next_attempt_at, id LIMIT 100 - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED
+), reach AS (
+    SELECT at, id FROM (
+        SELECT next_attempt_at AS at, id, 0 AS last FROM ready
+        WHERE (SELECT count(*) FROM ready) = 100 - (SELECT count(*) FROM expired)
+        UNION ALL SELECT timestamptz 'infinity', 0, 1) AS walked
+    ORDER BY last, at DESC, id DESC LIMIT 1
+), parked AS (
+    UPDATE "ordered_chaos_events" AS w
+    SET next_attempt_at = statement_timestamp() + greatest(interval '2 seconds', statement_timestamp() - w.created_at)
+    WHERE w.ctid = ANY(ARRAY(
+        SELECT c.ctid FROM "ordered_chaos_events" AS c
+        WHERE c.status = 'READY' AND c.next_attempt_at <= statement_timestamp()
+            AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
+            AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready))
+            AND EXISTS (SELECT FROM "ordered_chaos_events" AS p
+                WHERE p."order_id" = c."order_id" AND p.id < c.id AND p.status IN ('READY', 'DEAD')
+                    AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready))
+                FOR SHARE SKIP LOCKED)
+        ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED)))
+UPDATE "ordered_chaos_events" AS o SET
+    status = CASE WHEN o.attempts >= 1000 THEN 'DEAD' ELSE 'INPROGRESS' END,
+    generation = CASE WHEN o.attempts >= 1000 THEN o.generation ELSE o.generation + 1 END,
+    attempts = CASE WHEN o.attempts >= 1000 THEN o.attempts ELSE o.attempts + 1 END,
+    lease_until = CASE WHEN o.attempts >= 1000 THEN NULL ELSE statement_timestamp() + interval '2 seconds' END,
+    last_error = CASE WHEN o.attempts >= 1000
+        THEN 'lease expired on claim ' || o.attempts || ' of 1000: attempt budget exhausted'
+        ELSE o.last_error END
+WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready))
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."order_id", o."seq", o."order_id"::text AS outbox_key;
+
+-- claim_from
+WITH ready AS (
+    SELECT ctid FROM "ordered_chaos_events" AS c
+    WHERE status = 'READY'
+        AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'
+        AND next_attempt_at <= statement_timestamp()
+        AND NOT EXISTS (SELECT FROM "ordered_chaos_events" AS p
+            WHERE p."order_id" = c."order_id" AND p.id < c.id AND p.status <> 'SENT')
+    ORDER BY next_attempt_at, id LIMIT 100 FOR UPDATE SKIP LOCKED
+)
+UPDATE "ordered_chaos_events" AS o SET
+    status = CASE WHEN o.attempts >= 1000 THEN 'DEAD' ELSE 'INPROGRESS' END,
+    generation = CASE WHEN o.attempts >= 1000 THEN o.generation ELSE o.generation + 1 END,
+    attempts = CASE WHEN o.attempts >= 1000 THEN o.attempts ELSE o.attempts + 1 END,
+    lease_until = CASE WHEN o.attempts >= 1000 THEN NULL ELSE statement_timestamp() + interval '2 seconds' END,
+    last_error = CASE WHEN o.attempts >= 1000
+        THEN 'lease expired on claim ' || o.attempts || ' of 1000: attempt budget exhausted'
+        ELSE o.last_error END
+WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready))
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed, o."order_id", o."seq", o."order_id"::text AS outbox_key;
+
+-- complete
+WITH done AS (
+UPDATE "ordered_chaos_events" SET status = 'SENT', lease_until = NULL WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()
+    RETURNING id, id AS outbox_id, "order_id" AS outbox_key),
+next AS (
+    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
+        SELECT q.id, q."order_id" AS key FROM "ordered_chaos_events" AS q
+        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT'
+        ORDER BY q."order_id", q.id LIMIT 1) AS q
+    WHERE true AND q.key = f.outbox_key
+), woken AS (
+    UPDATE "ordered_chaos_events" AS w SET next_attempt_at = statement_timestamp()
+    WHERE w.id = ANY(ARRAY(SELECT id FROM next))
+        AND w.status || '' = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT id FROM done;
+
+-- retry
+UPDATE "ordered_chaos_events" SET
+    status = CASE WHEN attempts >= 1000 THEN 'DEAD' ELSE 'READY' END,
+    lease_until = NULL,
+    next_attempt_at = statement_timestamp() + $3::interval,
+    last_error = CASE WHEN attempts >= 1000
+        THEN 'attempt budget exhausted after ' || attempts || ' of 1000 claims' || coalesce(': ' || $4::text, '')
+        ELSE coalesce($4::text, last_error) END
+WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()
+RETURNING status;
+
+-- renew
+UPDATE "ordered_chaos_events" SET lease_until = statement_timestamp() + interval '2 seconds' WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp() RETURNING lease_until;
+
+-- fail
+UPDATE "ordered_chaos_events" SET status = 'DEAD', lease_until = NULL, last_error = $3 WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp() RETURNING id;
+
+-- complete_batch
+WITH done AS (
+UPDATE "ordered_chaos_events" AS o SET status = 'SENT', lease_until = NULL
+FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)
+WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation AND o.lease_until > clock_timestamp()
+    RETURNING o.id, o.id AS outbox_id, o."order_id" AS outbox_key),
+next AS (
+    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
+        SELECT q.id, q."order_id" AS key FROM "ordered_chaos_events" AS q
+        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT'
+        ORDER BY q."order_id", q.id LIMIT 1) AS q
+    WHERE true AND q.key = f.outbox_key
+), woken AS (
+    UPDATE "ordered_chaos_events" AS w SET next_attempt_at = statement_timestamp()
+    WHERE w.id = ANY(ARRAY(SELECT id FROM next))
+        AND w.status || '' = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT id FROM done;
+
+-- record
+WITH done AS (
+UPDATE "ordered_chaos_events" AS o SET
+    status = CASE u.outcome
+        WHEN 'SENT' THEN 'SENT'
+        WHEN 'RELEASE' THEN 'READY'
+        WHEN 'RETRY' THEN CASE WHEN o.attempts >= 1000 THEN 'DEAD' ELSE 'READY' END
+        ELSE 'DEAD' END,
+    lease_until = NULL,
+    attempts = CASE u.outcome WHEN 'RELEASE' THEN o.attempts - 1 ELSE o.attempts END,
+    next_attempt_at = CASE u.outcome
+        WHEN 'RETRY' THEN statement_timestamp() + u.delay
+        WHEN 'RELEASE' THEN statement_timestamp()
+        ELSE o.next_attempt_at END,
+    last_error = CASE
+        WHEN u.outcome = 'RETRY' AND o.attempts >= 1000
+            THEN 'attempt budget exhausted after ' || o.attempts || ' of 1000 claims' || coalesce(': ' || u.error, '')
+        WHEN u.outcome IN ('RETRY', 'DEAD') THEN coalesce(u.error, o.last_error)
+        ELSE o.last_error END
+FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[])
+    AS u(id, generation, outcome, delay, error)
+WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation AND o.lease_until > clock_timestamp()
+    RETURNING o.id, o.status, o.id AS outbox_id, o."order_id" AS outbox_key),
+next AS (
+    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
+        SELECT q.id, q."order_id" AS key FROM "ordered_chaos_events" AS q
+        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT'
+        ORDER BY q."order_id", q.id LIMIT 1) AS q
+    WHERE f.status = 'SENT' AND q.key = f.outbox_key
+), woken AS (
+    UPDATE "ordered_chaos_events" AS w SET next_attempt_at = statement_timestamp()
+    WHERE w.id = ANY(ARRAY(SELECT id FROM next))
+        AND w.status || '' = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT id, status FROM done;
+
+-- renew_batch
+UPDATE "ordered_chaos_events" AS o SET lease_until = statement_timestamp() + interval '2 seconds'
+FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)
+WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation AND o.lease_until > clock_timestamp()
+RETURNING o.id, o.lease_until;
+
+-- requeue_dead
+UPDATE "ordered_chaos_events" SET status = 'READY', attempts = 0, next_attempt_at = statement_timestamp() WHERE status = 'DEAD' AND event_id = ANY($1::text[]) RETURNING event_id;
+
+-- requeue_all_dead
+WITH requeued AS (UPDATE "ordered_chaos_events" SET status = 'READY', attempts = 0, next_attempt_at = statement_timestamp() WHERE status = 'DEAD' RETURNING 1)
+SELECT count(*) AS requeued FROM requeued;
+
+-- discard_dead
+WITH done AS (
+DELETE FROM "ordered_chaos_events" WHERE status = 'DEAD' AND event_id = ANY($1::text[])
+    RETURNING event_id, id AS outbox_id, "order_id" AS outbox_key),
+next AS (
+    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
+        SELECT q.id, q."order_id" AS key FROM "ordered_chaos_events" AS q
+        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT'
+        ORDER BY q."order_id", q.id LIMIT 1) AS q
+    WHERE true AND q.key = f.outbox_key
+), woken AS (
+    UPDATE "ordered_chaos_events" AS w SET next_attempt_at = statement_timestamp()
+    WHERE w.id = ANY(ARRAY(SELECT id FROM next))
+        AND w.status || '' = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT event_id FROM done;
+
+-- prune_sent
+WITH doomed AS (
+    SELECT id FROM "ordered_chaos_events"
+    WHERE status = 'SENT' AND created_at < statement_timestamp() - $1::interval
+    ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+DELETE FROM "ordered_chaos_events" AS o USING doomed AS d WHERE o.id = d.id;
+
+-- stats
+SELECT
+    count(*) FILTER (WHERE status = 'READY') AS ready,
+    count(*) FILTER (WHERE status = 'INPROGRESS') AS in_progress,
+    count(*) FILTER (WHERE status = 'SENT') AS sent,
+    count(*) FILTER (WHERE status = 'DEAD') AS dead,
+    count(*) FILTER (WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()) AS expired_claims,
+    statement_timestamp() - min(CASE
+        WHEN status = 'READY' AND next_attempt_at <= statement_timestamp() THEN next_attempt_at
+        WHEN status = 'INPROGRESS' AND lease_until <= statement_timestamp() THEN lease_until END)
+        AS oldest_eligible_age,
+    count(DISTINCT "order_id") FILTER (WHERE status = 'DEAD') AS held_keys,
+    statement_timestamp() - min(created_at) FILTER (WHERE status = 'DEAD' AND "order_id" IS NOT NULL) AS oldest_held_age
+FROM "ordered_chaos_events";

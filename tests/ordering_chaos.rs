@@ -1,0 +1,346 @@
+//! Per-key ordering under chaos: four relay processes publish 1,000 orders × 20 events
+//! (`#[outbox(key)]`) through a sink that fails now and then, while the test SIGKILLs and
+//! restarts them, SIGSTOPs them past their lease and terminates their database sessions.
+//!
+//! The sink writes every event it takes into `ordering_deliveries` (the broker's log),
+//! and a trigger notes when each `SENT` is recorded. Then, per order:
+//! - every event was delivered, and the first deliveries came in sequence order;
+//! - no event was first delivered before its predecessor's `SENT` was recorded;
+//! - a consumer reading the log in delivery order through an [`outbox::Inbox`] applies
+//!   each event exactly once, in sequence order, though it sees duplicates (a relay
+//!   killed after its sink took a batch, a paused owner's late send).
+//!
+//! The events are enqueued in waves during the chaos (25 s), as business transactions
+//! keep coming. `OUTBOX_ORDERING_CHAOS_KEYS` and `OUTBOX_ORDERING_CHAOS_SECS` make it
+//! larger or longer.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use outbox::Inbox;
+use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use support::child::{self, Child, ChildCommand};
+use support::events::OrderedChaosEvent;
+use support::schema::schema_with;
+use support::{TestResult, wait_until};
+use tokio::time::{Instant, sleep};
+
+const ROLE: &str = "ordering-relay";
+const APP: &str = "ordering-relay-";
+const RELAYS: usize = 4;
+const PER_KEY: i32 = 20;
+
+fn setting(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A relay process: re-executed by the test, it runs a relay until SIGTERM. A no-op in
+/// a normal test run.
+#[test]
+fn ordering_chaos_child() {
+    if !child::requested(ROLE) {
+        return;
+    }
+    let url = child::param("URL").expect("a relay needs a URL");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let code = runtime.block_on(relay_child(&url));
+    drop(runtime);
+    std::process::exit(code);
+}
+
+async fn relay_child(url: &str) -> i32 {
+    let Ok(options) = url.parse::<PgConnectOptions>() else {
+        return 2;
+    };
+    let options = options.application_name(&format!("{APP}{}", std::process::id()));
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with(options);
+    let shutdown = CancellationToken::new();
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a SIGTERM handler");
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            terminate.recv().await;
+            shutdown.cancel();
+        }
+    });
+    let sink = Broker { pool: pool.clone() };
+    let relay = Relay::<OrderedChaosEvent, _>::new(pool, sink)
+        .batch_size(50)
+        .concurrency(2)
+        .poll_interval(Duration::from_millis(200))
+        .retry_backoff(Backoff::new(
+            Duration::from_millis(20),
+            Duration::from_millis(200),
+        ))
+        .send_timeout(Duration::from_secs(10))
+        .shutdown_grace(Duration::from_secs(3));
+    match relay.run(shutdown).await {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
+/// The broker: slow enough that the relays are busy when chaos strikes; takes a batch refusing about one event in twenty
+/// (transient), and logs what it took in `ordering_deliveries`, one statement per batch.
+struct Broker {
+    pool: PgPool,
+}
+
+impl Sink<OrderedChaosEvent> for Broker {
+    async fn publish(
+        &self,
+        batch: &[Delivery<'_, OrderedChaosEvent>],
+    ) -> Vec<Result<(), SinkError>> {
+        sleep(Duration::from_millis(fastrand::u64(20..100))).await;
+        let results: Vec<Result<(), SinkError>> = batch
+            .iter()
+            .map(|_| {
+                if fastrand::u8(0..20) == 0 {
+                    Err(SinkError::transient("the broker refused it"))
+                } else {
+                    Ok(())
+                }
+            })
+            .collect();
+        let taken = || batch.iter().zip(&results).filter(|(_, r)| r.is_ok());
+        let ids: Vec<&str> = taken().map(|(d, _)| d.event_id().as_str()).collect();
+        let generations: Vec<i64> = taken().map(|(d, _)| d.generation().get()).collect();
+        let logged = sqlx::query(
+            "INSERT INTO ordering_deliveries (event_id, generation, delivered_at)
+             SELECT id, generation, clock_timestamp()
+             FROM unnest($1::text[], $2::bigint[]) AS u(id, generation)",
+        )
+        .bind(ids)
+        .bind(generations)
+        .execute(&self.pool)
+        .await;
+        if let Err(error) = logged {
+            // Not taken after all: nothing of this batch reached the broker's log.
+            return batch
+                .iter()
+                .map(|_| Err(SinkError::unavailable(error.to_string())))
+                .collect();
+        }
+        // The window in which a kill or a pause leaves a batch sent but not recorded.
+        sleep(Duration::from_millis(fastrand::u64(50..150))).await;
+        results
+    }
+}
+
+struct Relays {
+    command: ChildCommand,
+    url: String,
+    children: Vec<Child>,
+}
+
+impl Relays {
+    fn spawn(&self) -> Result<Child, String> {
+        self.command.spawn(ROLE, &[("URL", &self.url)])
+    }
+
+    fn kill_and_restart(&mut self, slot: usize) -> Result<(), String> {
+        self.children[slot].kill()?;
+        self.children[slot] = self.spawn()?;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_relays_publish_each_key_in_order_through_kills_pauses_and_terminations() -> TestResult
+{
+    let keys = i64::try_from(setting("OUTBOX_ORDERING_CHAOS_KEYS", 1_000))?;
+    let chaos_for = Duration::from_secs(setting("OUTBOX_ORDERING_CHAOS_SECS", 25));
+    let db = schema_with(&[OrderedChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    sqlx::raw_sql(
+        "CREATE TABLE ordering_deliveries (
+             event_id text NOT NULL, generation bigint NOT NULL, delivered_at timestamptz NOT NULL);
+         CREATE TABLE ordering_sent (event_id text NOT NULL, recorded_at timestamptz NOT NULL);
+         CREATE FUNCTION note_sent() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN INSERT INTO ordering_sent VALUES (NEW.event_id, clock_timestamp()); RETURN NULL; END $$;
+         CREATE TRIGGER note_sent AFTER UPDATE OF status ON ordered_chaos_events
+             FOR EACH ROW WHEN (NEW.status = 'SENT' AND OLD.status <> 'SENT') EXECUTE FUNCTION note_sent();
+         CREATE TABLE ordering_effects (order_id bigint PRIMARY KEY, last_seq integer NOT NULL);",
+    )
+    .execute(pool)
+    .await?;
+    outbox::inbox::migrate(pool).await?;
+
+    // Orders interleaved, as many customers' orders arrive; each order's events in turn.
+    let events: Vec<OrderedChaosEvent> = (0..PER_KEY)
+        .flat_map(|seq| {
+            (0..keys).map(move |order_id| OrderedChaosEvent {
+                name: format!("{order_id}-{seq}"),
+                order_id,
+                seq,
+            })
+        })
+        .collect();
+    let total = i64::try_from(events.len())?;
+    // The business transactions keep coming while the relays are under chaos.
+    let mut waves = events.chunks(events.len().div_ceil(40));
+
+    let mut relays = Relays {
+        command: ChildCommand::test("ordering_chaos_child"),
+        url: db.url(),
+        children: Vec::new(),
+    };
+    for _ in 0..RELAYS {
+        let child = relays.spawn()?;
+        relays.children.push(child);
+    }
+    let mut actions: HashMap<&str, u32> = HashMap::new();
+    let until = Instant::now() + chaos_for;
+    while Instant::now() < until {
+        if let Some(wave) = waves.next() {
+            OrderedChaosEvent::enqueue_all(wave, pool).await?;
+        }
+        sleep(Duration::from_millis(fastrand::u64(300..900))).await;
+        let slot = fastrand::usize(0..RELAYS);
+        match fastrand::u8(0..3) {
+            0 => {
+                relays.kill_and_restart(slot)?;
+                *actions.entry("SIGKILL and restart").or_default() += 1;
+            }
+            1 => {
+                // Past the lease (2 s): its rows are taken over while it sleeps.
+                relays.children[slot].signal(Signal::SIGSTOP)?;
+                sleep(Duration::from_millis(fastrand::u64(2_500..3_500))).await;
+                relays.children[slot].signal(Signal::SIGCONT)?;
+                *actions.entry("SIGSTOP past the lease").or_default() += 1;
+            }
+            _ => {
+                let terminated: i64 = sqlx::query_scalar(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                     WHERE application_name = $1",
+                )
+                .bind(format!("{APP}{}", relays.children[slot].pid()))
+                .fetch_one(pool)
+                .await?;
+                *actions.entry("sessions terminated").or_default() += u32::try_from(terminated)?;
+            }
+        }
+    }
+    for wave in waves {
+        OrderedChaosEvent::enqueue_all(wave, pool).await?;
+    }
+    wait_until("every event is SENT", Duration::from_mins(3), async || {
+        unsent(pool).await.is_ok_and(|n| n == 0)
+    })
+    .await;
+    for child in &relays.children {
+        child.signal(Signal::SIGTERM)?;
+    }
+    for child in &mut relays.children {
+        child.wait()?;
+    }
+
+    // Per order, the first deliveries in sequence order, each after its predecessor's
+    // SENT was recorded.
+    let (delivered, deliveries): (i64, i64) =
+        sqlx::query_as("SELECT count(DISTINCT event_id), count(*) FROM ordering_deliveries")
+            .fetch_one(pool)
+            .await?;
+    assert_eq!(delivered, total, "every event delivered");
+    let out_of_order: Vec<String> = sqlx::query_scalar(
+        "WITH first AS (
+             SELECT DISTINCT ON (d.event_id) d.event_id, e.order_id, e.seq, d.delivered_at
+             FROM ordering_deliveries d JOIN ordered_chaos_events e USING (event_id)
+             ORDER BY d.event_id, d.delivered_at)
+         SELECT event_id || ' first delivered after seq ' || previous FROM (
+             SELECT event_id, seq, lag(seq) OVER (PARTITION BY order_id ORDER BY delivered_at, seq) AS previous
+             FROM first) o
+         WHERE previous IS NOT NULL AND seq <> previous + 1
+         LIMIT 10",
+    )
+    .fetch_all(pool)
+    .await?;
+    assert!(out_of_order.is_empty(), "{out_of_order:?}");
+    let early: Vec<String> = sqlx::query_scalar(
+        "WITH first AS (
+             SELECT event_id, min(delivered_at) AS at FROM ordering_deliveries GROUP BY event_id),
+         sent AS (SELECT event_id, min(recorded_at) AS at FROM ordering_sent GROUP BY event_id)
+         SELECT e.event_id FROM ordered_chaos_events e
+         JOIN first f ON f.event_id = e.event_id
+         JOIN sent s ON s.event_id = e.order_id || '-' || (e.seq - 1)
+         WHERE f.at < s.at
+         LIMIT 10",
+    )
+    .fetch_all(pool)
+    .await?;
+    assert!(
+        early.is_empty(),
+        "delivered before the predecessor's SENT: {early:?}"
+    );
+
+    // The consumer: the log in delivery order, through the inbox, 500 messages per
+    // transaction; each effect must be the order's next step.
+    let log: Vec<(String, i64, i32)> = sqlx::query_as(
+        "SELECT d.event_id, e.order_id, e.seq FROM ordering_deliveries d
+         JOIN ordered_chaos_events e USING (event_id) ORDER BY d.delivered_at",
+    )
+    .fetch_all(pool)
+    .await?;
+    let inbox = Inbox::new("ordering-chaos");
+    let (mut applied, mut skipped) = (0_i64, 0_i64);
+    for page in log.chunks(500) {
+        let mut tx = pool.begin().await?;
+        for (event_id, order_id, seq) in page {
+            if !inbox.receive(&mut *tx, event_id).await?.is_new() {
+                skipped += 1;
+                continue;
+            }
+            // The order's first step creates its row; every later one moves it on by one.
+            let effect = if *seq == 0 {
+                "INSERT INTO ordering_effects VALUES ($1, $2) ON CONFLICT DO NOTHING"
+            } else {
+                "UPDATE ordering_effects SET last_seq = $2 WHERE order_id = $1 AND last_seq = $2 - 1"
+            };
+            let stepped = sqlx::query(effect)
+                .bind(order_id)
+                .bind(seq)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            assert_eq!(stepped, 1, "{event_id} applied out of order");
+            applied += 1;
+        }
+        tx.commit().await?;
+    }
+    let complete: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM ordering_effects WHERE last_seq = $1")
+            .bind(PER_KEY - 1)
+            .fetch_one(pool)
+            .await?;
+    println!(
+        "ordering chaos: {total} events of {keys} orders, {deliveries} deliveries \
+         ({} duplicates, skipped by the inbox: {skipped}), {applied} effects applied; {actions:?}",
+        deliveries - total
+    );
+    assert_eq!((applied, complete), (total, keys));
+    assert_eq!(skipped, deliveries - total);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+async fn unsent(pool: &PgPool) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM ordered_chaos_events WHERE status <> 'SENT'")
+        .fetch_one(pool)
+        .await
+}
