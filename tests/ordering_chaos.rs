@@ -168,19 +168,7 @@ async fn four_relays_publish_each_key_in_order_through_kills_pauses_and_terminat
     let chaos_for = Duration::from_secs(setting("OUTBOX_ORDERING_CHAOS_SECS", 25));
     let db = schema_with(&[OrderedChaosEvent::migrations()]).await?;
     let pool = db.pool();
-    sqlx::raw_sql(
-        "CREATE TABLE ordering_deliveries (
-             event_id text NOT NULL, generation bigint NOT NULL, delivered_at timestamptz NOT NULL);
-         CREATE TABLE ordering_sent (event_id text NOT NULL, recorded_at timestamptz NOT NULL);
-         CREATE FUNCTION note_sent() RETURNS trigger LANGUAGE plpgsql AS $$
-             BEGIN INSERT INTO ordering_sent VALUES (NEW.event_id, clock_timestamp()); RETURN NULL; END $$;
-         CREATE TRIGGER note_sent AFTER UPDATE OF status ON ordered_chaos_events
-             FOR EACH ROW WHEN (NEW.status = 'SENT' AND OLD.status <> 'SENT') EXECUTE FUNCTION note_sent();
-         CREATE TABLE ordering_effects (order_id bigint PRIMARY KEY, last_seq integer NOT NULL);",
-    )
-    .execute(pool)
-    .await?;
-    outbox::inbox::migrate(pool).await?;
+    setup(pool).await?;
 
     // Orders interleaved, as many customers' orders arrive; each order's events in turn.
     let events: Vec<OrderedChaosEvent> = (0..PER_KEY)
@@ -251,8 +239,45 @@ async fn four_relays_publish_each_key_in_order_through_kills_pauses_and_terminat
         child.wait()?;
     }
 
-    // Per order, the first deliveries in sequence order, each after its predecessor's
-    // SENT was recorded.
+    let deliveries = verify_first_deliveries(pool, total).await?;
+    let (applied, skipped) = consume(pool).await?;
+    let complete: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM ordering_effects WHERE last_seq = $1")
+            .bind(PER_KEY - 1)
+            .fetch_one(pool)
+            .await?;
+    println!(
+        "ordering chaos: {total} events of {keys} orders, {deliveries} deliveries \
+         ({} duplicates, skipped by the inbox: {skipped}), {applied} effects applied; {actions:?}",
+        deliveries - total
+    );
+    assert_eq!((applied, complete), (total, keys));
+    assert_eq!(skipped, deliveries - total);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// The broker's log, the trigger that notes each `SENT`, the consumer's effects and inbox.
+async fn setup(pool: &PgPool) -> TestResult {
+    sqlx::raw_sql(
+        "CREATE TABLE ordering_deliveries (
+             event_id text NOT NULL, generation bigint NOT NULL, delivered_at timestamptz NOT NULL);
+         CREATE TABLE ordering_sent (event_id text NOT NULL, recorded_at timestamptz NOT NULL);
+         CREATE FUNCTION note_sent() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN INSERT INTO ordering_sent VALUES (NEW.event_id, clock_timestamp()); RETURN NULL; END $$;
+         CREATE TRIGGER note_sent AFTER UPDATE OF status ON ordered_chaos_events
+             FOR EACH ROW WHEN (NEW.status = 'SENT' AND OLD.status <> 'SENT') EXECUTE FUNCTION note_sent();
+         CREATE TABLE ordering_effects (order_id bigint PRIMARY KEY, last_seq integer NOT NULL);",
+    )
+    .execute(pool)
+    .await?;
+    outbox::inbox::migrate(pool).await?;
+    Ok(())
+}
+
+/// Per order, the first deliveries in sequence order, each after its predecessor's `SENT`
+/// was recorded. Returns how many deliveries the log holds.
+async fn verify_first_deliveries(pool: &PgPool, total: i64) -> TestResult<i64> {
     let (delivered, deliveries): (i64, i64) =
         sqlx::query_as("SELECT count(DISTINCT event_id), count(*) FROM ordering_deliveries")
             .fetch_one(pool)
@@ -289,8 +314,12 @@ async fn four_relays_publish_each_key_in_order_through_kills_pauses_and_terminat
         "delivered before the predecessor's SENT: {early:?}"
     );
 
-    // The consumer: the log in delivery order, through the inbox, 500 messages per
-    // transaction; each effect must be the order's next step.
+    Ok(deliveries)
+}
+
+/// The consumer: the log in delivery order, through the inbox, 500 messages per
+/// transaction; each effect must be its order's next step. Returns (applied, skipped).
+async fn consume(pool: &PgPool) -> TestResult<(i64, i64)> {
     let log: Vec<(String, i64, i32)> = sqlx::query_as(
         "SELECT d.event_id, e.order_id, e.seq FROM ordering_deliveries d
          JOIN ordered_chaos_events e USING (event_id) ORDER BY d.delivered_at",
@@ -323,20 +352,7 @@ async fn four_relays_publish_each_key_in_order_through_kills_pauses_and_terminat
         }
         tx.commit().await?;
     }
-    let complete: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM ordering_effects WHERE last_seq = $1")
-            .bind(PER_KEY - 1)
-            .fetch_one(pool)
-            .await?;
-    println!(
-        "ordering chaos: {total} events of {keys} orders, {deliveries} deliveries \
-         ({} duplicates, skipped by the inbox: {skipped}), {applied} effects applied; {actions:?}",
-        deliveries - total
-    );
-    assert_eq!((applied, complete), (total, keys));
-    assert_eq!(skipped, deliveries - total);
-    db.drop_schema().await?;
-    Ok(())
+    Ok((applied, skipped))
 }
 
 async fn unsent(pool: &PgPool) -> Result<i64, sqlx::Error> {
