@@ -208,7 +208,7 @@ impl fmt::Display for BrokerReport {
         writeln!(
             f,
             "  consumer deliveries    {} committed: {} skipped by the inbox as duplicates, \
-             {} broker redeliveries (at most the {}th delivery of a message)",
+             {} broker redeliveries (a message delivered at most {} times)",
             self.deliveries, self.inbox_duplicates, self.redeliveries, self.max_delivery
         )?;
         writeln!(
