@@ -10,6 +10,9 @@
 //!   the stream's size limit: each `DEAD` with its reason, the others sent.
 //! - An outage: the client loses its server (a proxy in between is stopped); batches go
 //!   back without counting attempts until it reconnects, then everything is sent.
+//! - Wrong credentials (a server of the test's own, with a user and a password): refused
+//!   at connect with a typed error; a client told to keep retrying leaves the sink
+//!   unavailable, so nothing is counted or `DEAD` until the right credentials come.
 //!
 //! Needs NATS with JetStream on 127.0.0.1:4222 (or `OUTBOX_NATS_URL`); without it the
 //! tests fail, saying how to start it.
@@ -35,6 +38,7 @@ use support::broker::{self, Proxy, RefuseUnencodable};
 use support::child::{self, ChildCommand};
 use support::counters::Counters;
 use support::events::ChaosEvent;
+use support::nats_server::NatsServer;
 use support::rows::{enqueue, row_of};
 use support::schema::schema_from_zero;
 use support::{TestResult, wait_until};
@@ -587,6 +591,114 @@ async fn a_server_outage_burns_no_attempts_and_the_relay_resumes_when_it_returns
     assert_eq!(stream.info().await?.state.messages, 10);
     proxy.down();
     js.delete_stream(&stream_name).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// The credentials of the test's own server.
+const USER: &str = "outbox";
+const PASSWORD: &str = "s3cret";
+
+fn with_password(password: &str) -> async_nats::ConnectOptions {
+    async_nats::ConnectOptions::with_user_and_password(USER.into(), password.into())
+        .connection_timeout(Duration::from_secs(3))
+}
+
+#[tokio::test]
+async fn wrong_credentials_are_refused_at_connect_and_a_retrying_client_loses_nothing()
+-> TestResult {
+    let server = NatsServer::start(&["--user", USER, "--pass", PASSWORD])?;
+    let url = server.url();
+
+    // At connect: a typed error, promptly, for a wrong password and for none.
+    for (what, options) in [
+        ("a wrong password", with_password("wrong")),
+        ("no credentials", async_nats::ConnectOptions::new()),
+    ] {
+        let refused = timeout(Duration::from_secs(10), options.connect(&url))
+            .await?
+            .err()
+            .ok_or_else(|| format!("{what} was accepted"))?;
+        assert_eq!(
+            refused.kind(),
+            async_nats::ConnectErrorKind::AuthorizationViolation,
+            "{what}: {refused}"
+        );
+        assert!(refused.to_string().contains("authorization violation"), "{refused}");
+    }
+
+    // A client told to keep retrying (`retry_on_initial_connect`) is handed back never
+    // connected: the sink finds it unavailable, and the relay counts nothing.
+    let js = jetstream::new(with_password(PASSWORD).connect(&url).await?);
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let subject = format!("outbox.test.{}.shipments", db.name());
+    let mut stream = create_stream(&js, "SHIPMENTS", &subject, |_| {}).await?;
+    let events: Vec<ChaosEvent> = (1..=3)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let retrying = with_password("wrong")
+        .retry_on_initial_connect()
+        .connect(&url)
+        .await?;
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(
+            pool.clone(),
+            JetStreamSink::new(jetstream::new(retrying.clone()), subject.clone()),
+        )
+        .poll_interval(Duration::from_millis(50))
+        .unavailable_backoff(outbox::relay::Backoff::new(
+            Duration::from_millis(50),
+            Duration::from_millis(200),
+        ))
+        .run(shutdown.clone()),
+    );
+    let table = ChaosEvent::SPEC.table();
+    wait_until("3 batches held back", Duration::from_secs(20), async || {
+        counters.get(outbox::relay::metric::UNAVAILABLE, table) >= 3
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+    assert_ne!(
+        retrying.connection_state(),
+        async_nats::connection::State::Connected
+    );
+    for event in &events {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts),
+            ("READY", 0),
+            "handed back, no attempt counted: {row:?}"
+        );
+    }
+    assert_eq!(stream.info().await?.state.messages, 0);
+
+    // The right credentials (a new client): everything is sent, on its first attempt.
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), JetStreamSink::new(js.clone(), subject))
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until("all 3 SENT", Duration::from_secs(20), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 3
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+    for event in &events {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{row:?}");
+    }
+    assert_eq!(stream.info().await?.state.messages, 3);
     db.drop_schema().await?;
     Ok(())
 }
