@@ -64,7 +64,9 @@ async fn main() -> Result {
     )
     .await
     .map_err(|e| {
-        format!("cannot reach RabbitMQ at {url} ({e}); start it with `service rabbitmq-server start`")
+        format!(
+            "cannot reach RabbitMQ at {url} ({e}); start it with `service rabbitmq-server start`"
+        )
     })?;
     // Your deployment usually owns the exchange and the queue; the example declares its
     // own, and deletes them at the end.

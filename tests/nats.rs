@@ -605,8 +605,8 @@ fn with_password(password: &str) -> async_nats::ConnectOptions {
 }
 
 #[tokio::test]
-async fn wrong_credentials_are_refused_at_connect_and_a_retrying_client_loses_nothing()
--> TestResult {
+async fn wrong_credentials_are_refused_at_connect_and_a_retrying_client_loses_nothing() -> TestResult
+{
     let server = NatsServer::start(&["--user", USER, "--pass", PASSWORD])?;
     let url = server.url();
 
@@ -624,7 +624,10 @@ async fn wrong_credentials_are_refused_at_connect_and_a_retrying_client_loses_no
             async_nats::ConnectErrorKind::AuthorizationViolation,
             "{what}: {refused}"
         );
-        assert!(refused.to_string().contains("authorization violation"), "{refused}");
+        assert!(
+            refused.to_string().contains("authorization violation"),
+            "{refused}"
+        );
     }
 
     // A client told to keep retrying (`retry_on_initial_connect`) is handed back never

@@ -36,8 +36,8 @@ use sqlx::PgPool;
 use tokio::time::{Instant, sleep};
 
 use super::{
-    Config, Relays, Report, Server, Wake, cancelled_by_sigterm, child_pool,
-    enqueue_range, say, setup, terminate_sessions, unsent, verify_deliveries, verify_outbox,
+    Config, Relays, Report, Server, Wake, cancelled_by_sigterm, child_pool, enqueue_range, say,
+    setup, terminate_sessions, unsent, verify_deliveries, verify_outbox,
 };
 use crate::support::child::{self, ChildCommand};
 use crate::support::events::ChaosEvent;
@@ -412,7 +412,9 @@ impl Sink<ChaosEvent> for BrokerSink {
             if let Ok(receipt) = receipt {
                 columns.0.push(delivery.event_id().as_str());
                 columns.1.push(delivery.generation().get());
-                columns.2.push(i32::try_from(delivery.attempt()).unwrap_or(i32::MAX));
+                columns
+                    .2
+                    .push(i32::try_from(delivery.attempt()).unwrap_or(i32::MAX));
                 columns.3.push(receipt.position);
                 columns.4.push(receipt.duplicate);
             }
@@ -437,6 +439,10 @@ impl Sink<ChaosEvent> for BrokerSink {
             .await
             .map(drop)
         };
+        // The window between the broker's acknowledgement and the relay's outcome,
+        // widened a little so that the driver's kills and pauses land in it: the
+        // redeliveries the broker and the inbox must absorb.
+        sleep(Duration::from_millis(fastrand::u64(5..=40))).await;
         receipts
             .into_iter()
             .map(|receipt| match (receipt, &recorded) {
@@ -493,7 +499,7 @@ async fn consumer_child() -> i32 {
         inbox: Inbox::new(INBOX),
         pid: i32::try_from(std::process::id()).unwrap_or(-1),
     };
-    let consumed = match kind.parse::<BrokerKind>() {
+    let outcome = match kind.parse::<BrokerKind>() {
         #[cfg(feature = "nats")]
         Ok(BrokerKind::Nats) => nats::consume(&consumer, &shutdown).await,
         #[cfg(feature = "rabbitmq")]
@@ -502,7 +508,7 @@ async fn consumer_child() -> i32 {
         Ok(other) => Err(format!("this build has no `{other}` feature")),
         Err(error) => Err(error),
     };
-    match consumed {
+    match outcome {
         Ok(()) => {
             say("stopped");
             0
@@ -639,16 +645,7 @@ pub async fn run(config: &BrokerConfig, command: &ChildCommand) -> Result<Broker
     )
     .await?;
 
-    let mut relays = Relays::relays(&schema, run, command);
-    relays.params = broker.params();
-    relays.start(run.relays)?;
-    let mut consumers = Relays::relays(&schema, run, command);
-    consumers.role = CONSUMER;
-    consumers.kind = "consumer";
-    consumers.letter = 'c';
-    consumers.params = broker.params();
-    consumers.pause_past = config.ack_wait;
-    consumers.start(config.consumers)?;
+    let (mut relays, mut consumers) = start_fleets(config, &broker, &schema, command)?;
 
     let chaos_started = Instant::now();
     let enqueuer = tokio::spawn(enqueue_range(
@@ -689,7 +686,9 @@ pub async fn run(config: &BrokerConfig, command: &ChildCommand) -> Result<Broker
     verify_deliveries(&pool, total, &mut report.relay).await?;
     broker.audit_copies(&pool, &mut report).await?;
     audit(&pool, total, &mut report).await?;
-    report.failures.splice(0..0, report.relay.failures.drain(..));
+    report
+        .failures
+        .splice(0..0, report.relay.failures.drain(..));
 
     drop(relays);
     drop(consumers);
@@ -698,6 +697,26 @@ pub async fn run(config: &BrokerConfig, command: &ChildCommand) -> Result<Broker
     drop(server);
     report.relay.wall = wall.elapsed();
     Ok(report)
+}
+
+/// Starts the relay processes, publishing through `broker`, and the consumer processes.
+fn start_fleets(
+    config: &BrokerConfig,
+    broker: &Broker,
+    schema: &TestSchema,
+    command: &ChildCommand,
+) -> Result<(Relays, Relays), String> {
+    let mut relays = Relays::new(schema, &config.run, command);
+    relays.params = broker.params();
+    relays.start(config.run.relays)?;
+    let mut consumers = Relays::new(schema, &config.run, command);
+    consumers.role = CONSUMER;
+    consumers.kind = "consumer";
+    consumers.letter = 'c';
+    consumers.params = broker.params();
+    consumers.pause_past = config.ack_wait;
+    consumers.start(config.consumers)?;
+    Ok((relays, consumers))
 }
 
 /// The relay and consumer processes.
@@ -729,7 +748,9 @@ async fn chaos(
     #[allow(clippy::cast_precision_loss)]
     let hard_stop = started
         + config.duration
-        + Duration::from_secs_f64(run.events as f64 / run.rate + 30.0 + 8.0 * f64::from(config.outages));
+        + Duration::from_secs_f64(
+            run.events as f64 / run.rate + 30.0 + 8.0 * f64::from(config.outages),
+        );
     let mut next_action = Instant::now() + Duration::from_millis(rng.u64(200..600));
     let mut next_outage = Instant::now() + Duration::from_millis(rng.u64(1_000..2_500));
     loop {
@@ -737,10 +758,12 @@ async fn chaos(
         let enqueued = progress.load(Ordering::Relaxed) >= run.events;
         let outages_due = report.outages.len() < config.outages as usize;
         let r = &report.relay;
+        // A fleet of one is never paused (the other must take over its work).
         let enough = r.kills >= 2
-            && r.pauses >= 1
+            && (r.pauses >= 1 || fleets.relays.slots.len() < 2)
             && report.consumer_kills >= 2
-            && report.consumer_pauses >= 1
+            && (report.consumer_pauses >= 1 || fleets.consumers.slots.len() < 2)
+            && r.terminations >= 1
             && !outages_due
             && started.elapsed() >= config.duration;
         let paused = fleets.relays.paused() + fleets.consumers.paused();
@@ -771,86 +794,7 @@ async fn chaos(
             continue;
         }
         next_action = Instant::now() + Duration::from_millis(rng.u64(150..500));
-        match rng.u32(0..10) {
-            // Pause a relay past its lease, mid-batch if it has one; every other pause
-            // ends into the reclaim of its rows.
-            0..=1 if fleets.relays.paused() < fleets.relays.slots.len() / 2 => {
-                let running = fleets.relays.running();
-                let slot = running[rng.usize(..running.len())];
-                let mid_batch = fleets
-                    .relays
-                    .next_batch(slot, Duration::from_millis(rng.u64(0..15)))
-                    .await;
-                let wake = if report.relay.pauses.is_multiple_of(2) {
-                    Wake::IntoReclaim
-                } else {
-                    Wake::After(Duration::from_millis(rng.u64(300..1500)))
-                };
-                fleets.relays.pause(slot, wake)?;
-                report.relay.pauses += 1;
-                report.relay.pauses_mid_batch += u32::from(mid_batch);
-            }
-            // SIGKILL a relay, half of the time mid-batch (after the broker's
-            // acknowledgement, before the outcome, now and then), and restart it.
-            2..=3 => {
-                let running = fleets.relays.running();
-                let slot = running[rng.usize(..running.len())];
-                let mid_batch = rng.bool()
-                    && fleets
-                        .relays
-                        .next_batch(slot, Duration::from_millis(rng.u64(0..15)))
-                        .await;
-                fleets.relays.kill_and_restart(slot)?;
-                report.relay.kills += 1;
-                report.relay.kills_mid_batch += u32::from(mid_batch);
-            }
-            // SIGKILL a consumer while it handles a batch (between a commit and its
-            // acknowledgement, now and then): the broker redelivers, the inbox skips.
-            4..=5 => {
-                let running = fleets.consumers.running();
-                if running.is_empty() {
-                    continue;
-                }
-                let slot = running[rng.usize(..running.len())];
-                let mid_batch = fleets
-                    .consumers
-                    .next_batch(slot, Duration::from_millis(rng.u64(0..10)))
-                    .await;
-                fleets.consumers.kill_and_restart(slot)?;
-                report.consumer_kills += 1;
-                report.consumer_kills_mid_batch += u32::from(mid_batch);
-            }
-            // Pause a consumer past its acknowledgement deadline: its messages go to
-            // the other one, and it wakes to find them applied (or waits on the
-            // other's uncommitted inbox row).
-            6 if fleets.consumers.paused() < fleets.consumers.slots.len().div_ceil(2)
-                && fleets.consumers.slots.len() > 1 =>
-            {
-                let running = fleets.consumers.running();
-                let slot = running[rng.usize(..running.len())];
-                fleets
-                    .consumers
-                    .next_batch(slot, Duration::from_millis(rng.u64(0..10)))
-                    .await;
-                let wake = Wake::After(Duration::from_millis(rng.u64(200..1000)));
-                fleets.consumers.pause(slot, wake)?;
-                report.consumer_pauses += 1;
-            }
-            // Terminate the database sessions of a relay or a consumer.
-            7 => {
-                let fleet = if rng.bool() {
-                    &*fleets.relays
-                } else {
-                    &*fleets.consumers
-                };
-                let prefix = fleet.app_name(rng.usize(..fleet.slots.len()));
-                if let Ok(ended) = terminate_sessions(pool, &prefix).await {
-                    report.relay.terminations += 1;
-                    report.relay.sessions_terminated += ended;
-                }
-            }
-            _ => {}
-        }
+        act(&mut rng, fleets, pool, report).await?;
     }
     let r = &report.relay;
     if r.kills == 0 || report.consumer_kills == 0 || report.outages.is_empty() {
@@ -860,6 +804,96 @@ async fn chaos(
             report.consumer_kills,
             report.outages.len()
         ));
+    }
+    Ok(())
+}
+
+/// One of the chaos's actions on the relays, the consumers or their sessions, at random.
+async fn act(
+    rng: &mut fastrand::Rng,
+    fleets: &mut Fleets<'_>,
+    pool: &PgPool,
+    report: &mut BrokerReport,
+) -> Result<(), String> {
+    match rng.u32(0..10) {
+        // Pause a relay past its lease, mid-batch if it has one; every other pause
+        // ends into the reclaim of its rows.
+        0..=1 if fleets.relays.paused() < fleets.relays.slots.len() / 2 => {
+            let running = fleets.relays.running();
+            let slot = running[rng.usize(..running.len())];
+            let mid_batch = fleets
+                .relays
+                .next_batch(slot, Duration::from_millis(rng.u64(0..15)))
+                .await;
+            let wake = if report.relay.pauses.is_multiple_of(2) {
+                Wake::IntoReclaim
+            } else {
+                Wake::After(Duration::from_millis(rng.u64(300..1500)))
+            };
+            fleets.relays.pause(slot, wake)?;
+            report.relay.pauses += 1;
+            report.relay.pauses_mid_batch += u32::from(mid_batch);
+        }
+        // SIGKILL a relay, half of the time mid-batch (after the broker's
+        // acknowledgement, before the outcome, now and then), and restart it.
+        2..=3 => {
+            let running = fleets.relays.running();
+            let slot = running[rng.usize(..running.len())];
+            let mid_batch = rng.bool()
+                && fleets
+                    .relays
+                    .next_batch(slot, Duration::from_millis(rng.u64(0..15)))
+                    .await;
+            fleets.relays.kill_and_restart(slot)?;
+            report.relay.kills += 1;
+            report.relay.kills_mid_batch += u32::from(mid_batch);
+        }
+        // SIGKILL a consumer while it handles a batch (between a commit and its
+        // acknowledgement, now and then): the broker redelivers, the inbox skips.
+        4..=5 => {
+            let running = fleets.consumers.running();
+            if running.is_empty() {
+                return Ok(());
+            }
+            let slot = running[rng.usize(..running.len())];
+            let mid_batch = fleets
+                .consumers
+                .next_batch(slot, Duration::from_millis(rng.u64(0..10)))
+                .await;
+            fleets.consumers.kill_and_restart(slot)?;
+            report.consumer_kills += 1;
+            report.consumer_kills_mid_batch += u32::from(mid_batch);
+        }
+        // Pause a consumer past its acknowledgement deadline: its messages go to
+        // the other one, and it wakes to find them applied (or waits on the
+        // other's uncommitted inbox row).
+        6 if fleets.consumers.paused() < fleets.consumers.slots.len().div_ceil(2)
+            && fleets.consumers.slots.len() > 1 =>
+        {
+            let running = fleets.consumers.running();
+            let slot = running[rng.usize(..running.len())];
+            fleets
+                .consumers
+                .next_batch(slot, Duration::from_millis(rng.u64(0..10)))
+                .await;
+            let wake = Wake::After(Duration::from_millis(rng.u64(200..1000)));
+            fleets.consumers.pause(slot, wake)?;
+            report.consumer_pauses += 1;
+        }
+        // Terminate the database sessions of a relay or a consumer.
+        7 => {
+            let fleet = if rng.bool() {
+                &*fleets.relays
+            } else {
+                &*fleets.consumers
+            };
+            let prefix = fleet.app_name(rng.usize(..fleet.slots.len()));
+            if let Ok(ended) = terminate_sessions(pool, &prefix).await {
+                report.relay.terminations += 1;
+                report.relay.sessions_terminated += ended;
+            }
+        }
+        _ => {}
     }
     Ok(())
 }
@@ -909,9 +943,9 @@ async fn stop_consumers(consumers: &mut Relays, report: &mut BrokerReport) {
     for (slot, status) in consumers.stop(within).await {
         match status {
             Some(status) if status.success() => {}
-            Some(status) => report
-                .failures
-                .push(format!("consumer {slot} stopped with {status} after SIGTERM")),
+            Some(status) => report.failures.push(format!(
+                "consumer {slot} stopped with {status} after SIGTERM"
+            )),
             None => report.failures.push(format!(
                 "consumer {slot} did not stop within {within:?} of SIGTERM"
             )),

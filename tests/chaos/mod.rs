@@ -536,7 +536,7 @@ struct Relays {
 
 impl Relays {
     /// The relay processes of a run on `schema`.
-    fn relays(schema: &TestSchema, config: &Config, command: &ChildCommand) -> Self {
+    fn new(schema: &TestSchema, config: &Config, command: &ChildCommand) -> Self {
         Self {
             role: RELAY,
             kind: "relay",
@@ -670,7 +670,9 @@ impl Relays {
             let _ = kill(pid, Signal::SIGCONT);
             paused.store(false, Ordering::SeqCst);
             if verbose {
-                eprintln!("[chaos] SIGCONT {kind} {slot} (pid {pid}); into a batch: {into_reclaim}");
+                eprintln!(
+                    "[chaos] SIGCONT {kind} {slot} (pid {pid}); into a batch: {into_reclaim}"
+                );
             }
             into_reclaim
         }));
@@ -969,7 +971,7 @@ pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, Stri
     )
     .await?;
 
-    let mut relays = Relays::relays(&schema, config, command);
+    let mut relays = Relays::new(&schema, config, command);
     relays.start(config.relays)?;
     let chaos_started = Instant::now();
     let enqueuer = tokio::spawn(enqueue_range(
@@ -1057,9 +1059,10 @@ async fn stop(relays: &mut Relays, report: &mut Report) {
     for (slot, status) in relays.stop(within).await {
         match status {
             Some(status) if status.success() => {}
-            Some(status) => report
-                .failures
-                .push(format!("{} {slot} stopped with {status} after SIGTERM", relays.kind)),
+            Some(status) => report.failures.push(format!(
+                "{} {slot} stopped with {status} after SIGTERM",
+                relays.kind
+            )),
             None => report.failures.push(format!(
                 "{} {slot} did not stop within {within:?} of SIGTERM",
                 relays.kind

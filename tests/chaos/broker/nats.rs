@@ -296,13 +296,13 @@ pub(super) async fn consume(
     let (url, stream) = (param("NATS_URL")?, param("NATS_STREAM")?);
     let js = jetstream::new(client(&url).await?);
     while !shutdown.is_cancelled() {
-        let pull: consumer::PullConsumer = match js.get_consumer_from_stream(DURABLE, &stream).await
-        {
-            Ok(pull) => pull,
-            Err(_) => {
-                sleep(Duration::from_millis(100)).await;
-                continue;
-            }
+        // Not there while the server is down or still recovering its streams.
+        let Ok(pull) = js
+            .get_consumer_from_stream::<consumer::pull::Config, _, _>(DURABLE, &stream)
+            .await
+        else {
+            sleep(Duration::from_millis(100)).await;
+            continue;
         };
         if let Err(error) = pull_batches(&pull, consumer, shutdown).await {
             say(&format!("consumer: {error}; pulling again"));
@@ -332,14 +332,18 @@ async fn pull_batches(
                 say("batch");
                 announced = true;
             }
-            let info = message.info().map_err(|e| format!("a message's info: {e}"))?;
+            let info = message
+                .info()
+                .map_err(|e| format!("a message's info: {e}"))?;
             let (position, delivery) = (
                 i64::try_from(info.stream_sequence).unwrap_or(i64::MAX),
                 info.delivered,
             );
             let Some(event_id) = outbox::nats::event_id(&message) else {
                 // Not the relay's: a bug, never skipped quietly.
-                say(&format!("consumer failed: message {position} has no event id"));
+                say(&format!(
+                    "consumer failed: message {position} has no event id"
+                ));
                 continue;
             };
             consumer

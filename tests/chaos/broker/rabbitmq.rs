@@ -229,7 +229,9 @@ impl Broker {
 fn authority(url: &str) -> Result<String, String> {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let host = rest.split('/').next().unwrap_or(rest);
-    let authority = host.rsplit_once('@').map_or(host, |(_, authority)| authority);
+    let authority = host
+        .rsplit_once('@')
+        .map_or(host, |(_, authority)| authority);
     if authority.contains(':') {
         Ok(authority.to_owned())
     } else {
@@ -238,7 +240,10 @@ fn authority(url: &str) -> Result<String, String> {
 }
 
 /// Connects, retrying for up to 30 s (the proxy may be down when a child starts).
-async fn connect(url: &str, properties: impl Fn() -> ConnectionProperties) -> Result<Connection, String> {
+async fn connect(
+    url: &str,
+    properties: impl Fn() -> ConnectionProperties,
+) -> Result<Connection, String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match Connection::connect(url, properties()).await {
@@ -254,7 +259,10 @@ async fn connect(url: &str, properties: impl Fn() -> ConnectionProperties) -> Re
 /// In a relay child: the RabbitMQ sink, on a connection that recovers by itself.
 pub(super) async fn sink() -> Result<RabbitSink<ChaosEvent>, String> {
     let (url, exchange) = (param("AMQP_URL")?, param("AMQP_EXCHANGE")?);
-    let connection = connect(&url, || ConnectionProperties::default().enable_auto_recover()).await?;
+    let connection = connect(&url, || {
+        ConnectionProperties::default().enable_auto_recover()
+    })
+    .await?;
     let channel = connection
         .create_channel()
         .await
