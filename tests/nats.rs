@@ -12,7 +12,9 @@
 //!   back without counting attempts until it reconnects, then everything is sent.
 //! - Wrong credentials (a server of the test's own, with a user and a password): refused
 //!   at connect with a typed error; a client told to keep retrying leaves the sink
-//!   unavailable, so nothing is counted or `DEAD` until the right credentials come.
+//!   unavailable, so nothing is counted or `DEAD` until the right credentials come. The
+//!   same when the credentials are revoked under a connected client (the server restarts
+//!   with another password) and restored later.
 //!
 //! Needs NATS with JetStream on 127.0.0.1:4222 (or `OUTBOX_NATS_URL`); without it the
 //! tests fail, saying how to start it.
@@ -38,7 +40,7 @@ use support::broker::{self, Proxy, RefuseUnencodable};
 use support::child::{self, ChildCommand};
 use support::counters::Counters;
 use support::events::ChaosEvent;
-use support::nats_server::NatsServer;
+use support::nats_server::{NatsServer, Stop};
 use support::rows::{enqueue, row_of};
 use support::schema::schema_from_zero;
 use support::{TestResult, wait_until};
@@ -702,6 +704,91 @@ async fn wrong_credentials_are_refused_at_connect_and_a_retrying_client_loses_no
         assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{row:?}");
     }
     assert_eq!(stream.info().await?.state.messages, 3);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn revoked_credentials_leave_the_sink_unavailable_until_they_are_restored() -> TestResult {
+    let mut server = NatsServer::start(&["--user", USER, "--pass", PASSWORD])?;
+    let url = server.url();
+    // The relay's client, connected with what were the right credentials; it reconnects
+    // with them, quickly.
+    let client = with_password(PASSWORD)
+        .reconnect_delay_callback(|_| Duration::from_millis(100))
+        .connect(&url)
+        .await?;
+    let js = jetstream::new(client.clone());
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let subject = format!("outbox.test.{}.shipments", db.name());
+    let mut stream = create_stream(&js, "SHIPMENTS", &subject, |_| {}).await?;
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), JetStreamSink::new(js, subject))
+            .poll_interval(Duration::from_millis(50))
+            .unavailable_backoff(outbox::relay::Backoff::new(
+                Duration::from_millis(50),
+                Duration::from_millis(200),
+            ))
+            .run(shutdown.clone()),
+    );
+    let shipments = |range: std::ops::RangeInclusive<i64>| -> Vec<ChaosEvent> {
+        range
+            .map(|n| ChaosEvent {
+                key: format!("shipment-{n}"),
+                order_seq: n,
+            })
+            .collect()
+    };
+    enqueue(pool, &shipments(1..=3)).await;
+    wait_until("the first 3 SENT", Duration::from_secs(20), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 3
+    })
+    .await;
+
+    // Revoked: the server comes back with another password; the client's reconnects
+    // are refused.
+    server.down(Stop::Term)?;
+    server.set_args(&["--user", USER, "--pass", "rotated"]);
+    server.up()?;
+    let table = ChaosEvent::SPEC.table();
+    let before = counters.get(outbox::relay::metric::UNAVAILABLE, table);
+    enqueue(pool, &shipments(4..=6)).await;
+    wait_until("3 batches held back", Duration::from_secs(20), async || {
+        counters.get(outbox::relay::metric::UNAVAILABLE, table) >= before + 3
+    })
+    .await;
+    assert_ne!(
+        client.connection_state(),
+        async_nats::connection::State::Connected
+    );
+    for event in shipments(4..=6) {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts),
+            ("READY", 0),
+            "handed back, no attempt counted: {row:?}"
+        );
+    }
+
+    // Restored: the same client reconnects by itself, and the relay sends the rest.
+    server.down(Stop::Term)?;
+    server.set_args(&["--user", USER, "--pass", PASSWORD]);
+    server.up()?;
+    wait_until("all 6 SENT", Duration::from_secs(30), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 6
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+    for event in shipments(4..=6) {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{row:?}");
+    }
+    assert_eq!(stream.info().await?.state.messages, 6);
     db.drop_schema().await?;
     Ok(())
 }

@@ -77,6 +77,12 @@ impl NatsServer {
         self.dir.join("server.log")
     }
 
+    /// The extra arguments of the next start: another password is the credentials
+    /// revoked.
+    pub fn set_args(&mut self, args: &[&str]) {
+        self.args = args.iter().map(|&a| a.to_owned()).collect();
+    }
+
     /// Whether the server process is running.
     pub fn is_up(&self) -> bool {
         self.process.is_some()
