@@ -25,8 +25,7 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use outbox::inbox::{self, Inbox};
@@ -36,8 +35,8 @@ use sqlx::PgPool;
 use tokio::time::{Instant, sleep};
 
 use super::{
-    Config, Relays, Report, Server, Wake, cancelled_by_sigterm, child_pool, enqueue_range, say,
-    setup, terminate_sessions, unsent, verify_deliveries, verify_outbox,
+    Config, Orders, Relays, Report, Server, Wake, cancelled_by_sigterm, child_pool, say, setup,
+    terminate_sessions, unsent, verify_deliveries, verify_outbox,
 };
 use crate::support::child::{self, ChildCommand};
 use crate::support::events::ChaosEvent;
@@ -626,37 +625,10 @@ pub async fn run(config: &BrokerConfig, command: &ChildCommand) -> Result<Broker
     println!("broker chaos: {}", report.broker);
 
     let total = i64::try_from(run.events).map_err(|e| e.to_string())?;
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_precision_loss,
-        clippy::cast_sign_loss
-    )]
-    let prefilled = ((run.events as f64 * run.prefill) as i64).clamp(0, total);
-    let progress = Arc::new(AtomicUsize::new(0));
-    let retries = Arc::new(AtomicU64::new(0));
-    enqueue_range(
-        pool.clone(),
-        (0, prefilled),
-        20,
-        None,
-        run.seed,
-        Arc::clone(&progress),
-        Arc::clone(&retries),
-    )
-    .await?;
-
+    let mut orders = Orders::prefill(&pool, run).await?;
     let (mut relays, mut consumers) = start_fleets(config, &broker, &schema, command)?;
-
     let chaos_started = Instant::now();
-    let enqueuer = tokio::spawn(enqueue_range(
-        pool.clone(),
-        (prefilled, total),
-        8,
-        Some(run.rate),
-        run.seed ^ 1,
-        Arc::clone(&progress),
-        Arc::clone(&retries),
-    ));
+    orders.enqueue_the_rest(&pool, run);
     let mut fleets = Fleets {
         relays: &mut relays,
         consumers: &mut consumers,
@@ -666,18 +638,12 @@ pub async fn run(config: &BrokerConfig, command: &ChildCommand) -> Result<Broker
         &mut broker,
         &pool,
         &mut fleets,
-        &progress,
+        &orders.progress,
         &mut report,
     )
     .await?;
-    match enqueuer.await {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => report.failures.push(error),
-        Err(error) => report.failures.push(format!("the enqueuer died: {error}")),
-    }
+    report.relay.enqueue_retries = orders.finish(&mut report.failures).await;
     report.relay.chaos = chaos_started.elapsed();
-    report.relay.enqueue_retries =
-        u32::try_from(retries.load(Ordering::Relaxed)).unwrap_or(u32::MAX);
 
     drain(config, &pool, &mut fleets, total, &mut report).await?;
     super::stop(fleets.relays, &mut report.relay).await;

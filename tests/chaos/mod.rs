@@ -904,6 +904,73 @@ async fn enqueue_range(
     Ok(())
 }
 
+/// The business transactions of a run: a share of the orders up front, the rest at the
+/// run's rate while the relays run.
+struct Orders {
+    /// Events enqueued so far.
+    progress: Arc<AtomicUsize>,
+    retries: Arc<AtomicU64>,
+    prefilled: i64,
+    rest: Option<tokio::task::JoinHandle<Result<(), String>>>,
+}
+
+impl Orders {
+    /// Enqueues `config.prefill` of the events, as fast as possible.
+    async fn prefill(pool: &PgPool, config: &Config) -> Result<Self, String> {
+        let total = i64::try_from(config.events).map_err(|e| e.to_string())?;
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_precision_loss,
+            clippy::cast_sign_loss
+        )]
+        let prefilled = ((config.events as f64 * config.prefill) as i64).clamp(0, total);
+        let orders = Self {
+            progress: Arc::default(),
+            retries: Arc::default(),
+            prefilled,
+            rest: None,
+        };
+        enqueue_range(
+            pool.clone(),
+            (0, prefilled),
+            20,
+            None,
+            config.seed,
+            Arc::clone(&orders.progress),
+            Arc::clone(&orders.retries),
+        )
+        .await?;
+        Ok(orders)
+    }
+
+    /// Starts enqueueing the rest, at `config.rate`, in a task.
+    fn enqueue_the_rest(&mut self, pool: &PgPool, config: &Config) {
+        let total = i64::try_from(config.events).unwrap_or(i64::MAX);
+        self.rest = Some(tokio::spawn(enqueue_range(
+            pool.clone(),
+            (self.prefilled, total),
+            8,
+            Some(config.rate),
+            config.seed ^ 1,
+            Arc::clone(&self.progress),
+            Arc::clone(&self.retries),
+        )));
+    }
+
+    /// Waits for the rest to be enqueued; notes in `failures` if it could not be, and
+    /// returns how many business transactions were retried.
+    async fn finish(&mut self, failures: &mut Vec<String>) -> u32 {
+        if let Some(rest) = self.rest.take() {
+            match rest.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => failures.push(error),
+                Err(error) => failures.push(format!("the enqueuer died: {error}")),
+            }
+        }
+        u32::try_from(self.retries.load(Ordering::Relaxed)).unwrap_or(u32::MAX)
+    }
+}
+
 /// Terminates the sessions of one relay (`Some(slot)`) or of all; how many it ended.
 async fn terminate_sessions(pool: &PgPool, prefix: &str) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(
@@ -952,54 +1019,24 @@ pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, Stri
         println!("chaos: the PostgreSQL restart is skipped: {why}");
     }
     let total = i64::try_from(config.events).map_err(|e| e.to_string())?;
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_precision_loss,
-        clippy::cast_sign_loss
-    )]
-    let prefilled = ((config.events as f64 * config.prefill) as i64).clamp(0, total);
-    let progress = Arc::new(AtomicUsize::new(0));
-    let retries = Arc::new(AtomicU64::new(0));
-    enqueue_range(
-        pool.clone(),
-        (0, prefilled),
-        20,
-        None,
-        config.seed,
-        Arc::clone(&progress),
-        Arc::clone(&retries),
-    )
-    .await?;
+    let mut orders = Orders::prefill(&pool, config).await?;
 
     let mut relays = Relays::new(&schema, config, command);
     relays.start(config.relays)?;
     let chaos_started = Instant::now();
-    let enqueuer = tokio::spawn(enqueue_range(
-        pool.clone(),
-        (prefilled, total),
-        8,
-        Some(config.rate),
-        config.seed ^ 1,
-        Arc::clone(&progress),
-        Arc::clone(&retries),
-    ));
+    orders.enqueue_the_rest(&pool, config);
 
     chaos(
         config,
         &mut server,
         &pool,
         &mut relays,
-        &progress,
+        &orders.progress,
         &mut report,
     )
     .await?;
-    match enqueuer.await {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => report.failures.push(error),
-        Err(error) => report.failures.push(format!("the enqueuer died: {error}")),
-    }
+    report.enqueue_retries = orders.finish(&mut report.failures).await;
     report.chaos = chaos_started.elapsed();
-    report.enqueue_retries = u32::try_from(retries.load(Ordering::Relaxed)).unwrap_or(u32::MAX);
 
     if report.kills == 0 || report.pauses == 0 || report.terminations == 0 {
         report.failures.push(format!(
