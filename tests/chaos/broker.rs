@@ -31,7 +31,7 @@ use std::time::Duration;
 use outbox::inbox::{self, Inbox};
 use outbox::relay::{Delivery, Sink, SinkError};
 use outbox::testing::TestSchema;
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 use tokio::time::{Instant, sleep};
 
 use super::{
@@ -149,6 +149,8 @@ pub struct BrokerReport {
     pub inbox_duplicates: i64,
     pub redeliveries: i64,
     pub max_delivery: i64,
+    /// The inbox's duplicates by cause, one line each.
+    pub duplicate_causes: Vec<String>,
     /// Effect rows, and the events with exactly one.
     pub effects: i64,
     pub events_applied_once: i64,
@@ -206,10 +208,13 @@ impl fmt::Display for BrokerReport {
         writeln!(f, "    why: {}", self.copies_explained)?;
         writeln!(
             f,
-            "  consumer deliveries    {} committed: {} skipped by the inbox as duplicates, \
-             {} broker redeliveries (a message delivered at most {} times)",
-            self.deliveries, self.inbox_duplicates, self.redeliveries, self.max_delivery
+            "  consumer deliveries    {} committed ({} redelivered by the broker), {} of them \
+             skipped by the inbox as duplicates:",
+            self.deliveries, self.redeliveries, self.inbox_duplicates
         )?;
+        for cause in &self.duplicate_causes {
+            writeln!(f, "    {cause}")?;
+        }
         writeln!(
             f,
             "  effects                {} rows; {} of {} events applied exactly once",
@@ -297,8 +302,9 @@ impl Broker {
         }
     }
 
-    /// Takes the broker away for a moment; says how.
-    async fn outage(&mut self, rng: &mut fastrand::Rng) -> Result<String, String> {
+    /// Takes the broker away for a moment; says what kind of outage it was, and how it
+    /// went.
+    async fn outage(&mut self, rng: &mut fastrand::Rng) -> Result<(&'static str, String), String> {
         match self {
             #[cfg(feature = "nats")]
             Self::Nats(broker) => broker.outage(rng).await,
@@ -582,6 +588,7 @@ async fn setup_broker_tables(pool: &PgPool) -> Result<(), String> {
              consumer_pid integer NOT NULL, \
              new boolean NOT NULL, \
              consumed_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+        "CREATE TABLE chaos_outages (kind text NOT NULL, ended_at timestamptz NOT NULL)",
         // The effect (`support::broker::apply`): deliberately no unique key, so that an
         // effect applied twice shows as two rows.
         "CREATE TABLE shipments (event_id text NOT NULL, parcels bigint NOT NULL)",
@@ -744,7 +751,16 @@ async fn chaos(
         // reconnect in between, and the next one finds them working.
         if Instant::now() >= next_outage && (outages_due || !config.duration.is_zero()) {
             let began = Instant::now();
-            let how = broker.outage(&mut rng).await?;
+            let (kind, how) = broker.outage(&mut rng).await?;
+            // When it ended, on the database's clock: the deliveries that follow it are
+            // set against it in the audit.
+            sqlx::query(
+                "INSERT INTO chaos_outages (kind, ended_at) VALUES ($1, clock_timestamp())",
+            )
+            .bind(kind)
+            .execute(pool)
+            .await
+            .map_err(|e| format!("noting the outage: {e}"))?;
             let line = format!(
                 "at {:.1}s: {how} ({:.2}s)",
                 started.elapsed().as_secs_f64(),
@@ -1007,6 +1023,88 @@ async fn audit(pool: &PgPool, total: i64, report: &mut BrokerReport) -> Result<(
     if new_twice > 0 {
         failures.push(format!(
             "{new_twice} events the inbox called new more than once"
+        ));
+    }
+    explain_duplicates(pool, report).await
+}
+
+/// `dups`: each duplicate delivery, beside where the broker held the delivery that
+/// was applied (a broker without positions notes 0).
+const DUPLICATES: &str = "WITH applied AS (SELECT DISTINCT ON (event_id) event_id, \
+         broker_position AS applied_position FROM chaos_consumed WHERE new \
+         ORDER BY event_id, consumed_at), \
+     dups AS (SELECT c.*, a.applied_position FROM chaos_consumed c \
+         LEFT JOIN applied a USING (event_id) WHERE NOT c.new)";
+
+/// Sorts the inbox's duplicates by cause: the broker's redeliveries (no acknowledgement
+/// reached it), another copy of the event at the broker, and a message delivered anew
+/// (its delivery count back at 1) after the broker lost its acknowledgement; those are
+/// set against the outage before them.
+async fn explain_duplicates(pool: &PgPool, report: &mut BrokerReport) -> Result<(), String> {
+    let db = |e: sqlx::Error| format!("explaining the duplicates: {e}");
+    let (redelivered, other_copy, anew, unnoted): (i64, i64, i64, i64) =
+        sqlx::query_as(AssertSqlSafe(format!(
+            "{DUPLICATES} SELECT \
+                 count(*) FILTER (WHERE delivery > 1), \
+                 count(*) FILTER (WHERE delivery = 1 AND (broker_position = 0 \
+                     OR broker_position <> applied_position)), \
+                 count(*) FILTER (WHERE delivery = 1 AND broker_position > 0 \
+                     AND broker_position = applied_position), \
+                 count(*) FILTER (WHERE applied_position IS NULL) \
+             FROM dups"
+        )))
+        .fetch_one(pool)
+        .await
+        .map_err(db)?;
+    let causes = &mut report.duplicate_causes;
+    causes.push(format!(
+        "{redelivered} redelivered (the broker's delivery count above 1, at most {}): no \
+         acknowledgement reached the broker, from a consumer killed or paused before it, \
+         or cut off",
+        report.max_delivery
+    ));
+    causes.push(format!(
+        "{other_copy} another copy of the event at the broker (see the copies above)"
+    ));
+    if anew > 0 {
+        let after: Vec<(Option<String>, i64, Option<f64>)> =
+            sqlx::query_as(AssertSqlSafe(format!(
+                "{DUPLICATES} SELECT o.kind, count(*), \
+                 extract(epoch FROM max(d.consumed_at - o.ended_at))::float8 \
+             FROM dups d LEFT JOIN LATERAL (SELECT kind, ended_at FROM chaos_outages \
+                 WHERE ended_at <= d.consumed_at ORDER BY ended_at DESC LIMIT 1) o ON true \
+             WHERE d.delivery = 1 AND d.broker_position > 0 \
+                 AND d.broker_position = d.applied_position \
+             GROUP BY o.kind ORDER BY count(*) DESC"
+            )))
+            .fetch_all(pool)
+            .await
+            .map_err(db)?;
+        let by_outage: Vec<String> = after
+            .iter()
+            .map(|(kind, n, within)| match kind {
+                Some(kind) => format!(
+                    "{n} after a {kind} (at most {:.1}s after it)",
+                    within.unwrap_or(0.0)
+                ),
+                None => format!("{n} before any outage"),
+            })
+            .collect();
+        causes.push(format!(
+            "{anew} delivered anew (the same message, its delivery count back at 1): the \
+             broker lost acknowledgements it had received, in a restart: {}",
+            by_outage.join(", ")
+        ));
+        if let Some((None, n, _)) = after.iter().find(|(kind, ..)| kind.is_none()) {
+            report.failures.push(format!(
+                "{n} messages delivered anew with no broker outage before them"
+            ));
+        }
+    }
+    if unnoted > 0 {
+        causes.push(format!(
+            "{unnoted} of events whose applied delivery was not noted (a consumer killed \
+             between its commit and the note)"
         ));
     }
     Ok(())

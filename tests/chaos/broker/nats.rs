@@ -104,7 +104,10 @@ impl Broker {
 
     /// Kills the server (SIGKILL, every other time SIGTERM), leaves it down a moment,
     /// and starts it again on its port and directory.
-    pub(super) async fn outage(&mut self, rng: &mut fastrand::Rng) -> Result<String, String> {
+    pub(super) async fn outage(
+        &mut self,
+        rng: &mut fastrand::Rng,
+    ) -> Result<(&'static str, String), String> {
         let how = if self.server.starts % 2 == 1 {
             Stop::Kill
         } else {
@@ -114,13 +117,16 @@ impl Broker {
         let down = Duration::from_millis(rng.u64(200..1_500));
         sleep(down).await;
         tokio::task::block_in_place(|| self.server.up())?;
-        Ok(format!(
-            "nats-server {} and restarted after {:.1}s down",
-            match how {
-                Stop::Kill => "SIGKILLed",
-                Stop::Term => "SIGTERMed",
-            },
-            down.as_secs_f64()
+        let (kind, killed) = match how {
+            Stop::Kill => ("SIGKILL restart", "SIGKILLed"),
+            Stop::Term => ("SIGTERM restart", "SIGTERMed"),
+        };
+        Ok((
+            kind,
+            format!(
+                "nats-server {killed} and restarted after {:.1}s down",
+                down.as_secs_f64()
+            ),
         ))
     }
 

@@ -136,7 +136,10 @@ impl Broker {
     }
 
     /// Cuts every connection through the proxy and refuses new ones for a moment.
-    pub(super) async fn outage(&mut self, rng: &mut fastrand::Rng) -> Result<String, String> {
+    pub(super) async fn outage(
+        &mut self,
+        rng: &mut fastrand::Rng,
+    ) -> Result<(&'static str, String), String> {
         self.proxy.down();
         let down = Duration::from_millis(rng.u64(200..1_500));
         sleep(down).await;
@@ -144,9 +147,12 @@ impl Broker {
             .up()
             .await
             .map_err(|e| format!("the proxy back up: {e}"))?;
-        Ok(format!(
-            "every connection to RabbitMQ cut, none accepted for {:.1}s",
-            down.as_secs_f64()
+        Ok((
+            "connection cut",
+            format!(
+                "every connection to RabbitMQ cut, none accepted for {:.1}s",
+                down.as_secs_f64()
+            ),
         ))
     }
 
