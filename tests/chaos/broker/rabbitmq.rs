@@ -198,11 +198,13 @@ impl Broker {
         report.events_with_copies = events;
         report.events_copied_again = copied_again;
         report.copies_explained = format!(
-            "RabbitMQ does not deduplicate: each confirmed publication is a copy in the queue \
-             (counted from the relays' records, a lower bound). Events published more than \
-             once were confirmed to a relay that was then killed, paused past its lease or \
-             cut off before it recorded SENT; the consumers' inbox absorbed the copies \
-             ({left} copies left unconsumed in the queue at the end)"
+            "RabbitMQ does not deduplicate: every publication that reached the queue is a \
+             copy. Counted here from the confirms the relays recorded, a lower bound: a copy \
+             whose confirm was lost when the connection was cut (the batch handed back as \
+             unavailable and published again), or that was confirmed to a relay killed before \
+             its record, is not; the consumers' count of other copies below sees those too. \
+             An event is published again when its relay was killed, paused past its lease or \
+             cut off before it recorded SENT ({left} copies left unconsumed at the end)"
         );
         // Every event was SENT, so some relay recorded its confirm (the sink records
         // before the relay may record SENT).
