@@ -257,8 +257,8 @@ async fn audit(pool: &PgPool, window: Duration, report: &mut BrokerReport) -> Re
         format!(
             "{extra} extra copies, each stored at least {:.1}s after the event's previous \
              copy, outside the {window:?} duplicate window (a redelivery after a lease \
-             expiry or a relay's pause); inside the window JetStream stored {acked_duplicates} \
-             redeliveries once",
+             expiry or a relay's pause); {acked_duplicates} redeliveries inside the window \
+             were acknowledged as duplicates and stored once",
             min_gap_ms.unwrap_or(0.0) / 1000.0
         )
     };
