@@ -40,6 +40,12 @@ async fn every_event_is_applied_exactly_once_through_kills_pauses_and_broker_res
     // publication falls inside it and is stored once.
     config.duplicate_window = Duration::from_secs(1);
     config.run.verbose = std::env::var_os("OUTBOX_CHAOS_VERBOSE").is_some();
+    if let Some(seed) = std::env::var("OUTBOX_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        config.run.seed = seed;
+    }
     let report = broker::run(&config, &ChildCommand::test("broker_chaos_child"))
         .await
         .unwrap_or_else(|error| panic!("the broker chaos run could not run: {error}"));

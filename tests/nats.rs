@@ -15,6 +15,8 @@
 //!   unavailable, so nothing is counted or `DEAD` until the right credentials come. The
 //!   same when the credentials are revoked under a connected client (the server restarts
 //!   with another password) and restored later.
+//! - Server restarts under load (a server of the test's own, SIGTERMed and SIGKILLed while
+//!   a relay publishes): nothing goes `DEAD`, everything is sent.
 //!
 //! Needs NATS with JetStream on 127.0.0.1:4222 (or `OUTBOX_NATS_URL`); without it the
 //! tests fail, saying how to start it.
@@ -789,6 +791,78 @@ async fn revoked_credentials_leave_the_sink_unavailable_until_they_are_restored(
         assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{row:?}");
     }
     assert_eq!(stream.info().await?.state.messages, 6);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restarts_under_load_send_nothing_to_dead() -> TestResult {
+    let mut server = NatsServer::start(&[])?;
+    let client = async_nats::ConnectOptions::new()
+        .reconnect_delay_callback(|_| Duration::from_millis(20))
+        .connect(server.url())
+        .await?;
+    let js = jetstream::new(client);
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let subject = format!("outbox.test.{}.shipments", db.name());
+    let mut stream = create_stream(&js, "SHIPMENTS", &subject, |_| {}).await?;
+    let events: Vec<ChaosEvent> = (1..=4_000)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    for chunk in events.chunks(500) {
+        enqueue(pool, chunk).await;
+    }
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), JetStreamSink::new(js, subject))
+            .batch_size(50)
+            .concurrency(4)
+            .poll_interval(Duration::from_millis(20))
+            .unavailable_backoff(outbox::relay::Backoff::new(
+                Duration::from_millis(20),
+                Duration::from_millis(200),
+            ))
+            .run(shutdown.clone()),
+    );
+    // Restarts while batches are in flight: a clean shutdown (SIGTERM) stops JetStream
+    // before it closes the clients' connections, a SIGKILL does neither.
+    for restart in 0..8 {
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(100..300))).await;
+        let how = if restart % 2 == 0 {
+            Stop::Term
+        } else {
+            Stop::Kill
+        };
+        tokio::task::block_in_place(|| server.down(how))?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::task::block_in_place(|| server.up())?;
+    }
+    wait_until(
+        "every event SENT or DEAD",
+        Duration::from_mins(1),
+        async || {
+            let stats = outbox::stats::<ChaosEvent>(pool).await.unwrap();
+            stats.sent + stats.dead == 4_000
+        },
+    )
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+    let dead: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT event_id, last_error FROM chaos_events WHERE status = 'DEAD' LIMIT 5",
+    )
+    .fetch_all(pool)
+    .await?;
+    assert!(
+        dead.is_empty(),
+        "a server restart sent events to DEAD: {dead:?}"
+    );
+    let stored = stream.info().await?.state.messages;
+    assert_eq!(stored, 4_000, "each event stored once");
     db.drop_schema().await?;
     Ok(())
 }

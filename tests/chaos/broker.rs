@@ -973,6 +973,20 @@ async fn audit(pool: &PgPool, total: i64, report: &mut BrokerReport) -> Result<(
         .await
         .map_err(db)?;
     report.events_applied_once = applied_once;
+    // Why a row is DEAD (the relay-side checks count them): the sink's reason.
+    let dead: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT event_id, last_error FROM chaos_events WHERE status = 'DEAD' \
+         ORDER BY event_id LIMIT 3",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(db)?;
+    for (event_id, error) in dead {
+        report.failures.push(format!(
+            "{event_id} is DEAD: {}",
+            error.as_deref().unwrap_or("(no reason)")
+        ));
+    }
     report.effects = effects;
     let failures = &mut report.failures;
     if applied_once != total {
