@@ -1059,8 +1059,8 @@ const DUPLICATES: &str = "WITH applied AS (SELECT DISTINCT ON (event_id) event_i
 
 /// Sorts the inbox's duplicates by cause: the broker's redeliveries (no acknowledgement
 /// reached it), another copy of the event at the broker, and a message delivered anew
-/// (its delivery count back at 1) after the broker lost its acknowledgement; those are
-/// set against the outage before them.
+/// (its delivery count back at 1) after the broker lost its record of the delivery;
+/// those are set against the outage before them.
 async fn explain_duplicates(pool: &PgPool, report: &mut BrokerReport) -> Result<(), String> {
     let db = |e: sqlx::Error| format!("explaining the duplicates: {e}");
     let (redelivered, other_copy, anew, unnoted): (i64, i64, i64, i64) =
@@ -1112,8 +1112,9 @@ async fn explain_duplicates(pool: &PgPool, report: &mut BrokerReport) -> Result<
             })
             .collect();
         causes.push(format!(
-            "{anew} delivered anew (the same message, its delivery count back at 1): the \
-             broker lost acknowledgements it had received, in a restart: {}",
+            "{anew} delivered anew (the same message, its delivery count back at 1): a \
+             restart lost the broker's record of the earlier delivery and of its \
+             acknowledgement: {}",
             by_outage.join(", ")
         ));
         if let Some((None, n, _)) = after.iter().find(|(kind, ..)| kind.is_none()) {
@@ -1124,8 +1125,8 @@ async fn explain_duplicates(pool: &PgPool, report: &mut BrokerReport) -> Result<
     }
     if unnoted > 0 {
         causes.push(format!(
-            "{unnoted} of events whose applied delivery was not noted (a consumer killed \
-             between its commit and the note)"
+            "{unnoted} duplicates of events whose applied delivery was not noted (a consumer \
+             killed between its commit and the note)"
         ));
     }
     Ok(())
