@@ -129,7 +129,19 @@ fn main() -> ExitCode {
         config.run.seed
     );
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
-    match runtime.block_on(broker::run(&config, &ChildCommand::binary())) {
+    // Ctrl-C drops the run: its relays, consumers and nats-server are stopped with it.
+    let command = ChildCommand::binary();
+    let run = runtime.block_on(async {
+        tokio::select! {
+            run = broker::run(&config, &command) => Some(run),
+            _ = tokio::signal::ctrl_c() => None,
+        }
+    });
+    let Some(run) = run else {
+        eprintln!("broker_chaos: interrupted; the relays, consumers and broker are stopped");
+        return ExitCode::FAILURE;
+    };
+    match run {
         Ok(report) => {
             println!("{report}");
             if report.failures.is_empty() {

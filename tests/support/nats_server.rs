@@ -4,6 +4,10 @@
 //!
 //! The binary is `OUTBOX_NATS_SERVER`, else `nats-server` on `PATH` or in `/usr/sbin`;
 //! without one, [`NatsServer::start`] fails saying how to install it.
+//!
+//! A process that exits normally stops its server and deletes its directory; one killed
+//! by a signal cannot, so the next start in any process stops the servers of processes
+//! that are gone (their pid files) and deletes their directories.
 
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -44,9 +48,10 @@ impl NatsServer {
     /// line (e.g. `["--user", "u", "--pass", "p"]`).
     pub fn start(args: &[&str]) -> Result<Self, String> {
         let binary = binary()?;
+        reap_leftovers();
         let port = free_port()?;
         let dir = std::env::temp_dir().join(format!(
-            "outbox-nats-{}-{port}-{:x}",
+            "{PREFIX}{}-{port}-{:x}",
             std::process::id(),
             fastrand::u64(..)
         ));
@@ -121,6 +126,8 @@ impl NatsServer {
         let mut process = Command::new(&self.binary)
             .args(["-js", "-a", "127.0.0.1", "-p", &port, "-sd"])
             .arg(&store)
+            .arg("-P")
+            .arg(self.dir.join(PID_FILE))
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
@@ -158,6 +165,46 @@ impl Drop for NatsServer {
     fn drop(&mut self) {
         let _ = self.down(Stop::Kill);
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The directories' prefix in the temporary directory: then the owner's pid.
+const PREFIX: &str = "outbox-nats-";
+/// The server's pid, in its directory.
+const PID_FILE: &str = "server.pid";
+
+/// Stops the servers of processes that are gone (killed before they could), and deletes
+/// their directories.
+fn reap_leftovers() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(owner) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{owner}")).exists() {
+            continue;
+        }
+        let dir = entry.path();
+        let server = std::fs::read_to_string(dir.join(PID_FILE))
+            .ok()
+            .and_then(|pid| pid.trim().parse::<i32>().ok());
+        if let Some(server) = server {
+            // Only if it is still a nats-server (a pid can be reused).
+            let command =
+                std::fs::read_to_string(format!("/proc/{server}/comm")).unwrap_or_default();
+            if command.trim() == "nats-server" {
+                let _ = kill(Pid::from_raw(server), Signal::SIGKILL);
+            }
+        }
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
 
