@@ -10,6 +10,13 @@
 //!   the stream's size limit: each `DEAD` with its reason, the others sent.
 //! - An outage: the client loses its server (a proxy in between is stopped); batches go
 //!   back without counting attempts until it reconnects, then everything is sent.
+//! - Wrong credentials (a server of the test's own, with a user and a password): refused
+//!   at connect with a typed error; a client told to keep retrying leaves the sink
+//!   unavailable, so nothing is counted or `DEAD` until the right credentials come. The
+//!   same when the credentials are revoked under a connected client (the server restarts
+//!   with another password) and restored later.
+//! - Server restarts under load (a server of the test's own, SIGTERMed and SIGKILLed while
+//!   a relay publishes): nothing goes `DEAD`, everything is sent.
 //!
 //! Needs NATS with JetStream on 127.0.0.1:4222 (or `OUTBOX_NATS_URL`); without it the
 //! tests fail, saying how to start it.
@@ -35,6 +42,7 @@ use support::broker::{self, Proxy, RefuseUnencodable};
 use support::child::{self, ChildCommand};
 use support::counters::Counters;
 use support::events::ChaosEvent;
+use support::nats_server::{NatsServer, Stop};
 use support::rows::{enqueue, row_of};
 use support::schema::schema_from_zero;
 use support::{TestResult, wait_until};
@@ -587,6 +595,274 @@ async fn a_server_outage_burns_no_attempts_and_the_relay_resumes_when_it_returns
     assert_eq!(stream.info().await?.state.messages, 10);
     proxy.down();
     js.delete_stream(&stream_name).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// The credentials of the test's own server.
+const USER: &str = "outbox";
+const PASSWORD: &str = "s3cret";
+
+fn with_password(password: &str) -> async_nats::ConnectOptions {
+    async_nats::ConnectOptions::with_user_and_password(USER.into(), password.into())
+        .connection_timeout(Duration::from_secs(3))
+}
+
+#[tokio::test]
+async fn wrong_credentials_are_refused_at_connect_and_a_retrying_client_loses_nothing() -> TestResult
+{
+    let server = NatsServer::start(&["--user", USER, "--pass", PASSWORD])?;
+    let url = server.url();
+
+    // At connect: a typed error, promptly, for a wrong password and for none.
+    for (what, options) in [
+        ("a wrong password", with_password("wrong")),
+        ("no credentials", async_nats::ConnectOptions::new()),
+    ] {
+        let refused = timeout(Duration::from_secs(10), options.connect(&url))
+            .await?
+            .err()
+            .ok_or_else(|| format!("{what} was accepted"))?;
+        assert_eq!(
+            refused.kind(),
+            async_nats::ConnectErrorKind::AuthorizationViolation,
+            "{what}: {refused}"
+        );
+        assert!(
+            refused.to_string().contains("authorization violation"),
+            "{refused}"
+        );
+    }
+
+    // A client told to keep retrying (`retry_on_initial_connect`) is handed back never
+    // connected: the sink finds it unavailable, and the relay counts nothing.
+    let js = jetstream::new(with_password(PASSWORD).connect(&url).await?);
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let subject = format!("outbox.test.{}.shipments", db.name());
+    let mut stream = create_stream(&js, "SHIPMENTS", &subject, |_| {}).await?;
+    let events: Vec<ChaosEvent> = (1..=3)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let retrying = with_password("wrong")
+        .retry_on_initial_connect()
+        .connect(&url)
+        .await?;
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(
+            pool.clone(),
+            JetStreamSink::new(jetstream::new(retrying.clone()), subject.clone()),
+        )
+        .poll_interval(Duration::from_millis(50))
+        .unavailable_backoff(outbox::relay::Backoff::new(
+            Duration::from_millis(50),
+            Duration::from_millis(200),
+        ))
+        .run(shutdown.clone()),
+    );
+    let table = ChaosEvent::SPEC.table();
+    wait_until("3 batches held back", Duration::from_secs(20), async || {
+        counters.get(outbox::relay::metric::UNAVAILABLE, table) >= 3
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+    assert_ne!(
+        retrying.connection_state(),
+        async_nats::connection::State::Connected
+    );
+    for event in &events {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts),
+            ("READY", 0),
+            "handed back, no attempt counted: {row:?}"
+        );
+    }
+    assert_eq!(stream.info().await?.state.messages, 0);
+
+    // The right credentials (a new client): everything is sent, on its first attempt.
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), JetStreamSink::new(js.clone(), subject))
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until("all 3 SENT", Duration::from_secs(20), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 3
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+    for event in &events {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{row:?}");
+    }
+    assert_eq!(stream.info().await?.state.messages, 3);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn revoked_credentials_leave_the_sink_unavailable_until_they_are_restored() -> TestResult {
+    let mut server = NatsServer::start(&["--user", USER, "--pass", PASSWORD])?;
+    let url = server.url();
+    // The relay's client, connected with what were the right credentials; it reconnects
+    // with them, quickly.
+    let client = with_password(PASSWORD)
+        .reconnect_delay_callback(|_| Duration::from_millis(100))
+        .connect(&url)
+        .await?;
+    let js = jetstream::new(client.clone());
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let subject = format!("outbox.test.{}.shipments", db.name());
+    let mut stream = create_stream(&js, "SHIPMENTS", &subject, |_| {}).await?;
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), JetStreamSink::new(js, subject))
+            .poll_interval(Duration::from_millis(50))
+            .unavailable_backoff(outbox::relay::Backoff::new(
+                Duration::from_millis(50),
+                Duration::from_millis(200),
+            ))
+            .run(shutdown.clone()),
+    );
+    let shipments = |range: std::ops::RangeInclusive<i64>| -> Vec<ChaosEvent> {
+        range
+            .map(|n| ChaosEvent {
+                key: format!("shipment-{n}"),
+                order_seq: n,
+            })
+            .collect()
+    };
+    enqueue(pool, &shipments(1..=3)).await;
+    wait_until("the first 3 SENT", Duration::from_secs(20), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 3
+    })
+    .await;
+
+    // Revoked: the server comes back with another password; the client's reconnects
+    // are refused.
+    server.down(Stop::Term)?;
+    server.set_args(&["--user", USER, "--pass", "rotated"]);
+    server.up()?;
+    let table = ChaosEvent::SPEC.table();
+    let before = counters.get(outbox::relay::metric::UNAVAILABLE, table);
+    enqueue(pool, &shipments(4..=6)).await;
+    wait_until("3 batches held back", Duration::from_secs(20), async || {
+        counters.get(outbox::relay::metric::UNAVAILABLE, table) >= before + 3
+    })
+    .await;
+    assert_ne!(
+        client.connection_state(),
+        async_nats::connection::State::Connected
+    );
+    for event in shipments(4..=6) {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts),
+            ("READY", 0),
+            "handed back, no attempt counted: {row:?}"
+        );
+    }
+
+    // Restored: the same client reconnects by itself, and the relay sends the rest.
+    server.down(Stop::Term)?;
+    server.set_args(&["--user", USER, "--pass", PASSWORD]);
+    server.up()?;
+    wait_until("all 6 SENT", Duration::from_secs(30), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 6
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+    for event in shipments(4..=6) {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{row:?}");
+    }
+    assert_eq!(stream.info().await?.state.messages, 6);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restarts_under_load_send_nothing_to_dead() -> TestResult {
+    let mut server = NatsServer::start(&[])?;
+    let client = async_nats::ConnectOptions::new()
+        .reconnect_delay_callback(|_| Duration::from_millis(20))
+        .connect(server.url())
+        .await?;
+    let js = jetstream::new(client);
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let subject = format!("outbox.test.{}.shipments", db.name());
+    let mut stream = create_stream(&js, "SHIPMENTS", &subject, |_| {}).await?;
+    let events: Vec<ChaosEvent> = (1..=4_000)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n}"),
+            order_seq: n,
+        })
+        .collect();
+    for chunk in events.chunks(500) {
+        enqueue(pool, chunk).await;
+    }
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), JetStreamSink::new(js, subject))
+            .batch_size(50)
+            .concurrency(4)
+            .poll_interval(Duration::from_millis(20))
+            .unavailable_backoff(outbox::relay::Backoff::new(
+                Duration::from_millis(20),
+                Duration::from_millis(200),
+            ))
+            .run(shutdown.clone()),
+    );
+    // Restarts while batches are in flight: a clean shutdown (SIGTERM) stops JetStream
+    // before it closes the clients' connections, a SIGKILL does neither.
+    for restart in 0..8 {
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(100..300))).await;
+        let how = if restart % 2 == 0 {
+            Stop::Term
+        } else {
+            Stop::Kill
+        };
+        tokio::task::block_in_place(|| server.down(how))?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::task::block_in_place(|| server.up())?;
+    }
+    wait_until(
+        "every event SENT or DEAD",
+        Duration::from_mins(1),
+        async || {
+            let stats = outbox::stats::<ChaosEvent>(pool).await.unwrap();
+            stats.sent + stats.dead == 4_000
+        },
+    )
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+    let dead: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT event_id, last_error FROM chaos_events WHERE status = 'DEAD' LIMIT 5",
+    )
+    .fetch_all(pool)
+    .await?;
+    assert!(
+        dead.is_empty(),
+        "a server restart sent events to DEAD: {dead:?}"
+    );
+    let stored = stream.info().await?.state.messages;
+    assert_eq!(stored, 4_000, "each event stored once");
     db.drop_schema().await?;
     Ok(())
 }

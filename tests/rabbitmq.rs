@@ -13,6 +13,9 @@
 //!   back without counting attempts until lapin's automatic recovery has reconnected,
 //!   then everything is sent.
 //!
+//! - Wrong credentials: refused at connect, promptly, with AMQP's ACCESS_REFUSED; there is
+//!   no connection, so no channel and no sink to lose an event with.
+//!
 //! Needs RabbitMQ on 127.0.0.1:5672, guest/guest (or `OUTBOX_AMQP_URL`); without it the
 //! tests fail, saying how to start it.
 
@@ -595,5 +598,39 @@ async fn a_missing_exchange_is_dead_with_its_reason() -> TestResult {
         assert!(error.contains("no such exchange"), "{error}");
     }
     db.drop_schema().await?;
+    Ok(())
+}
+
+/// `url` with its password replaced by `password`.
+fn with_password(url: &str, password: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("amqp", url));
+    let (credentials, host) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
+    let user = credentials.split(':').next().unwrap_or("guest");
+    format!("{scheme}://{user}:{password}@{host}")
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_refused_at_connect_with_access_refused() -> TestResult {
+    let wrong = with_password(&amqp_url(), "not-the-password");
+    // With or without automatic recovery (which reconnects a connection that was open,
+    // not one that never was): an error, promptly, not a hang or a panic.
+    for properties in [
+        lapin::ConnectionProperties::default(),
+        lapin::ConnectionProperties::default().enable_auto_recover(),
+    ] {
+        let refused = timeout(
+            Duration::from_secs(15),
+            Connection::connect(&wrong, properties),
+        )
+        .await?
+        .err()
+        .ok_or("a wrong password was accepted")?;
+        let access_refused = lapin::protocol::AMQPSoftError::ACCESSREFUSED.get_id();
+        assert!(
+            matches!(refused.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == access_refused),
+            "{refused:?}"
+        );
+        assert!(refused.to_string().contains("ACCESS"), "{refused}");
+    }
     Ok(())
 }

@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 pub use async_nats;
 use async_nats::connection::State;
-use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
+use async_nats::jetstream::context::{
+    GetStreamByNameErrorKind, PublishAckFuture, PublishError, PublishErrorKind,
+};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::publish::PublishAck;
 use async_nats::jetstream::{Context, ErrorCode};
@@ -41,9 +43,9 @@ type SubjectOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// | JetStream's answer | the result |
 /// |---|---|
 /// | an acknowledgement, a duplicate's included | `Ok` (`SENT`) |
-/// | the client is not connected (before the batch, or when an acknowledgement is lost) | [`SinkError::Unavailable`]: handed back, no attempt counted |
+/// | the client is not connected (before the batch, or when an acknowledgement is lost); no responders for a subject that a stream takes (JetStream stopping or starting, a leader election) | [`SinkError::Unavailable`]: handed back, no attempt counted |
 /// | no acknowledgement in time, connected (the context's timeout, 5 s by default) | [`SinkError::Transient`] |
-/// | the event does not encode; no stream takes the subject; the message is over the server's or the stream's size limit; an invalid subject | [`SinkError::Permanent`] (`DEAD`) |
+/// | the event does not encode; no stream takes the subject (no responders, and JetStream's stream list has none for it); the message is over the server's or the stream's size limit; an invalid subject | [`SinkError::Permanent`] (`DEAD`) |
 /// | any other error from the server (storage full, no leader) | [`SinkError::Transient`] |
 ///
 /// ```no_run
@@ -172,9 +174,11 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
         .await;
         let connected = client.connection_state() == State::Connected;
         let table = T::SPEC.table;
-        acked
-            .into_iter()
-            .map(|acked| match acked {
+        // What the stream list says of each subject that found no responders, asked once.
+        let mut streams: Vec<(String, Responders)> = Vec::new();
+        let mut answers = Vec::with_capacity(acked.len());
+        for acked in acked {
+            answers.push(match acked {
                 Ok(ack) => {
                     if ack.duplicate {
                         metrics::counter!(metric::DUPLICATES, "table" => table).increment(1);
@@ -182,9 +186,40 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
                     Ok(ack)
                 }
                 Err(Ok(error)) => Err(error),
+                Err(Err(failure)) if failure.error.kind() == PublishErrorKind::StreamNotFound => {
+                    let known = streams
+                        .iter()
+                        .find(|(subject, _)| *subject == failure.subject);
+                    let responders = if let Some((_, responders)) = known {
+                        responders.clone()
+                    } else {
+                        let responders = self.responders(&failure.subject).await;
+                        streams.push((failure.subject.clone(), responders.clone()));
+                        responders
+                    };
+                    Err(no_responders(&failure.subject, responders))
+                }
                 Err(Err(failure)) => Err(classify(&failure, connected)),
-            })
-            .collect()
+            });
+        }
+        answers
+    }
+
+    /// Why a publish to `subject` found no responders: JetStream's stream list says
+    /// whether a stream takes the subject.
+    async fn responders(&self, subject: &str) -> Responders {
+        match self.jetstream.stream_by_subject(subject).await {
+            Ok(stream) => Responders::NotAnswering(format!(
+                "stream `{stream}` takes it, and did not answer (JetStream stopping or \
+                 starting, a leader being elected)"
+            )),
+            Err(error) if error.kind() == GetStreamByNameErrorKind::NotFound => {
+                Responders::NoStream
+            }
+            Err(error) => Responders::NotAnswering(format!(
+                "JetStream did not say which stream takes it either ({error})"
+            )),
+        }
     }
 
     /// Hands one delivery's message to the client; returns its subject and the future
@@ -217,8 +252,30 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
     }
 }
 
+/// Why a publish found no responders (NATS's 503): no stream takes its subject, or the
+/// stream that takes it did not answer. A server shutting down stops JetStream before it
+/// closes the clients' connections, so the second happens to a connected client.
+#[derive(Clone, Debug)]
+enum Responders {
+    NoStream,
+    NotAnswering(String),
+}
+
+/// A publish to `subject` that found no responders: `DEAD` if no stream takes the
+/// subject, the destination unavailable if its stream did not answer.
+fn no_responders(subject: &str, responders: Responders) -> SinkError {
+    match responders {
+        Responders::NoStream => SinkError::permanent(format!(
+            "publishing to `{subject}`: no JetStream stream takes this subject"
+        )),
+        Responders::NotAnswering(why) => {
+            SinkError::unavailable(format!("publishing to `{subject}`: no responders: {why}"))
+        }
+    }
+}
+
 /// What a failed publish means for its event; `connected`: whether the client was
-/// connected once the acknowledgements were in.
+/// connected once the acknowledgements were in. (No responders is [`no_responders`].)
 fn classify(failure: &Failure, connected: bool) -> SinkError {
     let Failure {
         subject,
@@ -227,23 +284,18 @@ fn classify(failure: &Failure, connected: bool) -> SinkError {
     } = failure;
     let what = format!("publishing to `{subject}`: {error}");
     match error.kind() {
-        PublishErrorKind::StreamNotFound => SinkError::permanent(format!(
-            "publishing to `{subject}`: no JetStream stream takes this subject"
-        )),
+        // Asked of the stream list first (`responders`); without its word, taken as meant.
+        PublishErrorKind::StreamNotFound => no_responders(subject, Responders::NoStream),
         PublishErrorKind::MaxPayloadExceeded
         | PublishErrorKind::WrongLastMessageId
         | PublishErrorKind::WrongLastSequence => SinkError::permanent(what),
         PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe if !connected => {
             SinkError::unavailable(what)
         }
-        // Before the client took it: an invalid subject (or a client shut down).
-        PublishErrorKind::Other if *unsent => {
-            if connected {
-                SinkError::permanent(what)
-            } else {
-                SinkError::unavailable(what)
-            }
-        }
+        // Before the client took it: an invalid subject is the event's (it never
+        // publishes); anything else is the client's.
+        PublishErrorKind::Other if *unsent && invalid_subject(error) => SinkError::permanent(what),
+        PublishErrorKind::Other if *unsent && !connected => SinkError::unavailable(what),
         PublishErrorKind::Other
             if api_error(error) == Some(ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) =>
         {
@@ -251,6 +303,12 @@ fn classify(failure: &Failure, connected: bool) -> SinkError {
         }
         _ => SinkError::transient(what),
     }
+}
+
+/// Whether `error` is the client refusing the subject (empty, or not a valid subject).
+fn invalid_subject(error: &PublishError) -> bool {
+    std::error::Error::source(error)
+        .is_some_and(<dyn std::error::Error>::is::<async_nats::subject::SubjectError>)
 }
 
 /// The JetStream API error code behind `error`, if the server answered with one.

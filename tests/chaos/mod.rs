@@ -15,7 +15,9 @@
 //! and to catch constraint violations and panics.
 //!
 //! Shared by `tests/chaos.rs` (a short run, for CI) and `examples/chaos.rs` (long runs),
-//! which include `tests/support` beside it.
+//! which include `tests/support` beside it. [`broker`] runs the same relay processes
+//! through a real broker to consumer processes (`tests/broker_chaos.rs`,
+//! `examples/broker_chaos.rs`).
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -36,6 +38,9 @@ use tokio::time::{Instant, sleep};
 use crate::support::child::{self, Child, ChildCommand};
 use crate::support::events::ChaosEvent;
 use crate::support::schema::{Generations, migrate};
+
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+pub mod broker;
 
 fn lease() -> Duration {
     <ChaosEvent as outbox::Outbox>::SPEC.lease()
@@ -223,20 +228,25 @@ impl fmt::Display for Report {
 
 /// The child role of a relay process (see `support::child`).
 const RELAY: &str = "chaos relay";
-/// Prefix of the lines a relay child writes itself (the rest is the relay's tracing).
-const MARK: &str = "chaos-relay:";
-/// Written by the sink when a batch arrives: the driver times some pauses and kills on it.
-const BATCH_LINE: &str = "chaos-relay: batch";
-/// Written once the relay handles SIGTERM.
-const STARTED_LINE: &str = "chaos-relay: started";
+/// Prefix of the lines a child (relay or consumer) writes itself (the rest is the
+/// relay's tracing).
+const MARK: &str = "chaos-child:";
+/// Written by the sink (a consumer: its fetch) when a batch arrives: the driver times
+/// some pauses and kills on it.
+const BATCH_LINE: &str = "chaos-child: batch";
+/// Written once the child handles SIGTERM.
+const STARTED_LINE: &str = "chaos-child: started";
 
 // -------------------------------------------------------------------------------------
 // The relay child
 // -------------------------------------------------------------------------------------
 
 /// In a relay child: run the relay until SIGTERM, then exit the process. Returns without
-/// doing anything in any other process.
+/// doing anything in any other process. In a broker run's consumer child: runs the
+/// consumer instead.
 pub fn child_main_if_requested() {
+    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
+    broker::consumer_main_if_requested();
     if !child::requested(RELAY) {
         return;
     }
@@ -272,20 +282,22 @@ fn say(line: &str) {
     child::say(&format!("{MARK} {line}"));
 }
 
-async fn relay_child(url: &str, app: &str, batch: u32, concurrency: usize) -> i32 {
-    let options = match url.parse::<PgConnectOptions>() {
-        // The pid tells the driver which incarnation recorded each SENT.
-        Ok(options) => options.application_name(&format!("{app}{}", std::process::id())),
-        Err(error) => {
-            say(&format!("bad url: {error}"));
-            return 2;
-        }
-    };
-    // Lazy: a relay restarted while PostgreSQL is down starts anyway and backs off.
-    let pool = PgPoolOptions::new()
+/// A child's pool on `url`, its sessions named `app` + the pid (which tells the driver
+/// which incarnation recorded each SENT, and whose sessions to terminate).
+fn child_pool(url: &str, app: &str) -> Result<PgPool, String> {
+    let options = url
+        .parse::<PgConnectOptions>()
+        .map_err(|e| format!("bad url: {e}"))?
+        .application_name(&format!("{app}{}", std::process::id()));
+    // Lazy: a child restarted while PostgreSQL is down starts anyway and backs off.
+    Ok(PgPoolOptions::new()
         .max_connections(4)
         .acquire_timeout(Duration::from_secs(5))
-        .connect_lazy_with(options);
+        .connect_lazy_with(options))
+}
+
+/// A token cancelled by SIGTERM (in a child's runtime).
+fn cancelled_by_sigterm() -> CancellationToken {
     let shutdown = CancellationToken::new();
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("a SIGTERM handler");
@@ -297,10 +309,45 @@ async fn relay_child(url: &str, app: &str, batch: u32, concurrency: usize) -> i3
             shutdown.cancel();
         }
     });
+    shutdown
+}
+
+async fn relay_child(url: &str, app: &str, batch: u32, concurrency: usize) -> i32 {
+    let pool = match child_pool(url, app) {
+        Ok(pool) => pool,
+        Err(error) => {
+            say(&error);
+            return 2;
+        }
+    };
+    let shutdown = cancelled_by_sigterm();
+    let pid = i32::try_from(std::process::id()).unwrap_or(-1);
+    // A broker run publishes through the broker's sink (see `broker`).
+    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
+    if let Some(kind) = child::param("BROKER") {
+        return match broker::relay_sink(&kind, pool.clone(), pid).await {
+            Ok(sink) => run_relay(pool, sink, batch, concurrency, shutdown).await,
+            Err(error) => {
+                say(&format!("relay failed: no sink: {error}"));
+                1
+            }
+        };
+    }
     let sink = RecordingSink {
         pool: pool.clone(),
-        pid: i32::try_from(std::process::id()).unwrap_or(-1),
+        pid,
     };
+    run_relay(pool, sink, batch, concurrency, shutdown).await
+}
+
+/// Runs a relay into `sink` until `shutdown`; the process's exit code.
+async fn run_relay(
+    pool: PgPool,
+    sink: impl Sink<ChaosEvent> + 'static,
+    batch: u32,
+    concurrency: usize,
+    shutdown: CancellationToken,
+) -> i32 {
     let relay = Relay::<ChaosEvent, _>::new(pool, sink)
         .batch_size(batch)
         .concurrency(concurrency)
@@ -420,7 +467,11 @@ impl LogCounts {
         if constraint {
             bump(&self.constraint_violations);
         }
-        if constraint || line.contains("panicked") || line.contains("relay failed") {
+        if constraint
+            || line.contains("panicked")
+            || line.contains("relay failed")
+            || line.contains("consumer failed")
+        {
             self.alarming
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -453,7 +504,19 @@ enum Wake {
     IntoReclaim,
 }
 
+/// The relay processes (or a broker run's consumer processes): started, paused, killed
+/// and restarted, stopped; their logs read.
 struct Relays {
+    /// What the children are: their role (see `support::child`), their name in messages
+    /// (`relay`, `consumer`), and the letter in their sessions' `application_name`.
+    role: &'static str,
+    kind: &'static str,
+    letter: char,
+    /// Parameters beyond the URL, the name and the batch (a broker's address).
+    params: Vec<(String, String)>,
+    /// How long a pause lasts at least: past the relay's lease, past the consumer's
+    /// acknowledgement deadline.
+    pause_past: Duration,
     slots: Vec<RelayProcess>,
     incarnations: usize,
     url: String,
@@ -472,26 +535,52 @@ struct Relays {
 }
 
 impl Relays {
-    /// The prefix of the `application_name` of relay `slot`'s sessions; each
+    /// The relay processes of a run on `schema`.
+    fn new(schema: &TestSchema, config: &Config, command: &ChildCommand) -> Self {
+        Self {
+            role: RELAY,
+            kind: "relay",
+            letter: 'r',
+            params: Vec::new(),
+            pause_past: lease(),
+            slots: Vec::new(),
+            incarnations: 0,
+            url: schema.url(),
+            schema: schema.name().to_owned(),
+            config: config.clone(),
+            command: command.clone(),
+            logs: Arc::default(),
+            announced: Arc::default(),
+            pauses: Vec::new(),
+            readers: Vec::new(),
+            unexpected_exits: Vec::new(),
+        }
+    }
+
+    /// The prefix of the `application_name` of slot `slot`'s sessions; each
     /// incarnation appends its pid.
     fn app_name(&self, slot: usize) -> String {
-        format!("{}-r{slot}-", self.schema)
+        format!("{}-{}{slot}-", self.schema, self.letter)
     }
 
     fn spawn(&mut self, slot: usize) -> Result<RelayProcess, String> {
         self.incarnations += 1;
+        let (app, batch, concurrency) = (
+            self.app_name(slot),
+            self.config.batch_size.to_string(),
+            self.config.concurrency.to_string(),
+        );
+        let mut params = vec![
+            ("URL", self.url.as_str()),
+            ("APP", app.as_str()),
+            ("BATCH", batch.as_str()),
+            ("CONCURRENCY", concurrency.as_str()),
+        ];
+        params.extend(self.params.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let mut child = self
             .command
-            .spawn(
-                RELAY,
-                &[
-                    ("URL", &self.url),
-                    ("APP", &self.app_name(slot)),
-                    ("BATCH", &self.config.batch_size.to_string()),
-                    ("CONCURRENCY", &self.config.concurrency.to_string()),
-                ],
-            )
-            .map_err(|e| format!("relay {slot}: {e}"))?;
+            .spawn(self.role, &params)
+            .map_err(|e| format!("{} {slot}: {e}", self.kind))?;
         let stderr = child.stderr()?;
         let pid = child.pid();
         let (tx, rx) = mpsc::unbounded_channel();
@@ -499,8 +588,9 @@ impl Relays {
         let started = Arc::new(AtomicBool::new(false));
         let said_started = Arc::clone(&started);
         let announced = Arc::clone(&self.announced);
-        let tag = format!("[r{slot}#{} pid {pid}]", self.incarnations);
-        let reader = child::read_lines(format!("chaos-relay-{slot}-log"), stderr, move |line| {
+        let tag = format!("[{}{slot}#{} pid {pid}]", self.letter, self.incarnations);
+        let thread = format!("chaos-{}-{slot}-log", self.kind);
+        let reader = child::read_lines(thread, stderr, move |line| {
             if line.contains(STARTED_LINE) {
                 said_started.store(true, Ordering::Relaxed);
             } else if line.contains(BATCH_LINE) {
@@ -517,8 +607,9 @@ impl Relays {
         })
     }
 
-    fn start(&mut self) -> Result<(), String> {
-        for slot in 0..self.config.relays {
+    /// Starts `count` children.
+    fn start(&mut self, count: usize) -> Result<(), String> {
+        for slot in 0..count {
             let process = self.spawn(slot)?;
             self.slots.push(process);
         }
@@ -543,33 +634,34 @@ impl Relays {
         self.slots[slot]
             .child
             .kill()
-            .map_err(|e| format!("relay {slot}: {e}"))?;
+            .map_err(|e| format!("{} {slot}: {e}", self.kind))?;
         self.slots[slot] = self.spawn(slot)?;
         Ok(())
     }
 
-    /// SIGSTOPs `slot` past its lease; a task SIGCONTs it as `wake` says.
+    /// SIGSTOPs `slot` past its lease (`pause_past`); a task SIGCONTs it as `wake` says.
     fn pause(&mut self, slot: usize, wake: Wake) -> Result<(), String> {
+        let (kind, past) = (self.kind, self.pause_past);
         let process = &self.slots[slot];
         process
             .child
             .signal(Signal::SIGSTOP)
-            .map_err(|e| format!("relay {slot}: {e}"))?;
+            .map_err(|e| format!("{kind} {slot}: {e}"))?;
         process.paused.store(true, Ordering::SeqCst);
         let (pid, paused) = (process.child.pid(), Arc::clone(&process.paused));
         let announced = Arc::clone(&self.announced);
         let verbose = self.config.verbose;
         if verbose {
-            eprintln!("[chaos] SIGSTOP relay {slot} (pid {pid}), waking {wake:?}");
+            eprintln!("[chaos] SIGSTOP {kind} {slot} (pid {pid}), waking {wake:?}");
         }
         self.pauses.push(tokio::spawn(async move {
             let into_reclaim = match wake {
                 Wake::After(delay) => {
-                    sleep(lease() + delay).await;
+                    sleep(past + delay).await;
                     false
                 }
                 Wake::IntoReclaim => {
-                    sleep(lease() + Duration::from_millis(20)).await;
+                    sleep(past + Duration::from_millis(20)).await;
                     tokio::time::timeout(Duration::from_secs(1), announced.notified())
                         .await
                         .is_ok()
@@ -578,7 +670,9 @@ impl Relays {
             let _ = kill(pid, Signal::SIGCONT);
             paused.store(false, Ordering::SeqCst);
             if verbose {
-                eprintln!("[chaos] SIGCONT relay {slot} (pid {pid}); into a batch: {into_reclaim}");
+                eprintln!(
+                    "[chaos] SIGCONT {kind} {slot} (pid {pid}); into a batch: {into_reclaim}"
+                );
             }
             into_reclaim
         }));
@@ -609,7 +703,7 @@ impl Relays {
         for slot in 0..self.slots.len() {
             if let Some(status) = self.slots[slot].child.try_wait()? {
                 self.unexpected_exits
-                    .push(format!("relay {slot} exited on its own: {status}"));
+                    .push(format!("{} {slot} exited on its own: {status}", self.kind));
                 self.slots[slot] = self.spawn(slot)?;
             }
         }
@@ -810,6 +904,73 @@ async fn enqueue_range(
     Ok(())
 }
 
+/// The business transactions of a run: a share of the orders up front, the rest at the
+/// run's rate while the relays run.
+struct Orders {
+    /// Events enqueued so far.
+    progress: Arc<AtomicUsize>,
+    retries: Arc<AtomicU64>,
+    prefilled: i64,
+    rest: Option<tokio::task::JoinHandle<Result<(), String>>>,
+}
+
+impl Orders {
+    /// Enqueues `config.prefill` of the events, as fast as possible.
+    async fn prefill(pool: &PgPool, config: &Config) -> Result<Self, String> {
+        let total = i64::try_from(config.events).map_err(|e| e.to_string())?;
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_precision_loss,
+            clippy::cast_sign_loss
+        )]
+        let prefilled = ((config.events as f64 * config.prefill) as i64).clamp(0, total);
+        let orders = Self {
+            progress: Arc::default(),
+            retries: Arc::default(),
+            prefilled,
+            rest: None,
+        };
+        enqueue_range(
+            pool.clone(),
+            (0, prefilled),
+            20,
+            None,
+            config.seed,
+            Arc::clone(&orders.progress),
+            Arc::clone(&orders.retries),
+        )
+        .await?;
+        Ok(orders)
+    }
+
+    /// Starts enqueueing the rest, at `config.rate`, in a task.
+    fn enqueue_the_rest(&mut self, pool: &PgPool, config: &Config) {
+        let total = i64::try_from(config.events).unwrap_or(i64::MAX);
+        self.rest = Some(tokio::spawn(enqueue_range(
+            pool.clone(),
+            (self.prefilled, total),
+            8,
+            Some(config.rate),
+            config.seed ^ 1,
+            Arc::clone(&self.progress),
+            Arc::clone(&self.retries),
+        )));
+    }
+
+    /// Waits for the rest to be enqueued; notes in `failures` if it could not be, and
+    /// returns how many business transactions were retried.
+    async fn finish(&mut self, failures: &mut Vec<String>) -> u32 {
+        if let Some(rest) = self.rest.take() {
+            match rest.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => failures.push(error),
+                Err(error) => failures.push(format!("the enqueuer died: {error}")),
+            }
+        }
+        u32::try_from(self.retries.load(Ordering::Relaxed)).unwrap_or(u32::MAX)
+    }
+}
+
 /// Terminates the sessions of one relay (`Some(slot)`) or of all; how many it ended.
 async fn terminate_sessions(pool: &PgPool, prefix: &str) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(
@@ -858,66 +1019,24 @@ pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, Stri
         println!("chaos: the PostgreSQL restart is skipped: {why}");
     }
     let total = i64::try_from(config.events).map_err(|e| e.to_string())?;
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_precision_loss,
-        clippy::cast_sign_loss
-    )]
-    let prefilled = ((config.events as f64 * config.prefill) as i64).clamp(0, total);
-    let progress = Arc::new(AtomicUsize::new(0));
-    let retries = Arc::new(AtomicU64::new(0));
-    enqueue_range(
-        pool.clone(),
-        (0, prefilled),
-        20,
-        None,
-        config.seed,
-        Arc::clone(&progress),
-        Arc::clone(&retries),
-    )
-    .await?;
+    let mut orders = Orders::prefill(&pool, config).await?;
 
-    let mut relays = Relays {
-        slots: Vec::new(),
-        incarnations: 0,
-        url: schema.url(),
-        schema: schema.name().to_owned(),
-        config: config.clone(),
-        command: command.clone(),
-        logs: Arc::default(),
-        announced: Arc::default(),
-        pauses: Vec::new(),
-        readers: Vec::new(),
-        unexpected_exits: Vec::new(),
-    };
-    relays.start()?;
+    let mut relays = Relays::new(&schema, config, command);
+    relays.start(config.relays)?;
     let chaos_started = Instant::now();
-    let enqueuer = tokio::spawn(enqueue_range(
-        pool.clone(),
-        (prefilled, total),
-        8,
-        Some(config.rate),
-        config.seed ^ 1,
-        Arc::clone(&progress),
-        Arc::clone(&retries),
-    ));
+    orders.enqueue_the_rest(&pool, config);
 
     chaos(
         config,
         &mut server,
         &pool,
         &mut relays,
-        &progress,
+        &orders.progress,
         &mut report,
     )
     .await?;
-    match enqueuer.await {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => report.failures.push(error),
-        Err(error) => report.failures.push(format!("the enqueuer died: {error}")),
-    }
+    report.enqueue_retries = orders.finish(&mut report.failures).await;
     report.chaos = chaos_started.elapsed();
-    report.enqueue_retries = u32::try_from(retries.load(Ordering::Relaxed)).unwrap_or(u32::MAX);
 
     if report.kills == 0 || report.pauses == 0 || report.terminations == 0 {
         report.failures.push(format!(
@@ -977,11 +1096,13 @@ async fn stop(relays: &mut Relays, report: &mut Report) {
     for (slot, status) in relays.stop(within).await {
         match status {
             Some(status) if status.success() => {}
-            Some(status) => report
-                .failures
-                .push(format!("relay {slot} stopped with {status} after SIGTERM")),
+            Some(status) => report.failures.push(format!(
+                "{} {slot} stopped with {status} after SIGTERM",
+                relays.kind
+            )),
             None => report.failures.push(format!(
-                "relay {slot} did not stop within {within:?} of SIGTERM"
+                "{} {slot} did not stop within {within:?} of SIGTERM",
+                relays.kind
             )),
         }
     }

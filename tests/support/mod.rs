@@ -8,7 +8,9 @@
 //!   `examples/common`);
 //! - [`counters`]: a `metrics` recorder that counts;
 //! - [`logs`]: the relay's log lines, captured;
-//! - [`broker`]: what the broker sinks' tests share (a proxy to cut, a consumer's effect).
+//! - [`broker`]: what the broker sinks' tests share (a proxy to cut, a consumer's effect);
+//! - [`nats_server`]: a NATS server of the test's own, to restart or to start with
+//!   credentials.
 //!
 //! A test file includes it with `mod support;`; an example that runs a test driver (the
 //! recovery lab, the chaos run) with `#[path = "../tests/support/mod.rs"] mod support;`.
@@ -21,6 +23,7 @@ pub mod child;
 pub mod counters;
 pub mod events;
 pub mod logs;
+pub mod nats_server;
 pub mod rows;
 pub mod schema;
 

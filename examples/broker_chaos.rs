@@ -1,0 +1,158 @@
+//! The outbox end to end through a real broker under chaos, long form: business
+//! transactions commit orders and their events; relay processes publish them through the
+//! broker's sink; consumer processes apply each event's effect with its inbox row in one
+//! PostgreSQL transaction, then acknowledge it. Meanwhile this program SIGKILLs and
+//! SIGSTOPs relays and consumers, terminates their database sessions, and takes the
+//! broker away; at the end it audits every event: applied exactly once, at the broker at
+//! least once, delivered at least once, and every duplicate counted and explained.
+//!
+//! ```text
+//! cargo run --release --features nats,rabbitmq --example broker_chaos -- --broker nats --duration 120
+//! cargo run --release --features nats,rabbitmq --example broker_chaos -- --broker rabbitmq --events 20000 --consumers 3
+//! ```
+//!
+//! - **NATS**: a `nats-server -js` of the run's own (the `nats-server` binary, a free port,
+//!   file storage), SIGKILLed or SIGTERMed and restarted every few seconds.
+//! - **RabbitMQ**: the service on 127.0.0.1:5672 (guest/guest, or `OUTBOX_AMQP_URL`). It
+//!   is shared, so it is not restarted: every relay's and consumer's connection goes
+//!   through a proxy that this program cuts instead.
+//!
+//! Another broker (Kafka's `outbox::kafka::KafkaSink`) plugs in as a `BrokerKind` variant
+//! and a module beside `tests/chaos/broker/nats.rs` (see `tests/chaos/broker.rs`).
+//! `tests/broker_chaos.rs` is the short form, run by CI.
+
+#[path = "../tests/chaos/mod.rs"]
+mod chaos;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use chaos::broker::{self, BrokerConfig, BrokerKind};
+use clap::Parser as _;
+use clap::builder::RangedU64ValueParser;
+use support::child::ChildCommand;
+
+/// The outbox end to end through a real broker under chaos: relays and consumers killed
+/// and paused, the broker taken away; then every event is audited (applied exactly once,
+/// at the broker and delivered at least once, every duplicate explained).
+#[derive(clap::Parser, Debug)]
+#[command(name = "broker_chaos")]
+struct Args {
+    /// The broker: `nats` (restarted) or `rabbitmq` (connections cut).
+    #[arg(long, value_name = "BROKER", default_value = "nats", value_parser = broker_kind)]
+    broker: BrokerKind,
+    /// The chaos lasts at least this many seconds (and until every event is enqueued).
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    duration: u64,
+    /// Events enqueued in all.
+    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = at_least_one())]
+    events: usize,
+    /// Relay processes.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = at_least_one())]
+    relays: usize,
+    /// Consumer processes.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = at_least_one())]
+    consumers: usize,
+    /// Events per second enqueued while the relays run (the rest, 40%, before they start)
+    /// [default: the events spread over the duration, at least 150/s].
+    #[arg(long, value_name = "EVENTS_PER_SEC")]
+    rate: Option<f64>,
+    /// Broker outages, at least (more follow every few seconds while the chaos lasts).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    outages: u32,
+    /// JetStream's duplicate window, in seconds: a copy published within it of the first
+    /// is stored once. Shorter than the lease (2 s) to see copies outside it.
+    #[arg(long, value_name = "SECS", default_value_t = 120.0)]
+    duplicate_window: f64,
+    /// Seed of the driver's choices [default: random, printed].
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+    /// Echo every line the relays and consumers log.
+    #[arg(long)]
+    verbose: bool,
+}
+
+impl Args {
+    fn config(self) -> Result<BrokerConfig, String> {
+        let mut config = BrokerConfig::new(self.broker, self.events);
+        config.consumers = self.consumers;
+        config.outages = self.outages;
+        config.duration = Duration::from_secs(self.duration);
+        config.duplicate_window = Duration::try_from_secs_f64(self.duplicate_window)
+            .map_err(|e| format!("--duplicate-window: {e}"))?;
+        let run = &mut config.run;
+        run.relays = self.relays;
+        #[allow(clippy::cast_precision_loss)]
+        let spread = self.events as f64 * 0.6 / self.duration.max(1) as f64;
+        run.rate = self.rate.unwrap_or(spread.max(150.0));
+        if !(run.rate > 0.0 && run.rate.is_finite()) {
+            return Err("--rate must be positive".into());
+        }
+        if let Some(seed) = self.seed {
+            run.seed = seed;
+        }
+        run.verbose = self.verbose;
+        run.drain_timeout = Duration::from_mins(3);
+        Ok(config)
+    }
+}
+
+fn broker_kind(name: &str) -> Result<BrokerKind, String> {
+    name.parse()
+}
+
+fn at_least_one() -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::new().range(1..)
+}
+
+fn main() -> ExitCode {
+    // The relays and consumers are this binary, re-executed with the chaos environment.
+    chaos::child_main_if_requested();
+    let config = match Args::parse().config() {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("broker_chaos: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "broker chaos: {} events through {}, {} relays, {} consumers, {}/s while they run, \
+         at least {:?} of chaos, seed {}",
+        config.run.events,
+        config.broker,
+        config.run.relays,
+        config.consumers,
+        config.run.rate,
+        config.duration,
+        config.run.seed
+    );
+    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    // Ctrl-C drops the run: its relays, consumers and nats-server are stopped with it.
+    let command = ChildCommand::binary();
+    let run = runtime.block_on(async {
+        tokio::select! {
+            run = broker::run(&config, &command) => Some(run),
+            _ = tokio::signal::ctrl_c() => None,
+        }
+    });
+    let Some(run) = run else {
+        eprintln!("broker_chaos: interrupted; the relays, consumers and broker are stopped");
+        return ExitCode::FAILURE;
+    };
+    match run {
+        Ok(report) => {
+            println!("{report}");
+            if report.failures.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(error) => {
+            eprintln!("broker_chaos: the run could not run: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
