@@ -41,6 +41,8 @@ use super::{
 use crate::support::child::{self, ChildCommand};
 use crate::support::events::ChaosEvent;
 
+#[cfg(feature = "kafka")]
+mod kafka;
 #[cfg(feature = "nats")]
 mod nats;
 #[cfg(feature = "rabbitmq")]
@@ -58,7 +60,8 @@ pub enum BrokerKind {
     Nats,
     /// RabbitMQ on 127.0.0.1:5672 (or `OUTBOX_AMQP_URL`), its connections cut.
     RabbitMq,
-    // KAFKA: `Kafka`, with its name in `FromStr` and `Display`.
+    /// Kafka: a tansu of the run's own (in memory), its connections cut.
+    Kafka,
 }
 
 impl FromStr for BrokerKind {
@@ -68,7 +71,8 @@ impl FromStr for BrokerKind {
         match name {
             "nats" => Ok(Self::Nats),
             "rabbitmq" => Ok(Self::RabbitMq),
-            other => Err(format!("no broker `{other}`: nats or rabbitmq")),
+            "kafka" => Ok(Self::Kafka),
+            other => Err(format!("no broker `{other}`: nats, rabbitmq or kafka")),
         }
     }
 }
@@ -78,6 +82,7 @@ impl fmt::Display for BrokerKind {
         f.write_str(match self {
             Self::Nats => "nats",
             Self::RabbitMq => "rabbitmq",
+            Self::Kafka => "kafka",
         })
     }
 }
@@ -261,7 +266,8 @@ enum Broker {
     Nats(nats::Broker),
     #[cfg(feature = "rabbitmq")]
     RabbitMq(rabbitmq::Broker),
-    // KAFKA: `Kafka(kafka::Broker)`.
+    #[cfg(feature = "kafka")]
+    Kafka(kafka::Broker),
 }
 
 impl Broker {
@@ -275,6 +281,8 @@ impl Broker {
             BrokerKind::RabbitMq => Ok(Self::RabbitMq(
                 rabbitmq::Broker::start(config, schema).await?,
             )),
+            #[cfg(feature = "kafka")]
+            BrokerKind::Kafka => Ok(Self::Kafka(kafka::Broker::start(config, schema).await?)),
             #[allow(unreachable_patterns)]
             other => Err(format!(
                 "this build has no `{other}` feature: build with `--features {other}`"
@@ -288,6 +296,8 @@ impl Broker {
             Self::Nats(broker) => broker.describe(),
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(broker) => broker.describe(),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(broker) => broker.describe(),
         }
     }
 
@@ -299,6 +309,8 @@ impl Broker {
             Self::Nats(broker) => broker.params(),
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(broker) => broker.params(),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(broker) => broker.params(),
         }
     }
 
@@ -310,6 +322,8 @@ impl Broker {
             Self::Nats(broker) => broker.outage(rng).await,
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(broker) => broker.outage(rng).await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(broker) => broker.outage(rng).await,
         }
     }
 
@@ -321,6 +335,8 @@ impl Broker {
             Self::Nats(broker) => broker.audit_copies(pool, report).await,
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(broker) => broker.audit_copies(pool, report).await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(broker) => broker.audit_copies(pool, report).await,
         }
     }
 
@@ -330,6 +346,8 @@ impl Broker {
             Self::Nats(broker) => broker.teardown().await,
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(broker) => broker.teardown().await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(broker) => broker.teardown().await,
         }
     }
 }
@@ -347,7 +365,8 @@ enum Publisher {
     Nats(outbox::nats::JetStreamSink<ChaosEvent>),
     #[cfg(feature = "rabbitmq")]
     RabbitMq(outbox::rabbitmq::RabbitSink<ChaosEvent>),
-    // KAFKA: `Kafka(outbox::kafka::KafkaSink<ChaosEvent>)`.
+    #[cfg(feature = "kafka")]
+    Kafka(outbox::kafka::KafkaSink<ChaosEvent>),
 }
 
 impl Publisher {
@@ -377,6 +396,18 @@ impl Publisher {
                     })
                 })
                 .collect(),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(sink) => sink
+                .publish_acked(batch)
+                .await
+                .into_iter()
+                .map(|acked| {
+                    acked.map(|report| Receipt {
+                        position: kafka::position(report.partition, report.offset),
+                        duplicate: false,
+                    })
+                })
+                .collect(),
         }
     }
 }
@@ -389,6 +420,8 @@ pub(super) async fn relay_sink(kind: &str, pool: PgPool, pid: i32) -> Result<Bro
         BrokerKind::Nats => Publisher::Nats(nats::sink().await?),
         #[cfg(feature = "rabbitmq")]
         BrokerKind::RabbitMq => Publisher::RabbitMq(rabbitmq::sink().await?),
+        #[cfg(feature = "kafka")]
+        BrokerKind::Kafka => Publisher::Kafka(kafka::sink()?),
         #[allow(unreachable_patterns)]
         other => return Err(format!("this build has no `{other}` feature")),
     };
@@ -509,6 +542,8 @@ async fn consumer_child() -> i32 {
         Ok(BrokerKind::Nats) => nats::consume(&consumer, &shutdown).await,
         #[cfg(feature = "rabbitmq")]
         Ok(BrokerKind::RabbitMq) => rabbitmq::consume(&consumer, &shutdown).await,
+        #[cfg(feature = "kafka")]
+        Ok(BrokerKind::Kafka) => kafka::consume(&consumer, &shutdown).await,
         #[allow(unreachable_patterns)]
         Ok(other) => Err(format!("this build has no `{other}` feature")),
         Err(error) => Err(error),
