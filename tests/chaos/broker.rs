@@ -1,27 +1,27 @@
 //! The chaos run through a real broker, end to end: a business transaction commits an
 //! order and its event; relay processes publish the events through the broker's sink
-//! (`JetStreamSink`, `RabbitSink`); consumer processes apply each event's effect with its
+//! (`JetStreamSink`, `RabbitSink`, `KafkaSink`); consumer processes apply each event's effect with its
 //! `outbox::Inbox` row in one PostgreSQL transaction, and only then acknowledge the
 //! message. Meanwhile the driver SIGKILLs and restarts relays and consumers, SIGSTOPs them
 //! past their lease or acknowledgement deadline, terminates their database sessions, and
 //! takes the broker away: NATS is a server of the run's own (file storage), killed and
 //! restarted; RabbitMQ is a shared system service, so the run cuts every connection to it
-//! (a proxy in between goes down and up) instead.
+//! (a proxy in between goes down and up) instead; Kafka is a tansu of the run's own, but
+//! in memory (a restart would lose the topic), so its connections are cut the same way.
 //!
 //! The audit, per event: the effect applied exactly once; at least one copy at the broker
-//! (more only where the broker cannot deduplicate: RabbitMQ never does, JetStream only
-//! within its duplicate window); delivered to a consumer at least once. Every duplicate is
+//! (more only where the broker cannot deduplicate: RabbitMQ and Kafka never do across
+//! publishers, JetStream only within its duplicate window); delivered to a consumer at least once. Every duplicate is
 //! counted and its cause named in the report.
 //!
 //! The relay and consumer processes are the chaos run's children ([`super::Relays`]); a
 //! relay child publishes through [`relay_sink`] when the run names a broker.
 //!
-//! A broker is one module (`nats.rs`, `rabbitmq.rs`) providing the same things: the
-//! driver's side ([`Broker`]: start, the children's parameters, an outage, the copies it
-//! holds) and the children's (a publisher for the relay's sink, a consumer loop). A Kafka
-//! run plugs in the same way (`outbox::kafka::KafkaSink`, feature `kafka`): a
-//! `BrokerKind::Kafka` variant, a `kafka.rs` module with those pieces, and one arm in each
-//! `match` below marked `KAFKA`.
+//! A broker is one module (`nats.rs`, `rabbitmq.rs`, `kafka.rs`), behind its feature,
+//! providing the same things: the driver's side ([`Broker`]: start, the children's
+//! parameters, an outage, the copies it holds) and the children's (a publisher for the
+//! relay's sink, a consumer loop). Another broker plugs in the same way: a [`BrokerKind`]
+//! variant, a module with those pieces, and one arm in each `match` below.
 
 use std::fmt;
 use std::str::FromStr;

@@ -225,12 +225,11 @@ impl Broker {
         report: &mut BrokerReport,
     ) -> Result<(), String> {
         let db = |e: sqlx::Error| format!("auditing the copies: {e}");
-        let recorded: i64 = sqlx::query_scalar(
-            "SELECT count(DISTINCT broker_position) FROM chaos_deliveries",
-        )
-        .fetch_one(pool)
-        .await
-        .map_err(db)?;
+        let recorded: i64 =
+            sqlx::query_scalar("SELECT count(DISTINCT broker_position) FROM chaos_deliveries")
+                .fetch_one(pool)
+                .await
+                .map_err(db)?;
         let reader: StreamConsumer = self
             .client_config()
             .set("group.id", "chaos-audit")
@@ -378,9 +377,7 @@ pub(super) async fn consume(
     let partitions: i32 = param("KAFKA_PARTITIONS")?
         .parse()
         .map_err(|e| format!("KAFKA_PARTITIONS: {e}"))?;
-    let slot: i32 = param("SLOT")?
-        .parse()
-        .map_err(|e| format!("SLOT: {e}"))?;
+    let slot: i32 = param("SLOT")?.parse().map_err(|e| format!("SLOT: {e}"))?;
     let partition = slot % partitions.max(1);
     while !shutdown.is_cancelled() {
         let reader: StreamConsumer = ClientConfig::new()
@@ -394,9 +391,13 @@ pub(super) async fn consume(
         assigned
             .add_partition_offset(&topic, partition, Offset::Stored)
             .map_err(|e| e.to_string())?;
-        reader.assign(&assigned).map_err(|e| format!("assign: {e}"))?;
+        reader
+            .assign(&assigned)
+            .map_err(|e| format!("assign: {e}"))?;
         if let Err(error) = session(&reader, consumer, shutdown).await {
-            say(&format!("consumer: {error}; resuming from the committed offset"));
+            say(&format!(
+                "consumer: {error}; resuming from the committed offset"
+            ));
             sleep(Duration::from_millis(200)).await;
         }
     }
@@ -437,7 +438,12 @@ async fn handle(
             .await
             .map_err(|e| format!("counting the reads of {event_id}: {e}"))?;
     consumer
-        .handle(event_id, message.payload().unwrap_or_default(), at, earlier + 1)
+        .handle(
+            event_id,
+            message.payload().unwrap_or_default(),
+            at,
+            earlier + 1,
+        )
         .await?;
     // Only now: a consumer killed before this commit leaves the offset behind, and its
     // successor reads the record again.
