@@ -7,8 +7,9 @@
 //! least once, delivered at least once, and every duplicate counted and explained.
 //!
 //! ```text
-//! cargo run --release --features nats,rabbitmq --example broker_chaos -- --broker nats --duration 120
-//! cargo run --release --features nats,rabbitmq --example broker_chaos -- --broker rabbitmq --events 20000 --consumers 3
+//! cargo run --release --features nats,rabbitmq,kafka --example broker_chaos -- --broker nats --duration 120
+//! cargo run --release --features nats,rabbitmq,kafka --example broker_chaos -- --broker rabbitmq --events 20000 --consumers 3
+//! cargo run --release --features nats,rabbitmq,kafka --example broker_chaos -- --broker kafka --events 5000
 //! ```
 //!
 //! - **NATS**: a `nats-server -js` of the run's own (the `nats-server` binary, a free port,
@@ -16,9 +17,16 @@
 //! - **RabbitMQ**: the service on 127.0.0.1:5672 (guest/guest, or `OUTBOX_AMQP_URL`). It
 //!   is shared, so it is not restarted: every relay's and consumer's connection goes
 //!   through a proxy that this program cuts instead.
+//! - **Kafka**: a tansu of the run's own (`OUTBOX_TANSU`, by default
+//!   `~/.cache/outbox/tansu-venv/bin/tansu`, where `.ci/run` installs it), in memory, one
+//!   partition per consumer. A restart would lose its topic, so, as for RabbitMQ, every
+//!   connection goes through a proxy (tansu advertises it) that this program cuts. Consumer
+//!   `n` is assigned partition `n` and commits each record's offset after the effect's
+//!   transaction; a successor resumes from the committed offset. Kafka keeps every
+//!   publication as a record, so the audit reads the topic back and counts them all.
 //!
-//! Another broker (Kafka's `outbox::kafka::KafkaSink`) plugs in as a `BrokerKind` variant
-//! and a module beside `tests/chaos/broker/nats.rs` (see `tests/chaos/broker.rs`).
+//! Another broker plugs in as a `BrokerKind` variant and a module beside
+//! `tests/chaos/broker/nats.rs` (see `tests/chaos/broker.rs`).
 //! `tests/broker_chaos.rs` is the short form, run by CI.
 
 #[path = "../tests/chaos/mod.rs"]
@@ -40,7 +48,7 @@ use support::child::ChildCommand;
 #[derive(clap::Parser, Debug)]
 #[command(name = "broker_chaos")]
 struct Args {
-    /// The broker: `nats` (restarted) or `rabbitmq` (connections cut).
+    /// The broker: `nats` (restarted), `rabbitmq` or `kafka` (connections cut).
     #[arg(long, value_name = "BROKER", default_value = "nats", value_parser = broker_kind)]
     broker: BrokerKind,
     /// The chaos lasts at least this many seconds (and until every event is enqueued).

@@ -6,8 +6,8 @@
 //! consumers, terminates their sessions, and kills and restarts the server. Every event
 //! must be applied exactly once, stored at least once (more only outside JetStream's
 //! duplicate window), and delivered at least once; the output counts and explains every
-//! duplicate. `cargo run --release --features nats,rabbitmq --example broker_chaos` is the
-//! long form.
+//! duplicate. `cargo run --release --features nats,rabbitmq,kafka --example broker_chaos` is the
+//! long form, through NATS, RabbitMQ or Kafka.
 //!
 //! Needs the `nats-server` binary (the test starts its own server, on a free port), and
 //! PostgreSQL as the other tests do.

@@ -1,27 +1,27 @@
 //! The chaos run through a real broker, end to end: a business transaction commits an
 //! order and its event; relay processes publish the events through the broker's sink
-//! (`JetStreamSink`, `RabbitSink`); consumer processes apply each event's effect with its
+//! (`JetStreamSink`, `RabbitSink`, `KafkaSink`); consumer processes apply each event's effect with its
 //! `outbox::Inbox` row in one PostgreSQL transaction, and only then acknowledge the
 //! message. Meanwhile the driver SIGKILLs and restarts relays and consumers, SIGSTOPs them
 //! past their lease or acknowledgement deadline, terminates their database sessions, and
 //! takes the broker away: NATS is a server of the run's own (file storage), killed and
 //! restarted; RabbitMQ is a shared system service, so the run cuts every connection to it
-//! (a proxy in between goes down and up) instead.
+//! (a proxy in between goes down and up) instead; Kafka is a tansu of the run's own, but
+//! in memory (a restart would lose the topic), so its connections are cut the same way.
 //!
 //! The audit, per event: the effect applied exactly once; at least one copy at the broker
-//! (more only where the broker cannot deduplicate: RabbitMQ never does, JetStream only
-//! within its duplicate window); delivered to a consumer at least once. Every duplicate is
+//! (more only where the broker cannot deduplicate: RabbitMQ and Kafka never do across
+//! publishers, JetStream only within its duplicate window); delivered to a consumer at least once. Every duplicate is
 //! counted and its cause named in the report.
 //!
 //! The relay and consumer processes are the chaos run's children ([`super::Relays`]); a
 //! relay child publishes through [`relay_sink`] when the run names a broker.
 //!
-//! A broker is one module (`nats.rs`, `rabbitmq.rs`) providing the same things: the
-//! driver's side ([`Broker`]: start, the children's parameters, an outage, the copies it
-//! holds) and the children's (a publisher for the relay's sink, a consumer loop). A Kafka
-//! run plugs in the same way (`outbox::kafka::KafkaSink`, feature `kafka`): a
-//! `BrokerKind::Kafka` variant, a `kafka.rs` module with those pieces, and one arm in each
-//! `match` below marked `KAFKA`.
+//! A broker is one module (`nats.rs`, `rabbitmq.rs`, `kafka.rs`), behind its feature,
+//! providing the same things: the driver's side ([`Broker`]: start, the children's
+//! parameters, an outage, the copies it holds) and the children's (a publisher for the
+//! relay's sink, a consumer loop). Another broker plugs in the same way: a [`BrokerKind`]
+//! variant, a module with those pieces, and one arm in each `match` below.
 
 use std::fmt;
 use std::str::FromStr;
@@ -41,6 +41,8 @@ use super::{
 use crate::support::child::{self, ChildCommand};
 use crate::support::events::ChaosEvent;
 
+#[cfg(feature = "kafka")]
+mod kafka;
 #[cfg(feature = "nats")]
 mod nats;
 #[cfg(feature = "rabbitmq")]
@@ -58,7 +60,8 @@ pub enum BrokerKind {
     Nats,
     /// RabbitMQ on 127.0.0.1:5672 (or `OUTBOX_AMQP_URL`), its connections cut.
     RabbitMq,
-    // KAFKA: `Kafka`, with its name in `FromStr` and `Display`.
+    /// Kafka: a tansu of the run's own (in memory), its connections cut.
+    Kafka,
 }
 
 impl FromStr for BrokerKind {
@@ -68,7 +71,8 @@ impl FromStr for BrokerKind {
         match name {
             "nats" => Ok(Self::Nats),
             "rabbitmq" => Ok(Self::RabbitMq),
-            other => Err(format!("no broker `{other}`: nats or rabbitmq")),
+            "kafka" => Ok(Self::Kafka),
+            other => Err(format!("no broker `{other}`: nats, rabbitmq or kafka")),
         }
     }
 }
@@ -78,6 +82,7 @@ impl fmt::Display for BrokerKind {
         f.write_str(match self {
             Self::Nats => "nats",
             Self::RabbitMq => "rabbitmq",
+            Self::Kafka => "kafka",
         })
     }
 }
@@ -261,7 +266,8 @@ enum Broker {
     Nats(nats::Broker),
     #[cfg(feature = "rabbitmq")]
     RabbitMq(rabbitmq::Broker),
-    // KAFKA: `Kafka(kafka::Broker)`.
+    #[cfg(feature = "kafka")]
+    Kafka(kafka::Broker),
 }
 
 impl Broker {
@@ -275,6 +281,8 @@ impl Broker {
             BrokerKind::RabbitMq => Ok(Self::RabbitMq(
                 rabbitmq::Broker::start(config, schema).await?,
             )),
+            #[cfg(feature = "kafka")]
+            BrokerKind::Kafka => Ok(Self::Kafka(kafka::Broker::start(config, schema).await?)),
             #[allow(unreachable_patterns)]
             other => Err(format!(
                 "this build has no `{other}` feature: build with `--features {other}`"
@@ -288,6 +296,8 @@ impl Broker {
             Self::Nats(broker) => broker.describe(),
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(broker) => broker.describe(),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(broker) => broker.describe(),
         }
     }
 
@@ -299,6 +309,8 @@ impl Broker {
             Self::Nats(broker) => broker.params(),
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(broker) => broker.params(),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(broker) => broker.params(),
         }
     }
 
@@ -310,6 +322,8 @@ impl Broker {
             Self::Nats(broker) => broker.outage(rng).await,
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(broker) => broker.outage(rng).await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(broker) => broker.outage(rng).await,
         }
     }
 
@@ -321,6 +335,8 @@ impl Broker {
             Self::Nats(broker) => broker.audit_copies(pool, report).await,
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(broker) => broker.audit_copies(pool, report).await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(broker) => broker.audit_copies(pool, report).await,
         }
     }
 
@@ -330,6 +346,8 @@ impl Broker {
             Self::Nats(broker) => broker.teardown().await,
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(broker) => broker.teardown().await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(broker) => broker.teardown().await,
         }
     }
 }
@@ -347,7 +365,8 @@ enum Publisher {
     Nats(outbox::nats::JetStreamSink<ChaosEvent>),
     #[cfg(feature = "rabbitmq")]
     RabbitMq(outbox::rabbitmq::RabbitSink<ChaosEvent>),
-    // KAFKA: `Kafka(outbox::kafka::KafkaSink<ChaosEvent>)`.
+    #[cfg(feature = "kafka")]
+    Kafka(outbox::kafka::KafkaSink<ChaosEvent>),
 }
 
 impl Publisher {
@@ -377,6 +396,18 @@ impl Publisher {
                     })
                 })
                 .collect(),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(sink) => sink
+                .publish_acked(batch)
+                .await
+                .into_iter()
+                .map(|acked| {
+                    acked.map(|report| Receipt {
+                        position: kafka::position(report.partition, report.offset),
+                        duplicate: false,
+                    })
+                })
+                .collect(),
         }
     }
 }
@@ -389,6 +420,8 @@ pub(super) async fn relay_sink(kind: &str, pool: PgPool, pid: i32) -> Result<Bro
         BrokerKind::Nats => Publisher::Nats(nats::sink().await?),
         #[cfg(feature = "rabbitmq")]
         BrokerKind::RabbitMq => Publisher::RabbitMq(rabbitmq::sink().await?),
+        #[cfg(feature = "kafka")]
+        BrokerKind::Kafka => Publisher::Kafka(kafka::sink()?),
         #[allow(unreachable_patterns)]
         other => return Err(format!("this build has no `{other}` feature")),
     };
@@ -509,6 +542,8 @@ async fn consumer_child() -> i32 {
         Ok(BrokerKind::Nats) => nats::consume(&consumer, &shutdown).await,
         #[cfg(feature = "rabbitmq")]
         Ok(BrokerKind::RabbitMq) => rabbitmq::consume(&consumer, &shutdown).await,
+        #[cfg(feature = "kafka")]
+        Ok(BrokerKind::Kafka) => kafka::consume(&consumer, &shutdown).await,
         #[allow(unreachable_patterns)]
         Ok(other) => Err(format!("this build has no `{other}` feature")),
         Err(error) => Err(error),

@@ -39,7 +39,7 @@ use crate::support::child::{self, Child, ChildCommand};
 use crate::support::events::ChaosEvent;
 use crate::support::schema::{Generations, migrate};
 
-#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 pub mod broker;
 
 fn lease() -> Duration {
@@ -245,7 +245,7 @@ const STARTED_LINE: &str = "chaos-child: started";
 /// doing anything in any other process. In a broker run's consumer child: runs the
 /// consumer instead.
 pub fn child_main_if_requested() {
-    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
+    #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
     broker::consumer_main_if_requested();
     if !child::requested(RELAY) {
         return;
@@ -323,7 +323,7 @@ async fn relay_child(url: &str, app: &str, batch: u32, concurrency: usize) -> i3
     let shutdown = cancelled_by_sigterm();
     let pid = i32::try_from(std::process::id()).unwrap_or(-1);
     // A broker run publishes through the broker's sink (see `broker`).
-    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
+    #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
     if let Some(kind) = child::param("BROKER") {
         return match broker::relay_sink(&kind, pool.clone(), pid).await {
             Ok(sink) => run_relay(pool, sink, batch, concurrency, shutdown).await,
@@ -565,14 +565,16 @@ impl Relays {
 
     fn spawn(&mut self, slot: usize) -> Result<RelayProcess, String> {
         self.incarnations += 1;
-        let (app, batch, concurrency) = (
+        let (app, batch, concurrency, slot_param) = (
             self.app_name(slot),
             self.config.batch_size.to_string(),
             self.config.concurrency.to_string(),
+            slot.to_string(),
         );
         let mut params = vec![
             ("URL", self.url.as_str()),
             ("APP", app.as_str()),
+            ("SLOT", slot_param.as_str()),
             ("BATCH", batch.as_str()),
             ("CONCURRENCY", concurrency.as_str()),
         ];
