@@ -8,7 +8,8 @@
 //!   `examples/common`);
 //! - [`counters`]: a `metrics` recorder that counts;
 //! - [`logs`]: the relay's log lines, captured;
-//! - [`broker`]: what the broker sinks' tests share (a proxy to cut, a consumer's effect).
+//! - [`broker`]: what the broker sinks' tests share (a proxy to cut, a consumer's effect);
+//! - [`tansu`]: a Kafka-protocol broker of the test's own (the benchmark includes it too).
 //!
 //! A test file includes it with `mod support;`; an example that runs a test driver (the
 //! recovery lab, the chaos run) with `#[path = "../tests/support/mod.rs"] mod support;`.
@@ -23,6 +24,7 @@ pub mod events;
 pub mod logs;
 pub mod rows;
 pub mod schema;
+pub mod tansu;
 
 use std::time::Duration;
 
