@@ -70,19 +70,21 @@ impl Bench {
              tasks as the relay has workers, on one client. Median of {} runs, alternating \
              which goes first. \
              The no-op column is the same relay with a sink that publishes nowhere \
-             (section 1's drain), in the same run: the database's share of the work.\n",
+             (section 1's drain), in the same run: the database's share of the work. \
+             The sink alone: the events over the time each worker spent in the sink's \
+             publish during the relay's drain, the relay's other work left out.\n",
             args.sink_events, args.runs
         ));
         self.line(
-            "| broker | concurrency | relay events/s | raw producer events/s | relay, no-op sink events/s | relay / raw |",
+            "| broker | concurrency | relay events/s | raw producer events/s | relay / raw | the sink alone events/s | relay, no-op sink events/s |",
         );
-        self.line("|---|---|---|---|---|---|");
+        self.line("|---|---|---|---|---|---|---|");
         #[allow(unused_mut)]
         let mut latencies: Vec<String> = Vec::new();
         for (name, feature, built) in BROKERS {
             if !built {
                 self.line(&format!(
-                    "| {name} | – | not built (feature `{feature}`) | | | |"
+                    "| {name} | – | not built (feature `{feature}`) | | | | |"
                 ));
                 continue;
             }
@@ -129,15 +131,16 @@ impl Bench {
         let events: Vec<super::BenchEvent> = (0..n).map(payload).collect();
         for workers in [1, 4] {
             let (mut relay, mut raw, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-            let mut noop = Vec::new();
+            let (mut noop, mut alone) = (Vec::new(), Vec::new());
             for run in 0..args.runs {
-                let (r, w) = if run % 2 == 0 {
+                let ((r, a), w) = if run % 2 == 0 {
                     let r = self.relay_through(broker, &events, workers).await?;
                     (r, raw_through(broker, &events, workers).await?)
                 } else {
                     let w = raw_through(broker, &events, workers).await?;
                     (self.relay_through(broker, &events, workers).await?, w)
                 };
+                alone.push(a);
                 noop.push(self.drain_relay(&events, 100, workers).await?);
                 relay.push(r);
                 raw.push(w);
@@ -145,14 +148,15 @@ impl Bench {
             }
             let ratio = Figure::of(ratios);
             self.line(&format!(
-                "| {} | {workers} | {} | {} | {} | **{:.2}** ({:.2}–{:.2}) |",
+                "| {} | {workers} | {} | {} | **{:.2}** ({:.2}–{:.2}) | {} | {} |",
                 B::NAME,
                 Figure::of(relay).show(""),
                 Figure::of(raw).show(""),
-                Figure::of(noop).show(""),
                 ratio.median,
                 ratio.min,
-                ratio.max
+                ratio.max,
+                Figure::of(alone).show(""),
+                Figure::of(noop).show(""),
             ));
         }
         self.latency(broker, args.sink_rate).await
@@ -175,7 +179,7 @@ async fn raw_through<B: Broker>(
 
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 mod with_brokers {
-    use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex, PoisonError};
     use std::time::{Duration, Instant, SystemTime};
 
@@ -320,13 +324,18 @@ mod with_brokers {
     struct Until<S> {
         inner: S,
         published: AtomicUsize,
+        /// Nanoseconds spent in `inner`'s publish, all workers together.
+        busy: Arc<AtomicU64>,
         target: usize,
         done: CancellationToken,
     }
 
     impl<S: Sink<BenchEvent>> Sink<BenchEvent> for Until<S> {
         async fn publish(&self, batch: &[Delivery<'_, BenchEvent>]) -> Vec<Result<(), SinkError>> {
+            let started = Instant::now();
             let results = self.inner.publish(batch).await;
+            let busy = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.busy.fetch_add(busy, Ordering::Relaxed);
             let ok = results.iter().filter(|r| r.is_ok()).count();
             if self.published.fetch_add(ok, Ordering::Relaxed) + ok >= self.target {
                 self.done.cancel();
@@ -337,13 +346,14 @@ mod with_brokers {
 
     impl Bench {
         /// Events/s of the relay draining `events` through `broker`'s sink, until every
-        /// outcome is recorded.
+        /// outcome is recorded; and events/s of the sink alone, per worker: the events
+        /// over the time each worker spent in the sink's publish, on average.
         pub(super) async fn relay_through<B: Broker>(
             &self,
             broker: &B,
             events: &[BenchEvent],
             workers: usize,
-        ) -> Result<f64> {
+        ) -> Result<(f64, f64)> {
             let n = events.len();
             self.fill_with(events).await?;
             let tag = tag();
@@ -353,9 +363,11 @@ mod with_brokers {
             // Kept past the timing: a client's shutdown (librdkafka's can take a second)
             // is not the relay's cost, and the raw loop drops its client untimed too.
             let client = broker.sink(&tag).await?;
+            let busy = Arc::new(AtomicU64::new(0));
             let sink = Until {
                 inner: client.clone(),
                 published: AtomicUsize::new(0),
+                busy: Arc::clone(&busy),
                 target: n,
                 done: stop.clone(),
             };
@@ -373,7 +385,10 @@ mod with_brokers {
                     .fetch_one(&self.pool)
                     .await?;
             match unsent {
-                0 => Ok(n as f64 / elapsed.as_secs_f64()),
+                0 => {
+                    let per_worker = busy.load(Ordering::Relaxed) as f64 / 1e9 / workers as f64;
+                    Ok((n as f64 / elapsed.as_secs_f64(), n as f64 / per_worker))
+                }
                 left => Err(format!("{}: {left} events not SENT after the run", B::NAME).into()),
             }
         }
