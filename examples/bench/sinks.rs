@@ -34,7 +34,13 @@
 //! `OUTBOX_NATS_URL` (`nats://127.0.0.1:4222`), RabbitMQ `OUTBOX_AMQP_URL`
 //! (`amqp://guest:guest@127.0.0.1:5672/%2f`).
 
+use std::time::Duration;
+
 use super::{Args, Bench, Result};
+
+/// The latency run's warm-up, and how long it is measured.
+const WARM_UP: Duration = Duration::from_secs(3);
+const MEASURED: Duration = Duration::from_secs(10);
 
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 use with_brokers::Broker;
@@ -49,6 +55,10 @@ const BROKERS: [(&str, &str, bool); 3] = [
 impl Bench {
     /// The relay through each broker sink vs the broker client's own loop, and the
     /// latency enqueue → consumer at an offered load.
+    #[cfg_attr(
+        not(any(feature = "nats", feature = "rabbitmq", feature = "kafka")),
+        allow(clippy::unused_async)
+    )]
     pub(super) async fn sinks(&self, args: &Args) -> Result {
         self.heading("Broker sinks: the relay vs the broker client's own publish loop");
         let missing: Vec<&str> = BROKERS
@@ -86,7 +96,6 @@ impl Bench {
                 self.line(&format!(
                     "| {name} | – | not built (feature `{feature}`) | | | | |"
                 ));
-                continue;
             }
             #[cfg(feature = "nats")]
             if feature == "nats" {
@@ -112,8 +121,8 @@ impl Bench {
              producers), a relay with 4 workers (batch 100) publishing through the sink, a \
              consumer recording each message's arrival; {} s measured after a {} s warm-up.\n",
             args.sink_rate,
-            with_brokers::MEASURED.as_secs(),
-            with_brokers::WARM_UP.as_secs(),
+            MEASURED.as_secs(),
+            WARM_UP.as_secs(),
         ));
         self.line("| broker | consumed events/s | enqueue → consumer p50 | p99 |");
         self.line("|---|---|---|---|");
@@ -189,12 +198,11 @@ mod with_brokers {
     use tokio::time::MissedTickBehavior;
 
     use super::super::{Bench, BenchEvent, Result, micros_now, stamped};
+    use super::{MEASURED, WARM_UP};
 
     pub(super) const BATCH: usize = 100;
     const LATENCY_WORKERS: usize = 4;
     const PRODUCERS: u32 = 8;
-    pub(super) const WARM_UP: Duration = Duration::from_secs(3);
-    pub(super) const MEASURED: Duration = Duration::from_secs(10);
     /// The body's media type, as `Json` names it.
     pub(super) const JSON: &str = "application/json";
 
@@ -460,6 +468,7 @@ mod with_brokers {
     }
 
     /// Waits for `stop` or the next item of `stream`, whichever comes first.
+    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
     pub(super) async fn next_or_stop<S: futures_util::Stream + Unpin>(
         stream: &mut S,
         stop: &CancellationToken,
