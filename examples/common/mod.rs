@@ -68,8 +68,8 @@ pub struct PaymentCaptured {
     pub amount_cents: i64,
 }
 
-/// The benchmark's event: a 100-byte payload.
-#[derive(outbox::Outbox, Debug, Clone)]
+/// The benchmark's event: a 100-byte payload (as JSON, through the broker sinks).
+#[derive(outbox::Outbox, Serialize, Debug, Clone)]
 #[outbox(table = "bench_events", lease = "30s", retry_delay = "1s")]
 pub struct BenchEvent {
     pub payload: String,

@@ -11,6 +11,7 @@
 //! - [`broker`]: what the broker sinks' tests share (a proxy to cut, a consumer's effect);
 //! - [`nats_server`]: a NATS server of the test's own, to restart or to start with
 //!   credentials.
+//! - [`tansu`]: a Kafka-protocol broker of the test's own (the benchmark includes it too).
 //!
 //! A test file includes it with `mod support;`; an example that runs a test driver (the
 //! recovery lab, the chaos run) with `#[path = "../tests/support/mod.rs"] mod support;`.
@@ -26,6 +27,7 @@ pub mod logs;
 pub mod nats_server;
 pub mod rows;
 pub mod schema;
+pub mod tansu;
 
 use std::time::Duration;
 

@@ -1,0 +1,945 @@
+//! The `sinks` section: the relay publishing through each broker sink against the broker
+//! client's own publish loop, and the latency from an enqueue to a consumer's effect.
+//!
+//! ```text
+//! cargo run --release --features nats,rabbitmq,kafka --example bench -- --only sinks
+//! cargo run --release --features nats --example bench -- --only sinks --sink-events 50000
+//! ```
+//!
+//! For each broker built in (features `nats`, `rabbitmq`, `kafka`; the others are
+//! reported as not built), at batch 100 and concurrency 1 and 4:
+//!
+//! - the relay drains a backlog of `--sink-events` events through the sink, until every
+//!   outcome is recorded;
+//! - the raw producer publishes the same events, encoded the same way (the same JSON
+//!   body, the sink's headers, the same message id or key), with the same
+//!   acknowledgements, pipelined per batch of 100 as the sink does, by as many tasks as
+//!   the relay has workers, on one client as the relay's workers share one sink: what a
+//!   hand-written producer reaches with that client. It reads nothing from PostgreSQL,
+//!   so the ratio is what the outbox costs on top of publishing.
+//!
+//! The acknowledgements: JetStream publish with `Nats-Msg-Id`, each `PubAck` awaited
+//! (a file-storage stream); RabbitMQ publisher confirms, persistent messages, `mandatory`,
+//! to a durable queue through the default exchange; Kafka's idempotent producer,
+//! `acks=all`, `message.timeout.ms=10000` (what `KafkaSink` sets for a 30 s lease), on a
+//! one-partition topic of a tansu broker the bench starts (in memory; see
+//! `tests/support/tansu.rs`).
+//!
+//! Then the latency at a fixed offered load (`--sink-rate`, one event per transaction,
+//! the event's payload its enqueue time), a relay (batch 100, 4 workers) publishing
+//! through the sink and a consumer of each broker recording when each message arrives:
+//! enqueue → consumer, p50 and p99, over 10 s after a 3 s warm-up.
+//!
+//! Every run gets a fresh stream, queue or topic, deleted after it. NATS is
+//! `OUTBOX_NATS_URL` (`nats://127.0.0.1:4222`), RabbitMQ `OUTBOX_AMQP_URL`
+//! (`amqp://guest:guest@127.0.0.1:5672/%2f`).
+
+use std::time::Duration;
+
+use super::{Args, Bench, Result};
+
+/// The latency run's warm-up, and how long it is measured.
+const WARM_UP: Duration = Duration::from_secs(3);
+const MEASURED: Duration = Duration::from_secs(10);
+
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+use with_brokers::Broker;
+
+/// The brokers, their features, and whether this build has them.
+const BROKERS: [(&str, &str, bool); 3] = [
+    ("NATS JetStream", "nats", cfg!(feature = "nats")),
+    ("RabbitMQ", "rabbitmq", cfg!(feature = "rabbitmq")),
+    ("Kafka (tansu)", "kafka", cfg!(feature = "kafka")),
+];
+
+impl Bench {
+    /// The relay through each broker sink vs the broker client's own loop, and the
+    /// latency enqueue → consumer at an offered load.
+    #[cfg_attr(
+        not(any(feature = "nats", feature = "rabbitmq", feature = "kafka")),
+        allow(clippy::unused_async)
+    )]
+    pub(super) async fn sinks(&self, args: &Args) -> Result {
+        self.heading("Broker sinks: the relay vs the broker client's own publish loop");
+        let missing: Vec<&str> = BROKERS
+            .iter()
+            .filter(|(_, _, built)| !built)
+            .map(|(_, feature, _)| *feature)
+            .collect();
+        if !missing.is_empty() {
+            eprintln!(
+                "the sinks section measures only the brokers built in: add `--features {}` \
+                 (cargo run --release --features nats,rabbitmq,kafka --example bench -- --only sinks)",
+                missing.join(",")
+            );
+        }
+        self.line(&format!(
+            "Batch 100; {} events per run, drained by the relay (every outcome recorded) and \
+             published by the broker client's own loop: the same encoded messages and \
+             headers, the same acknowledgements, pipelined per batch of 100 by as many \
+             tasks as the relay has workers, on one client. Median of {} runs, alternating \
+             which goes first. \
+             The no-op column is the same relay with a sink that publishes nowhere \
+             (section 1's drain), in the same run: the database's share of the work. \
+             The sink alone: the events over the time each worker spent in the sink's \
+             publish during the relay's drain, the relay's other work left out.\n",
+            args.sink_events, args.runs
+        ));
+        self.line(
+            "| broker | concurrency | relay events/s | raw producer events/s | relay / raw | the sink alone events/s | relay, no-op sink events/s |",
+        );
+        self.line("|---|---|---|---|---|---|---|");
+        #[allow(unused_mut)]
+        let mut latencies: Vec<String> = Vec::new();
+        for (name, feature, built) in BROKERS {
+            if !built {
+                self.line(&format!(
+                    "| {name} | – | not built (feature `{feature}`) | | | | |"
+                ));
+            }
+            #[cfg(feature = "nats")]
+            if feature == "nats" {
+                let broker = with_brokers::nats::Nats::connect().await?;
+                latencies.push(self.broker(&broker, args).await?);
+            }
+            #[cfg(feature = "rabbitmq")]
+            if feature == "rabbitmq" {
+                let broker = with_brokers::rabbitmq::Rabbit::connect().await?;
+                latencies.push(self.broker(&broker, args).await?);
+            }
+            #[cfg(feature = "kafka")]
+            if feature == "kafka" {
+                let broker = with_brokers::kafka::Kafka::start().await?;
+                latencies.push(self.broker(&broker, args).await?);
+            }
+        }
+        if latencies.is_empty() {
+            return Ok(());
+        }
+        self.line(&format!(
+            "\nEnqueue → consumer at {} events/s offered (one event per transaction, 8 \
+             producers), a relay with 4 workers (batch 100) publishing through the sink, a \
+             consumer recording each message's arrival; {} s measured after a {} s warm-up.\n",
+            args.sink_rate,
+            MEASURED.as_secs(),
+            WARM_UP.as_secs(),
+        ));
+        self.line("| broker | consumed events/s | enqueue → consumer p50 | p99 |");
+        self.line("|---|---|---|---|");
+        for row in latencies {
+            self.line(&row);
+        }
+        Ok(())
+    }
+
+    /// One broker's rows: its throughput table rows printed, its latency row returned.
+    #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+    async fn broker<B: Broker>(&self, broker: &B, args: &Args) -> Result<String> {
+        use super::{Figure, payload};
+        let n = args.sink_events;
+        let events: Vec<super::BenchEvent> = (0..n).map(payload).collect();
+        for workers in [1, 4] {
+            let (mut relay, mut raw, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut noop, mut alone) = (Vec::new(), Vec::new());
+            for run in 0..args.runs {
+                let ((r, a), w) = if run % 2 == 0 {
+                    let r = self.relay_through(broker, &events, workers).await?;
+                    (r, raw_through(broker, &events, workers).await?)
+                } else {
+                    let w = raw_through(broker, &events, workers).await?;
+                    (self.relay_through(broker, &events, workers).await?, w)
+                };
+                alone.push(a);
+                noop.push(self.drain_relay(&events, 100, workers).await?);
+                relay.push(r);
+                raw.push(w);
+                ratios.push(r / w);
+            }
+            let ratio = Figure::of(ratios);
+            self.line(&format!(
+                "| {} | {workers} | {} | {} | **{:.2}** ({:.2}–{:.2}) | {} | {} |",
+                B::NAME,
+                Figure::of(relay).show(""),
+                Figure::of(raw).show(""),
+                ratio.median,
+                ratio.min,
+                ratio.max,
+                Figure::of(alone).show(""),
+                Figure::of(noop).show(""),
+            ));
+        }
+        self.latency(broker, args.sink_rate).await
+    }
+}
+
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+async fn raw_through<B: Broker>(
+    broker: &B,
+    events: &[super::BenchEvent],
+    workers: usize,
+) -> Result<f64> {
+    let tag = with_brokers::tag();
+    broker.create(&tag).await?;
+    let messages = std::sync::Arc::new(with_brokers::RawMessage::all(events));
+    let elapsed = broker.raw(&tag, messages, workers).await;
+    broker.delete(&tag).await?;
+    Ok(events.len() as f64 / elapsed?.as_secs_f64())
+}
+
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+mod with_brokers {
+    use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex, PoisonError};
+    use std::time::{Duration, Instant, SystemTime};
+
+    use outbox::Relay;
+    use outbox::message::{header, timestamp};
+    use outbox::relay::{CancellationToken, Delivery, Sink, SinkError};
+    use tokio::time::MissedTickBehavior;
+
+    use super::super::{Bench, BenchEvent, Result, micros_now, stamped};
+    use super::{MEASURED, WARM_UP};
+
+    pub(super) const BATCH: usize = 100;
+    const LATENCY_WORKERS: usize = 4;
+    const PRODUCERS: u32 = 8;
+    /// The body's media type, as `Json` names it.
+    pub(super) const JSON: &str = "application/json";
+
+    /// Microseconds from enqueue to a consumer, per message.
+    pub(super) type Latencies = Arc<Mutex<Vec<u32>>>;
+
+    /// A broker the section measures.
+    pub(super) trait Broker {
+        const NAME: &'static str;
+        type Sink: Sink<BenchEvent> + Clone + Send + Sync + 'static;
+        /// A fresh stream, queue or topic for `tag`.
+        async fn create(&self, tag: &str) -> Result;
+        /// Deletes what [`Broker::create`] made.
+        async fn delete(&self, tag: &str) -> Result;
+        /// The sink publishing to `tag`'s.
+        async fn sink(&self, tag: &str) -> Result<Self::Sink>;
+        /// How long the client's own loop takes to publish `messages` to `tag`'s, batches
+        /// of [`BATCH`] pipelined, by `workers` tasks.
+        async fn raw(
+            &self,
+            tag: &str,
+            messages: Arc<Vec<RawMessage>>,
+            workers: usize,
+        ) -> Result<Duration>;
+        /// A consumer of `tag`'s recording each message's latency until `stop`.
+        async fn consume(
+            &self,
+            tag: &str,
+            latencies: Latencies,
+            stop: CancellationToken,
+        ) -> Result<tokio::task::JoinHandle<Result>>;
+    }
+
+    /// A unique name part for one run's stream, queue or topic.
+    pub(super) fn tag() -> String {
+        static RUN: AtomicU32 = AtomicU32::new(0);
+        format!(
+            "{}-{}",
+            std::process::id(),
+            RUN.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// One message of the raw producer: what the relay's claim would hand the sink.
+    pub(super) struct RawMessage {
+        pub(super) event: BenchEvent,
+        pub(super) event_id: String,
+        pub(super) created_at: SystemTime,
+    }
+
+    impl RawMessage {
+        pub(super) fn all(events: &[BenchEvent]) -> Vec<Self> {
+            let created_at = SystemTime::now();
+            events
+                .iter()
+                .map(|event| Self {
+                    event: event.clone(),
+                    event_id: uuid::Uuid::now_v7().to_string(),
+                    created_at,
+                })
+                .collect()
+        }
+
+        /// The body, as the sinks' `Json` encodes it.
+        pub(super) fn body(&self) -> Result<Vec<u8>> {
+            Ok(serde_json::to_vec(&self.event)?)
+        }
+
+        /// The headers the sinks set (`outbox::message`), for a first attempt: the
+        /// content type aside.
+        pub(super) fn headers(&self) -> [(&'static str, String); 5] {
+            [
+                (header::EVENT_ID, self.event_id.clone()),
+                (header::TABLE, "bench_events".to_owned()),
+                (header::GENERATION, "1".to_owned()),
+                (header::ATTEMPT, "1".to_owned()),
+                (header::CREATED_AT, timestamp(self.created_at)),
+            ]
+        }
+    }
+
+    /// Runs `publish` on the chunks of [`BATCH`] of `messages`, by `workers` tasks taking
+    /// the next chunk as they finish one; returns how long it took.
+    pub(super) async fn in_batches<C, F>(
+        messages: Arc<Vec<RawMessage>>,
+        workers: usize,
+        client: C,
+        publish: fn(C, Arc<Vec<RawMessage>>, std::ops::Range<usize>) -> F,
+    ) -> Result<Duration>
+    where
+        C: Clone + Send + 'static,
+        F: Future<Output = Result> + Send + 'static,
+    {
+        let next = Arc::new(AtomicUsize::new(0));
+        let started = Instant::now();
+        let mut tasks: tokio::task::JoinSet<Result> = tokio::task::JoinSet::new();
+        for _ in 0..workers {
+            let (next, messages, client) =
+                (Arc::clone(&next), Arc::clone(&messages), client.clone());
+            tasks.spawn(async move {
+                loop {
+                    let start = next.fetch_add(BATCH, Ordering::Relaxed);
+                    if start >= messages.len() {
+                        return Ok(());
+                    }
+                    let end = (start + BATCH).min(messages.len());
+                    publish(client.clone(), Arc::clone(&messages), start..end).await?;
+                }
+            });
+        }
+        for done in tasks.join_all().await {
+            done?;
+        }
+        Ok(started.elapsed())
+    }
+
+    /// The latency of a message whose body is a [`stamped`] event's JSON, now.
+    pub(super) fn latency_of(body: &[u8]) -> Option<u32> {
+        let now = micros_now();
+        let event: serde_json::Value = serde_json::from_slice(body).ok()?;
+        let enqueued: u64 = event["payload"].as_str()?.parse().ok()?;
+        Some(u32::try_from(now.saturating_sub(enqueued)).unwrap_or(u32::MAX))
+    }
+
+    /// A sink that publishes through `inner` and shuts its relay down once `target`
+    /// events are published.
+    struct Until<S> {
+        inner: S,
+        published: AtomicUsize,
+        /// Nanoseconds spent in `inner`'s publish, all workers together.
+        busy: Arc<AtomicU64>,
+        target: usize,
+        done: CancellationToken,
+    }
+
+    impl<S: Sink<BenchEvent>> Sink<BenchEvent> for Until<S> {
+        async fn publish(&self, batch: &[Delivery<'_, BenchEvent>]) -> Vec<Result<(), SinkError>> {
+            let started = Instant::now();
+            let results = self.inner.publish(batch).await;
+            let busy = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.busy.fetch_add(busy, Ordering::Relaxed);
+            let ok = results.iter().filter(|r| r.is_ok()).count();
+            if self.published.fetch_add(ok, Ordering::Relaxed) + ok >= self.target {
+                self.done.cancel();
+            }
+            results
+        }
+    }
+
+    impl Bench {
+        /// Events/s of the relay draining `events` through `broker`'s sink, until every
+        /// outcome is recorded; and events/s of the sink alone, per worker: the events
+        /// over the time each worker spent in the sink's publish, on average.
+        pub(super) async fn relay_through<B: Broker>(
+            &self,
+            broker: &B,
+            events: &[BenchEvent],
+            workers: usize,
+        ) -> Result<(f64, f64)> {
+            let n = events.len();
+            self.fill_with(events).await?;
+            let tag = tag();
+            broker.create(&tag).await?;
+            let pool = self.pool(workers + 1).await?;
+            let stop = CancellationToken::new();
+            // Kept past the timing: a client's shutdown (librdkafka's can take a second)
+            // is not the relay's cost, and the raw loop drops its client untimed too.
+            let client = broker.sink(&tag).await?;
+            let busy = Arc::new(AtomicU64::new(0));
+            let sink = Until {
+                inner: client.clone(),
+                published: AtomicUsize::new(0),
+                busy: Arc::clone(&busy),
+                target: n,
+                done: stop.clone(),
+            };
+            let relay = Relay::<BenchEvent, _>::new(pool.clone(), sink)
+                .batch_size(u32::try_from(BATCH)?)
+                .concurrency(workers);
+            let started = Instant::now();
+            relay.run(stop).await?;
+            let elapsed = started.elapsed();
+            drop(client);
+            pool.close().await;
+            broker.delete(&tag).await?;
+            let unsent: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM bench_events WHERE status <> 'SENT'")
+                    .fetch_one(&self.pool)
+                    .await?;
+            match unsent {
+                0 => {
+                    let per_worker = busy.load(Ordering::Relaxed) as f64 / 1e9 / workers as f64;
+                    Ok((n as f64 / elapsed.as_secs_f64(), n as f64 / per_worker))
+                }
+                left => Err(format!("{}: {left} events not SENT after the run", B::NAME).into()),
+            }
+        }
+
+        /// The latency row of `broker` at `rate` events/s offered.
+        pub(super) async fn latency<B: Broker>(&self, broker: &B, rate: u32) -> Result<String> {
+            self.reset().await?;
+            let tag = tag();
+            broker.create(&tag).await?;
+            let latencies = Latencies::default();
+            let stop = CancellationToken::new();
+            let consumer = broker
+                .consume(&tag, Arc::clone(&latencies), stop.clone())
+                .await?;
+            let relay_pool = self.pool(LATENCY_WORKERS + 1).await?;
+            let producer_pool = self.pool(PRODUCERS as usize).await?;
+            let relay = tokio::spawn(
+                Relay::<BenchEvent, _>::new(relay_pool.clone(), broker.sink(&tag).await?)
+                    .batch_size(u32::try_from(BATCH)?)
+                    .concurrency(LATENCY_WORKERS)
+                    .run(stop.clone()),
+            );
+            let period = Duration::from_secs(1) * PRODUCERS / rate;
+            let producers: Vec<_> = (0..PRODUCERS)
+                .map(|_| {
+                    let (pool, stop) = (producer_pool.clone(), stop.clone());
+                    tokio::spawn(async move {
+                        let mut tick = tokio::time::interval(period);
+                        tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+                        while !stop.is_cancelled() {
+                            tick.tick().await;
+                            let _ = stamped().enqueue(&pool).await?;
+                        }
+                        Ok::<_, outbox::OutboxError>(())
+                    })
+                })
+                .collect();
+            tokio::time::sleep(WARM_UP).await;
+            latencies
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clear();
+            tokio::time::sleep(MEASURED).await;
+            let mut taken =
+                std::mem::take(&mut *latencies.lock().unwrap_or_else(PoisonError::into_inner));
+            stop.cancel();
+            for producer in producers {
+                producer.await??;
+            }
+            relay.await??;
+            consumer.await??;
+            relay_pool.close().await;
+            producer_pool.close().await;
+            broker.delete(&tag).await?;
+
+            taken.sort_unstable();
+            let percentile = |p: usize| taken.get(taken.len().saturating_sub(1) * p / 100).copied();
+            let ms = |micros: Option<u32>| {
+                micros.map_or("-".to_owned(), |m| format!("{:.1} ms", f64::from(m) / 1e3))
+            };
+            Ok(format!(
+                "| {} | {:.0} | {} | {} |",
+                B::NAME,
+                taken.len() as f64 / MEASURED.as_secs_f64(),
+                ms(percentile(50)),
+                ms(percentile(99)),
+            ))
+        }
+    }
+
+    /// Waits for `stop` or the next item of `stream`, whichever comes first.
+    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
+    pub(super) async fn next_or_stop<S: futures_util::Stream + Unpin>(
+        stream: &mut S,
+        stop: &CancellationToken,
+    ) -> Option<S::Item> {
+        use futures_util::StreamExt as _;
+        tokio::select! {
+            () = stop.cancelled() => None,
+            item = stream.next() => item,
+        }
+    }
+
+    #[cfg(feature = "nats")]
+    pub(super) mod nats {
+        use std::ops::Range;
+        use std::sync::{Arc, PoisonError};
+        use std::time::Duration;
+
+        use futures_util::future::join_all;
+        use outbox::message::header;
+        use outbox::nats::async_nats::jetstream::{self, Context, consumer, stream};
+        use outbox::nats::{JetStreamSink, async_nats};
+        use outbox::relay::CancellationToken;
+
+        use super::{
+            BATCH, BenchEvent, Broker, JSON, Latencies, RawMessage, Result, in_batches, latency_of,
+            next_or_stop,
+        };
+
+        pub(in super::super) struct Nats {
+            jetstream: Context,
+        }
+
+        fn stream_of(tag: &str) -> String {
+            format!("BENCH_SINKS_{}", tag.replace('-', "_"))
+        }
+
+        fn subject_of(tag: &str) -> String {
+            format!("bench.sinks.{tag}")
+        }
+
+        impl Nats {
+            pub(in super::super) async fn connect() -> Result<Self> {
+                let url = std::env::var("OUTBOX_NATS_URL")
+                    .unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
+                let client = async_nats::connect(&url)
+                    .await
+                    .map_err(|error| format!("NATS at {url}: {error}"))?;
+                Ok(Self {
+                    jetstream: jetstream::new(client),
+                })
+            }
+        }
+
+        async fn publish(
+            (jetstream, subject): (Context, String),
+            messages: Arc<Vec<RawMessage>>,
+            range: Range<usize>,
+        ) -> Result {
+            let mut acks = Vec::with_capacity(BATCH);
+            for message in &messages[range] {
+                let mut publish = jetstream::message::PublishMessage::build()
+                    .payload(message.body()?.into())
+                    .message_id(&message.event_id);
+                for (name, value) in message.headers() {
+                    publish = publish.header(name, value);
+                }
+                publish = publish.header(header::CONTENT_TYPE, JSON);
+                acks.push(jetstream.send_publish(subject.clone(), publish).await?);
+            }
+            for ack in join_all(acks.into_iter().map(IntoFuture::into_future)).await {
+                ack?;
+            }
+            Ok(())
+        }
+
+        impl Broker for Nats {
+            const NAME: &'static str = "NATS JetStream";
+            type Sink = JetStreamSink<BenchEvent>;
+
+            async fn create(&self, tag: &str) -> Result {
+                self.jetstream
+                    .create_stream(stream::Config {
+                        name: stream_of(tag),
+                        subjects: vec![subject_of(tag)],
+                        ..Default::default()
+                    })
+                    .await?;
+                Ok(())
+            }
+
+            async fn delete(&self, tag: &str) -> Result {
+                self.jetstream.delete_stream(stream_of(tag)).await?;
+                Ok(())
+            }
+
+            async fn sink(&self, tag: &str) -> Result<Self::Sink> {
+                Ok(JetStreamSink::new(self.jetstream.clone(), subject_of(tag)))
+            }
+
+            async fn raw(
+                &self,
+                tag: &str,
+                messages: Arc<Vec<RawMessage>>,
+                workers: usize,
+            ) -> Result<Duration> {
+                let client = (self.jetstream.clone(), subject_of(tag));
+                in_batches(messages, workers, client, publish).await
+            }
+
+            async fn consume(
+                &self,
+                tag: &str,
+                latencies: Latencies,
+                stop: CancellationToken,
+            ) -> Result<tokio::task::JoinHandle<Result>> {
+                let stream = self.jetstream.get_stream(stream_of(tag)).await?;
+                let consumer = stream
+                    .create_consumer(consumer::pull::Config::default())
+                    .await?;
+                let mut messages = consumer.messages().await?;
+                Ok(tokio::spawn(async move {
+                    while let Some(message) = next_or_stop(&mut messages, &stop).await {
+                        let message = message?;
+                        if let Some(latency) = latency_of(&message.payload) {
+                            latencies
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .push(latency);
+                        }
+                        message.ack().await?;
+                    }
+                    Ok(())
+                }))
+            }
+        }
+    }
+
+    #[cfg(feature = "rabbitmq")]
+    pub(super) mod rabbitmq {
+        use std::ops::Range;
+        use std::sync::{Arc, PoisonError};
+        use std::time::Duration;
+
+        use futures_util::future::join_all;
+        use outbox::rabbitmq::RabbitSink;
+        use outbox::rabbitmq::lapin::options::{
+            BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+            ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+        };
+        use outbox::rabbitmq::lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+        use outbox::rabbitmq::lapin::{
+            BasicProperties, Channel, Confirmation, Connection, ConnectionProperties,
+        };
+        use outbox::relay::CancellationToken;
+
+        use super::{
+            BATCH, BenchEvent, Broker, JSON, Latencies, RawMessage, Result, in_batches, latency_of,
+            next_or_stop,
+        };
+
+        pub(in super::super) struct Rabbit {
+            connection: Connection,
+            admin: Channel,
+        }
+
+        fn queue_of(tag: &str) -> String {
+            format!("outbox.bench.sinks.{tag}")
+        }
+
+        impl Rabbit {
+            pub(in super::super) async fn connect() -> Result<Self> {
+                let url = std::env::var("OUTBOX_AMQP_URL")
+                    .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+                let connection = Connection::connect(&url, ConnectionProperties::default())
+                    .await
+                    .map_err(|error| format!("RabbitMQ at {url}: {error}"))?;
+                let admin = connection.create_channel().await?;
+                Ok(Self { connection, admin })
+            }
+        }
+
+        async fn publish(
+            (channel, queue): (Channel, String),
+            messages: Arc<Vec<RawMessage>>,
+            range: Range<usize>,
+        ) -> Result {
+            let mut confirms = Vec::with_capacity(BATCH);
+            for message in &messages[range] {
+                let mut headers = FieldTable::default();
+                for (name, value) in message.headers() {
+                    headers.insert(name.into(), AMQPValue::LongString(LongString::from(value)));
+                }
+                let properties = BasicProperties::default()
+                    .with_message_id(ShortString::try_new(message.event_id.as_str())?)
+                    .with_delivery_mode(2)
+                    .with_headers(headers)
+                    .with_content_type(ShortString::try_new(JSON)?);
+                let options = BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                };
+                confirms.push(
+                    channel
+                        .basic_publish(
+                            "".into(),
+                            queue.as_str().into(),
+                            options,
+                            &message.body()?,
+                            properties,
+                        )
+                        .await?,
+                );
+            }
+            for confirm in join_all(confirms).await {
+                match confirm? {
+                    Confirmation::Ack(None) => {}
+                    other => return Err(format!("RabbitMQ answered {other:?}").into()),
+                }
+            }
+            Ok(())
+        }
+
+        impl Broker for Rabbit {
+            const NAME: &'static str = "RabbitMQ";
+            type Sink = RabbitSink<BenchEvent>;
+
+            async fn create(&self, tag: &str) -> Result {
+                self.admin
+                    .queue_declare(
+                        queue_of(tag).as_str().into(),
+                        QueueDeclareOptions {
+                            durable: true,
+                            ..QueueDeclareOptions::default()
+                        },
+                        FieldTable::default(),
+                    )
+                    .await?;
+                Ok(())
+            }
+
+            async fn delete(&self, tag: &str) -> Result {
+                self.admin
+                    .queue_delete(queue_of(tag).as_str().into(), QueueDeleteOptions::default())
+                    .await?;
+                Ok(())
+            }
+
+            async fn sink(&self, tag: &str) -> Result<Self::Sink> {
+                let channel = self.connection.create_channel().await?;
+                Ok(RabbitSink::new(channel, "", queue_of(tag)).await?)
+            }
+
+            async fn raw(
+                &self,
+                tag: &str,
+                messages: Arc<Vec<RawMessage>>,
+                workers: usize,
+            ) -> Result<Duration> {
+                let channel = self.connection.create_channel().await?;
+                channel
+                    .confirm_select(ConfirmSelectOptions::default())
+                    .await?;
+                let elapsed =
+                    in_batches(messages, workers, (channel.clone(), queue_of(tag)), publish).await;
+                channel.close(200, "done".into()).await?;
+                elapsed
+            }
+
+            async fn consume(
+                &self,
+                tag: &str,
+                latencies: Latencies,
+                stop: CancellationToken,
+            ) -> Result<tokio::task::JoinHandle<Result>> {
+                let channel = self.connection.create_channel().await?;
+                channel.basic_qos(1_000, BasicQosOptions::default()).await?;
+                let mut consumer = channel
+                    .basic_consume(
+                        queue_of(tag).as_str().into(),
+                        "bench".into(),
+                        BasicConsumeOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await?;
+                Ok(tokio::spawn(async move {
+                    while let Some(delivery) = next_or_stop(&mut consumer, &stop).await {
+                        let delivery = delivery?;
+                        if let Some(latency) = latency_of(&delivery.data) {
+                            latencies
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .push(latency);
+                        }
+                        delivery.ack(BasicAckOptions::default()).await?;
+                    }
+                    channel.close(200, "done".into()).await?;
+                    Ok(())
+                }))
+            }
+        }
+    }
+
+    #[cfg(feature = "kafka")]
+    pub(super) mod kafka {
+        use std::ops::Range;
+        use std::sync::{Arc, PoisonError};
+        use std::time::Duration;
+
+        use futures_util::future::join_all;
+        use outbox::kafka::KafkaSink;
+        use outbox::kafka::rdkafka::admin::{
+            AdminClient, AdminOptions, NewTopic, TopicReplication,
+        };
+        use outbox::kafka::rdkafka::client::DefaultClientContext;
+        use outbox::kafka::rdkafka::consumer::{Consumer as _, StreamConsumer};
+        use outbox::kafka::rdkafka::message::{Header, OwnedHeaders};
+        use outbox::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+        use outbox::kafka::rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
+        use outbox::message::header;
+        use outbox::relay::CancellationToken;
+
+        use super::{
+            BATCH, BenchEvent, Broker, JSON, Latencies, RawMessage, Result, in_batches, latency_of,
+        };
+        use crate::tansu::Tansu;
+
+        pub(in super::super) struct Kafka {
+            tansu: Tansu,
+            admin: AdminClient<DefaultClientContext>,
+        }
+
+        fn topic_of(tag: &str) -> String {
+            format!("bench-sinks-{tag}")
+        }
+
+        impl Kafka {
+            pub(in super::super) async fn start() -> Result<Self> {
+                let tansu = Tansu::start().await?;
+                let admin = ClientConfig::new()
+                    .set("bootstrap.servers", tansu.bootstrap())
+                    .create()?;
+                Ok(Self { tansu, admin })
+            }
+
+            fn config(&self) -> ClientConfig {
+                let mut config = ClientConfig::new();
+                config.set("bootstrap.servers", self.tansu.bootstrap());
+                config
+            }
+        }
+
+        async fn publish(
+            (producer, topic): (FutureProducer, Arc<str>),
+            messages: Arc<Vec<RawMessage>>,
+            range: Range<usize>,
+        ) -> Result {
+            let mut reports = Vec::with_capacity(BATCH);
+            for message in &messages[range] {
+                let mut headers = OwnedHeaders::new_with_capacity(6);
+                let named = message.headers();
+                for (name, value) in &named {
+                    headers = headers.insert(Header {
+                        key: name,
+                        value: Some(value.as_bytes()),
+                    });
+                }
+                headers = headers.insert(Header {
+                    key: header::CONTENT_TYPE,
+                    value: Some(JSON.as_bytes()),
+                });
+                let body = message.body()?;
+                let record = FutureRecord::to(&topic)
+                    .payload(&body)
+                    .key(message.event_id.as_bytes())
+                    .headers(headers);
+                reports.push(
+                    producer
+                        .send_result(record)
+                        .map_err(|(error, _)| format!("producing: {error}"))?,
+                );
+            }
+            for report in join_all(reports).await {
+                report?.map_err(|(error, _)| format!("delivery: {error}"))?;
+            }
+            Ok(())
+        }
+
+        impl Broker for Kafka {
+            const NAME: &'static str = "Kafka (tansu)";
+            type Sink = KafkaSink<BenchEvent>;
+
+            async fn create(&self, tag: &str) -> Result {
+                let topic = topic_of(tag);
+                let created = self
+                    .admin
+                    .create_topics(
+                        &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+                        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+                    )
+                    .await?;
+                for result in created {
+                    result.map_err(|(topic, code)| format!("creating topic {topic}: {code}"))?;
+                }
+                Ok(())
+            }
+
+            async fn delete(&self, tag: &str) -> Result {
+                let topic = topic_of(tag);
+                for result in self
+                    .admin
+                    .delete_topics(&[&topic], &AdminOptions::new())
+                    .await?
+                {
+                    result.map_err(|(topic, code)| format!("deleting topic {topic}: {code}"))?;
+                }
+                Ok(())
+            }
+
+            async fn sink(&self, tag: &str) -> Result<Self::Sink> {
+                Ok(KafkaSink::new(&self.config(), topic_of(tag))?)
+            }
+
+            async fn raw(
+                &self,
+                tag: &str,
+                messages: Arc<Vec<RawMessage>>,
+                workers: usize,
+            ) -> Result<Duration> {
+                // What `KafkaSink` sets for `BenchEvent`'s 30 s lease.
+                let producer: FutureProducer = self
+                    .config()
+                    .set("enable.idempotence", "true")
+                    .set("acks", "all")
+                    .set("message.timeout.ms", "10000")
+                    .create()?;
+                let topic: Arc<str> = topic_of(tag).into();
+                in_batches(messages, workers, (producer, topic), publish).await
+            }
+
+            async fn consume(
+                &self,
+                tag: &str,
+                latencies: Latencies,
+                stop: CancellationToken,
+            ) -> Result<tokio::task::JoinHandle<Result>> {
+                let consumer: StreamConsumer = self
+                    .config()
+                    .set("group.id", "outbox-bench")
+                    .set("enable.auto.commit", "false")
+                    // tansu holds a fetch for its full wait even once records arrive:
+                    // a short wait measures the publish path, not tansu's fetch.
+                    .set("fetch.wait.max.ms", "10")
+                    .create()?;
+                let mut partitions = TopicPartitionList::new();
+                partitions.add_partition_offset(&topic_of(tag), 0, Offset::Beginning)?;
+                consumer.assign(&partitions)?;
+                Ok(tokio::spawn(async move {
+                    loop {
+                        let message = tokio::select! {
+                            () = stop.cancelled() => return Ok(()),
+                            message = consumer.recv() => message?,
+                        };
+                        if let Some(latency) = message.payload().and_then(latency_of) {
+                            latencies
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .push(latency);
+                        }
+                    }
+                }))
+            }
+        }
+    }
+}
