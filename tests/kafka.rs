@@ -27,7 +27,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::os::unix::process::ExitStatusExt as _;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -271,35 +270,14 @@ async fn first_relay_is_killed_after_the_acks(
             ("TOPIC", topic),
         ],
     )?;
-    let line = child::handshake(first.stderr()?, MARK, Duration::from_mins(1)).await?;
-    let status = first.wait()?;
-    let words: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(words.get(1), Some(&"ACKED"), "the child: {line}");
-    assert_eq!(
-        status.signal(),
-        Some(9),
-        "the first relay died by SIGKILL: {status:?}"
-    );
-    let acked: BTreeMap<String, i64> = words[2..]
+    let words =
+        broker::killed_after_the_broker_took(&mut first, (MARK, "ACKED"), pool, events).await?;
+    let acked: BTreeMap<String, i64> = words
         .iter()
-        .map(|word| {
-            let (event_id, generation) = word.rsplit_once(':').expect("event_id:generation");
-            (
-                event_id.to_owned(),
-                generation.parse().expect("a generation"),
-            )
-        })
+        .map(|word| broker::event_and_generation(word))
         .collect();
-    assert_eq!(acked.len(), 3, "{line}");
     for event in events.iter() {
         assert_eq!(acked[&event.key], 1, "{}", event.key);
-        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
-        assert_eq!(
-            (row.status.as_str(), row.generation, row.attempts),
-            ("INPROGRESS", 1, 1),
-            "acknowledged by the broker, not recorded: {}",
-            event.key
-        );
     }
     records(&bootstrap, topic, 3).await?;
     Ok(acked)

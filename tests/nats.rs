@@ -24,7 +24,6 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::process::ExitStatusExt as _;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -274,33 +273,18 @@ async fn first_relay_is_killed_after_the_acks(
     let pool = db.pool();
     let mut first = ChildCommand::test("nats_redeliver_child")
         .spawn(ROLE, &[("URL", &db.url()), ("SUBJECT", subject)])?;
-    let line = child::handshake(first.stderr()?, MARK, Duration::from_mins(1)).await?;
-    let status = first.wait()?;
-    let words: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(words.get(1), Some(&"ACKED"), "the child: {line}");
-    assert_eq!(
-        status.signal(),
-        Some(9),
-        "the first relay died by SIGKILL: {status:?}"
-    );
-    let first_acks: BTreeMap<String, Acked> = words[2..]
+    let words =
+        broker::killed_after_the_broker_took(&mut first, (MARK, "ACKED"), pool, events).await?;
+    let first_acks: BTreeMap<String, Acked> = words
         .iter()
         .map(|word| {
             let acked = Acked::parse(word);
             (acked.event_id.clone(), acked)
         })
         .collect();
-    assert_eq!(first_acks.len(), 3, "{line}");
     for event in events.iter() {
         let acked = &first_acks[&event.key];
         assert_eq!((acked.generation, acked.duplicate), (1, false), "{acked:?}");
-        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
-        assert_eq!(
-            (row.status.as_str(), row.generation, row.attempts),
-            ("INPROGRESS", 1, 1),
-            "acknowledged by the broker, not recorded: {}",
-            event.key
-        );
     }
     assert_eq!(stream.info().await?.state.messages, 3);
 

@@ -22,7 +22,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::os::unix::process::ExitStatusExt as _;
 use std::time::Duration;
 
 use outbox::inbox::{self, Inbox, Received};
@@ -280,35 +279,14 @@ async fn first_relay_is_killed_after_the_confirms(
         ROLE,
         &[("URL", &db.url()), ("EXCHANGE", &topology.exchange)],
     )?;
-    let line = child::handshake(first.stderr()?, MARK, Duration::from_mins(1)).await?;
-    let status = first.wait()?;
-    let words: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(words.get(1), Some(&"CONFIRMED"), "the child: {line}");
-    assert_eq!(
-        status.signal(),
-        Some(9),
-        "the first relay died by SIGKILL: {status:?}"
-    );
-    let confirmed: BTreeMap<String, i64> = words[2..]
+    let words =
+        broker::killed_after_the_broker_took(&mut first, (MARK, "CONFIRMED"), pool, events).await?;
+    let confirmed: BTreeMap<String, i64> = words
         .iter()
-        .map(|word| {
-            let (event_id, generation) = word.rsplit_once(':').expect("event_id:generation");
-            (
-                event_id.to_owned(),
-                generation.parse().expect("a generation"),
-            )
-        })
+        .map(|word| broker::event_and_generation(word))
         .collect();
-    assert_eq!(confirmed.len(), 3, "{line}");
     for event in events.iter() {
         assert_eq!(confirmed[&event.key], 1, "{}", event.key);
-        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
-        assert_eq!(
-            (row.status.as_str(), row.generation, row.attempts),
-            ("INPROGRESS", 1, 1),
-            "confirmed by the broker, not recorded: {}",
-            event.key
-        );
     }
     assert_eq!(topology.messages(channel).await?, 3);
 

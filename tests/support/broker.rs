@@ -165,3 +165,45 @@ impl Proxy {
         }
     }
 }
+
+/// The first relay of a broker-level redelivery test: the child reported on its protocol
+/// line (marked `mark`) that the broker took the batch (`verb`, then one word per
+/// event), and died by SIGKILL before recording anything. Checks both, and that every
+/// one of `events` is still `INPROGRESS` under its first claim; returns the words.
+pub async fn killed_after_the_broker_took(
+    first: &mut super::child::Child,
+    (mark, verb): (&'static str, &str),
+    pool: &PgPool,
+    events: &[ChaosEvent],
+) -> TestResult<Vec<String>> {
+    use std::os::unix::process::ExitStatusExt as _;
+    let line = super::child::handshake(first.stderr()?, mark, Duration::from_mins(1)).await?;
+    let status = first.wait()?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words.get(1), Some(&verb), "the child: {line}");
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "the first relay died by SIGKILL: {status:?}"
+    );
+    assert_eq!(words.len() - 2, events.len(), "{line}");
+    for event in events {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.generation, row.attempts),
+            ("INPROGRESS", 1, 1),
+            "taken by the broker ({verb}), not recorded: {}",
+            event.key
+        );
+    }
+    Ok(words[2..].iter().map(|word| (*word).to_owned()).collect())
+}
+
+/// `event_id:generation`, as a redelivery child reports each event.
+pub fn event_and_generation(word: &str) -> (String, i64) {
+    let (event_id, generation) = word.rsplit_once(':').expect("event_id:generation");
+    (
+        event_id.to_owned(),
+        generation.parse().expect("a generation"),
+    )
+}
