@@ -15,7 +15,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Line, OrderPlaced};
+use common::OrderPlaced;
+use common::billing;
 use futures_util::StreamExt as _;
 use outbox::nats::async_nats::jetstream::{self, consumer, stream};
 use outbox::nats::{JetStreamSink, async_nats};
@@ -23,33 +24,13 @@ use outbox::{Inbox, Received, Relay};
 
 type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 
-fn order(customer: &str, total_cents: i64) -> OrderPlaced {
-    OrderPlaced {
-        order_id: uuid::Uuid::now_v7(),
-        customer: customer.into(),
-        total_cents,
-        note: None,
-        lines: vec![Line {
-            sku: "tea-earl-grey".into(),
-            quantity: 1,
-        }],
-    }
-}
-
 #[tokio::main]
 async fn main() -> Result {
     // A scratch schema, dropped at the end (on DATABASE_URL, or on a throwaway local
     // PostgreSQL when it is unset). In your application: `PgPool::connect(&database_url)`.
     let sandbox = outbox::testing::TestSchema::new().await?;
     let pool = sandbox.pool();
-    outbox::migrate(pool, &[OrderPlaced::migrations()]).await?;
-    outbox::inbox::migrate(pool).await?; // the consumer's side: its inbox table
-    sqlx::query(
-        "CREATE TABLE customer_totals \
-         (customer text PRIMARY KEY, orders int NOT NULL, total_cents bigint NOT NULL)",
-    )
-    .execute(pool)
-    .await?;
+    billing::prepare(pool).await?;
 
     let url = std::env::var("OUTBOX_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let client = async_nats::connect(&url).await.map_err(|e| {
@@ -73,9 +54,9 @@ async fn main() -> Result {
 
     // The producer: orders and their events in one transaction, the relay publishes.
     let orders = [
-        order("ada@example.com", 1_250),
-        order("bob@example.com", 900),
-        order("ada@example.com", 300),
+        billing::order("ada@example.com", 1_250),
+        billing::order("bob@example.com", 900),
+        billing::order("ada@example.com", 300),
     ];
     OrderPlaced::enqueue_all(&orders, pool).await?;
     let sink = JetStreamSink::<OrderPlaced>::new(js.clone(), subject.clone());
@@ -84,15 +65,7 @@ async fn main() -> Result {
 
     consume(pool, &stream, orders.len()).await?;
 
-    let totals: Vec<(String, i32, i64)> = sqlx::query_as(
-        "SELECT customer, orders, total_cents FROM customer_totals ORDER BY customer",
-    )
-    .fetch_all(pool)
-    .await?;
-    println!("\ncustomer_totals:");
-    for (customer, orders, cents) in totals {
-        println!("  {customer:<16} {orders} order(s), {cents} cents");
-    }
+    billing::print_totals(pool).await?;
     js.delete_stream(&stream_name).await?;
     sandbox.drop_schema().await?;
     Ok(())
@@ -131,15 +104,7 @@ async fn consume(pool: &sqlx::PgPool, stream: &stream::Stream, expected: usize) 
             let mut tx = pool.begin().await?;
             let received = inbox.receive(&mut *tx, event_id).await?;
             if received == Received::New {
-                sqlx::query(
-                    "INSERT INTO customer_totals VALUES ($1, 1, $2) ON CONFLICT (customer) \
-                     DO UPDATE SET orders = customer_totals.orders + 1, \
-                     total_cents = customer_totals.total_cents + $2",
-                )
-                .bind(customer)
-                .bind(cents)
-                .execute(&mut *tx)
-                .await?;
+                billing::add_to_totals(&mut tx, customer, cents).await?;
             }
             tx.commit().await?;
 

@@ -4,6 +4,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod billing;
+
 use std::time::Duration;
 
 use outbox::{CancellationToken, Outbox, Relay, Sink};
