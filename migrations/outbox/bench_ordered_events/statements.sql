@@ -37,8 +37,8 @@ WITH expired AS (
 ), parked AS (
     UPDATE "bench_ordered_events" AS w
     SET next_attempt_at = statement_timestamp() + greatest(interval '30 seconds', statement_timestamp() - w.created_at)
-    WHERE w.ctid = ANY(ARRAY(
-        SELECT c.ctid FROM "bench_ordered_events" AS c
+    WHERE w.ctid = ANY(ARRAY(SELECT ctid FROM (
+        SELECT c.ctid, pg_notify('bench_ordered_events', '') FROM "bench_ordered_events" AS c
         WHERE c.status = 'READY' AND c.next_attempt_at <= statement_timestamp()
             AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
             AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready))
@@ -46,7 +46,7 @@ WITH expired AS (
                 WHERE p."key" = c."key" AND p.id < c.id AND p.status IN ('READY', 'DEAD')
                     AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready))
                 FOR SHARE SKIP LOCKED)
-        ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED)))
+        ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED) AS waiting)))
 UPDATE "bench_ordered_events" AS o SET
     status = CASE WHEN o.attempts >= 10 THEN 'DEAD' ELSE 'INPROGRESS' END,
     generation = CASE WHEN o.attempts >= 10 THEN o.generation ELSE o.generation + 1 END,
