@@ -659,10 +659,7 @@ fn in_turn(table: &Table<'_>) -> String {
         return String::new();
     };
     let (t, k, sent) = (&table.name, quoted(&key.column), Status::Sent.as_sql());
-    let dead = match table.model.dead {
-        Dead::HoldsKey => String::new(),
-        Dead::ReleasesKey => format!(" AND p.status <> '{}'", Status::Dead.as_sql()),
-    };
+    let dead = blocking(table, "p");
     format!(
         "\n\x20       AND NOT EXISTS (SELECT FROM {t} AS p\n\
          \x20           WHERE p.{k} = c.{k} AND p.id < c.id AND p.status <> '{sent}'{dead})"
