@@ -102,6 +102,7 @@ pub use outbox_derive::Outbox;
 /// The trait `#[derive(Outbox)]` implements (macros and traits live in separate
 /// namespaces, as with serde's `Serialize`).
 pub use outbox_runtime::Outbox;
+pub use outbox_runtime::catalog;
 pub use outbox_runtime::inbox::{Inbox, Received};
 #[cfg(feature = "kafka")]
 pub use outbox_runtime::kafka;

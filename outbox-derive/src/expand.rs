@@ -22,6 +22,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
         (&model.table, &model.history_table, model.max_attempts);
     let lease = micros(model.lease);
     let retry_delay = micros(model.retry_delay);
+    let deletes_sent = model.sent == crate::model::Sent::Delete;
     let key = model.key().map_or_else(
         || quote!(::core::option::Option::None),
         |f| {
@@ -80,6 +81,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
                 #p::Duration::from_micros(#retry_delay),
                 #max_attempts,
                 #key,
+                #deletes_sent,
                 #statements,
                 &[#(#columns),*],
                 &[#(#steps),*],

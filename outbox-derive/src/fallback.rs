@@ -56,6 +56,7 @@ fn stand_in(input: &DeriveInput) -> TokenStream {
                 #p::Duration::ZERO,
                 0,
                 ::core::option::Option::None,
+                false,
                 #p::derive_only_statements([#(#statements),*], &[], &[]),
                 &[],
                 &[],

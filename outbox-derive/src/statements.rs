@@ -36,6 +36,12 @@ const OWNED: &str = "id = $1 AND status || '' = 'INPROGRESS' AND generation = $2
 const OWNED_EACH: &str = "o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation \
      AND o.lease_until > clock_timestamp()";
 
+/// What recording `SENT` writes beside the status: a sent row is never due again, so its
+/// `next_attempt_at` says when it was sent instead (the operators' "sent in the last
+/// minute"). Free: the update writes a new row version anyway, and no index of a `SENT`
+/// row has the column.
+const SENT_AT: &str = "next_attempt_at = statement_timestamp()";
+
 /// The row limit in the claims' texts, where the runtime writes the number.
 pub(crate) const LIMIT: &str = "\u{0}";
 
@@ -163,7 +169,9 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
         Statement::Complete => {
             let body = match table.model.sent {
                 Sent::Keep => {
-                    format!("UPDATE {t} SET status = '{sent}', lease_until = NULL WHERE {OWNED}")
+                    format!(
+                        "UPDATE {t} SET status = '{sent}', lease_until = NULL, {SENT_AT} WHERE {OWNED}"
+                    )
                 }
                 Sent::Delete => format!("DELETE FROM {t} WHERE {OWNED}"),
             };
@@ -224,7 +232,7 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             // rejected rows instead costs more: the anti-join outweighs the rows.)
             let body = match table.model.sent {
                 Sent::Keep => format!(
-                    "UPDATE {t} AS o SET status = '{sent}', lease_until = NULL\n\
+                    "UPDATE {t} AS o SET status = '{sent}', lease_until = NULL, {SENT_AT}\n\
                      FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)\n\
                      WHERE {OWNED_EACH}"
                 ),
@@ -260,6 +268,7 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                      \x20   next_attempt_at = CASE u.outcome\n\
                      \x20       WHEN '{o_retry}' THEN statement_timestamp() + u.delay\n\
                      \x20       WHEN '{o_release}' THEN statement_timestamp()\n\
+                     \x20       WHEN '{o_sent}' THEN statement_timestamp()\n\
                      \x20       ELSE o.next_attempt_at END,\n\
                      \x20   last_error = CASE\n\
                      \x20       WHEN u.outcome = '{o_retry}' AND o.attempts >= {max}\n\
@@ -368,9 +377,18 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                  \x20       WHEN status = '{ready}' AND next_attempt_at <= statement_timestamp() THEN next_attempt_at\n\
                  \x20       WHEN status = '{in_progress}' AND lease_until <= statement_timestamp() THEN lease_until END)\n\
                  \x20       AS oldest_eligible_age,\n\
-                 \x20   {held}\n\
+                 \x20   {held},\n\
+                 \x20   {recent} AS sent_last_minute,\n\
+                 \x20   count(*) FILTER (WHERE status = '{ready}' AND next_attempt_at <= statement_timestamp()) AS due\n\
                  FROM {t}",
-                held = held_keys(table.model)
+                held = held_keys(table.model),
+                recent = match table.model.sent {
+                    Sent::Keep => format!(
+                        "count(*) FILTER (WHERE status = '{sent}' AND next_attempt_at > statement_timestamp() - interval '1 minute')"
+                    ),
+                    // A sent row is gone: nothing in the table says when.
+                    Sent::Delete => "NULL::bigint".to_owned(),
+                }
             );
             let checked = quote!(::sqlx::query!(#sql).fetch_one(pool).await?;);
             Definition { sql, checked }

@@ -152,6 +152,26 @@ pub enum OutboxError {
         changes: String,
     },
 
+    /// The catalog of the schema has no outbox table of this name: `outbox::migrate`
+    /// never ran for it there (or under another `search_path`).
+    #[error("no outbox table `{table}` in the catalog of this schema{}", known_tables(.known))]
+    UnknownTable {
+        /// The table asked for.
+        table: String,
+        /// The tables the catalog lists.
+        known: Vec<String>,
+    },
+
+    /// A catalog entry that does not match its table (see
+    /// [`CatalogEntry::problem`](crate::catalog::CatalogEntry::problem)): nothing was run.
+    #[error("the catalog entry of `{table}` cannot be used: {problem}")]
+    CatalogEntryInvalid {
+        /// The outbox table.
+        table: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
+
     /// An event id that cannot be stored: empty, blank, longer than
     /// [`EventId::MAX_LEN`](crate::EventId::MAX_LEN) bytes, or containing a NUL
     /// character. Nothing was written.
@@ -240,6 +260,15 @@ impl OutboxError {
             Self::Connect { source, .. } | Self::Database { source, .. } => is_transient(source),
             _ => false,
         }
+    }
+}
+
+fn known_tables(known: &[String]) -> String {
+    if known.is_empty() {
+        "; it lists none: run outbox::migrate (a build of the application) against it first"
+            .to_owned()
+    } else {
+        format!("; it lists {}", known.join(", "))
     }
 }
 

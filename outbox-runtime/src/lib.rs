@@ -5,6 +5,7 @@
 //!
 //! Users depend on the `outbox` facade, which re-exports everything here.
 
+pub mod catalog;
 mod claim;
 mod connect;
 mod error;

@@ -13,6 +13,7 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection, PgExecutor, PgPool, Postgres
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use crate::catalog;
 use crate::error::OutboxError;
 use crate::spec::{Outbox, TableSpec};
 
@@ -37,12 +38,21 @@ const LIVE_COLUMNS: &str = "\
 #[derive(Debug, Clone, Copy)]
 pub struct TableMigrations {
     spec: &'static TableSpec,
+    type_name: &'static str,
 }
 
 impl TableMigrations {
     /// The migrations of `T`'s table.
     pub fn of<T: Outbox>() -> Self {
-        Self { spec: T::SPEC }
+        Self {
+            spec: T::SPEC,
+            type_name: std::any::type_name::<T>(),
+        }
+    }
+
+    /// The event type stored in the table, as `std::any::type_name` spells it.
+    pub fn type_name(&self) -> &'static str {
+        self.type_name
     }
 
     /// The outbox table these migrations create and evolve.
@@ -214,6 +224,10 @@ async fn run_locked(
         let applied = run_runner(app, &mut driver, APPLICATION).await?;
         report.record(APPLICATION, &applied);
     }
+    if !tables.is_empty() {
+        let applied = run_runner(&catalog::runner()?, &mut driver, catalog::TABLE).await?;
+        report.record(catalog::TABLE, &applied);
+    }
     for (table, runner) in tables.iter().zip(runners) {
         let spec = table.spec;
         let applied = match run_runner(runner, &mut driver, spec.table).await {
@@ -229,6 +243,7 @@ async fn run_locked(
         report.record(spec.table, &applied);
         warn_if_newer(&mut *driver.0, spec).await?;
         check_columns(&mut *driver.0, spec).await?;
+        catalog::record(driver.0, table).await?;
     }
     Ok(report)
 }
@@ -586,6 +601,7 @@ mod tests {
             retry_delay: Duration::from_secs(1),
             max_attempts: 5,
             key: None,
+            deletes_sent: false,
             sql: crate::spec::derive_only_statements([""; Statement::COUNT], &[], &[]),
             columns,
             migrations,
@@ -628,7 +644,10 @@ mod tests {
     static NO_HISTORY_TABLE: TableSpec = spec("widget_events", "", &[], &[V1]);
 
     fn of(spec: &'static TableSpec) -> TableMigrations {
-        TableMigrations { spec }
+        TableMigrations {
+            spec,
+            type_name: "tests::Widget",
+        }
     }
 
     /// Runs `test` with a pool whose search_path is a schema of its own, then drops the
@@ -689,6 +708,7 @@ mod tests {
             assert_eq!(
                 applied(&first),
                 [
+                    ("outbox_catalog", "V1__create_outbox_catalog"),
                     ("widget_events", "V1__create_widget_events"),
                     ("widget_events", "V2__add_extra")
                 ]
@@ -711,7 +731,10 @@ mod tests {
             let first = migrate(&pool, &[of(&WIDGETS_V1)]).await.expect("V1");
             assert_eq!(
                 applied(&first),
-                [("widget_events", "V1__create_widget_events")]
+                [
+                    ("outbox_catalog", "V1__create_outbox_catalog"),
+                    ("widget_events", "V1__create_widget_events")
+                ]
             );
             let second = migrate(&pool, &[of(&WIDGETS_V2)]).await.expect("V1+V2");
             assert_eq!(applied(&second), [("widget_events", "V2__add_extra")]);
@@ -863,7 +886,10 @@ mod tests {
                 let report = call.await.expect("task").expect("concurrent migrate");
                 total += report.applied().len();
             }
-            assert_eq!(total, 2, "each migration applied exactly once");
+            assert_eq!(
+                total, 3,
+                "each migration (the catalog's too) applied exactly once"
+            );
             assert_eq!(tables_named(&pool, "widget_events").await, 1);
             assert_eq!(history(&pool, WIDGET_HISTORY).await.len(), 2);
         })
@@ -941,6 +967,7 @@ mod tests {
                 applied(&report),
                 [
                     ("application", "V1__create_accounts"),
+                    ("outbox_catalog", "V1__create_outbox_catalog"),
                     ("widget_events", "V1__create_widget_events"),
                     ("widget_events", "V2__add_extra")
                 ]

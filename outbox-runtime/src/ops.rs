@@ -3,12 +3,149 @@
 
 use std::time::Duration;
 
-use sqlx::PgExecutor;
 use sqlx::postgres::types::PgInterval;
+use sqlx::{AssertSqlSafe, PgExecutor};
 
 use crate::error::OutboxError;
 use crate::interval;
 use crate::spec::{Outbox, Statement};
+
+/// One table's operator statements, from its event type's spec or from the catalog
+/// (which `migrate` writes from the same spec): each operation below is written once,
+/// for both.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Operations<'s> {
+    pub(crate) table: &'static str,
+    pub(crate) stats: &'s str,
+    pub(crate) requeue_dead: &'s str,
+    pub(crate) requeue_all_dead: &'s str,
+    pub(crate) discard_dead: &'s str,
+    pub(crate) prune_sent: &'s str,
+}
+
+impl Operations<'static> {
+    /// The statements `T`'s derive wrote.
+    pub(crate) fn of<T: Outbox>() -> Self {
+        let (table, sql) = (T::SPEC.table, &T::SPEC.sql);
+        Self {
+            table,
+            stats: sql.get(Statement::Stats),
+            requeue_dead: sql.get(Statement::RequeueDead),
+            requeue_all_dead: sql.get(Statement::RequeueAllDead),
+            discard_dead: sql.get(Statement::DiscardDead),
+            prune_sent: sql.get(Statement::PruneSent),
+        }
+    }
+}
+
+/// A statement's text: the derive's own, or the copy of it the catalog keeps.
+fn text(sql: &str) -> AssertSqlSafe<String> {
+    AssertSqlSafe(sql.to_owned())
+}
+
+impl Operations<'_> {
+    fn error(&self) -> impl FnOnce(sqlx::Error) -> OutboxError {
+        let table = self.table;
+        move |e| OutboxError::from_sqlx(table, e)
+    }
+
+    pub(crate) async fn stats<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+    ) -> Result<Stats, OutboxError> {
+        #[allow(clippy::type_complexity, reason = "the statement's columns, in order")]
+        let (
+            ready,
+            in_progress,
+            sent,
+            dead,
+            expired_claims,
+            age,
+            held_keys,
+            held_age,
+            recent,
+            due,
+        ): (
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            Option<PgInterval>,
+            i64,
+            Option<PgInterval>,
+            Option<i64>,
+            i64,
+        ) = sqlx::query_as(text(self.stats))
+            .fetch_one(executor)
+            .await
+            .map_err(self.error())?;
+        Ok(Stats {
+            ready,
+            due,
+            in_progress,
+            sent,
+            dead,
+            expired_claims,
+            oldest_eligible_age: age.map(interval_to_duration),
+            held_keys,
+            oldest_held_age: held_age.map(interval_to_duration),
+            sent_last_minute: recent,
+        })
+    }
+
+    pub(crate) async fn requeue_dead<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+        event_ids: &[&str],
+    ) -> Result<Vec<crate::EventId>, OutboxError> {
+        let requeued: Vec<String> = sqlx::query_scalar(text(self.requeue_dead))
+            .bind(event_ids)
+            .fetch_all(executor)
+            .await
+            .map_err(self.error())?;
+        Ok(requeued.into_iter().map(crate::EventId::from).collect())
+    }
+
+    pub(crate) async fn requeue_all_dead<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+    ) -> Result<u64, OutboxError> {
+        let count: i64 = sqlx::query_scalar(text(self.requeue_all_dead))
+            .fetch_one(executor)
+            .await
+            .map_err(self.error())?;
+        Ok(count.unsigned_abs())
+    }
+
+    pub(crate) async fn discard_dead<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+        event_ids: &[&str],
+    ) -> Result<Vec<crate::EventId>, OutboxError> {
+        let discarded: Vec<String> = sqlx::query_scalar(text(self.discard_dead))
+            .bind(event_ids)
+            .fetch_all(executor)
+            .await
+            .map_err(self.error())?;
+        Ok(discarded.into_iter().map(crate::EventId::from).collect())
+    }
+
+    pub(crate) async fn prune_sent<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+        older_than: Duration,
+        batch: u32,
+    ) -> Result<u64, OutboxError> {
+        let done = sqlx::query(text(self.prune_sent))
+            .bind(interval::checked(self.table, "prune age", older_than)?)
+            .bind(i64::from(batch))
+            .execute(executor)
+            .await
+            .map_err(self.error())?;
+        Ok(done.rows_affected())
+    }
+}
 
 /// A snapshot of one outbox table, for dashboards and alerts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -16,6 +153,8 @@ use crate::spec::{Outbox, Statement};
 pub struct Stats {
     /// Rows waiting for a claim (due or not yet due).
     pub ready: i64,
+    /// The `READY` rows that are due: the backlog a relay should be draining.
+    pub due: i64,
     /// Rows claimed by a publisher, live or expired.
     pub in_progress: i64,
     /// Rows whose publication was recorded.
@@ -34,39 +173,19 @@ pub struct Stats {
     /// How long ago the oldest `DEAD` event holding back a key was enqueued; `None` when
     /// no key is held.
     pub oldest_held_age: Option<Duration>,
+    /// Events recorded `SENT` in the last minute: the publish rate. `None` for a
+    /// `delete_sent` table, whose sent events leave no row behind.
+    pub sent_last_minute: Option<i64>,
 }
 
 /// Reads [`Stats`] for `T`'s table. Counts the whole table: poll it every few seconds,
 /// not per event.
 pub async fn stats<'e, T: Outbox>(executor: impl PgExecutor<'e>) -> Result<Stats, OutboxError> {
-    let spec = T::SPEC;
-    let (ready, in_progress, sent, dead, expired_claims, age, held_keys, held_age): (
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        Option<PgInterval>,
-        i64,
-        Option<PgInterval>,
-    ) = sqlx::query_as(spec.sql.get(Statement::Stats))
-        .fetch_one(executor)
-        .await
-        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
-    Ok(Stats {
-        ready,
-        in_progress,
-        sent,
-        dead,
-        expired_claims,
-        oldest_eligible_age: age.map(interval_to_duration),
-        held_keys,
-        oldest_held_age: held_age.map(interval_to_duration),
-    })
+    Operations::of::<T>().stats(executor).await
 }
 
 /// `timestamptz - timestamptz` has no months; a negative interval (clock skew) is zero.
-fn interval_to_duration(i: PgInterval) -> Duration {
+pub(crate) fn interval_to_duration(i: PgInterval) -> Duration {
     let micros = i64::from(i.days) * 86_400_000_000 + i.microseconds;
     Duration::from_micros(micros.max(0).unsigned_abs())
 }
@@ -78,14 +197,8 @@ pub async fn requeue_dead<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     event_ids: &[impl AsRef<str>],
 ) -> Result<Vec<crate::EventId>, OutboxError> {
-    let spec = T::SPEC;
     let ids: Vec<&str> = event_ids.iter().map(AsRef::as_ref).collect();
-    let requeued: Vec<String> = sqlx::query_scalar(spec.sql.get(Statement::RequeueDead))
-        .bind(ids)
-        .fetch_all(executor)
-        .await
-        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
-    Ok(requeued.into_iter().map(crate::EventId::from).collect())
+    Operations::of::<T>().requeue_dead(executor, &ids).await
 }
 
 /// Puts every `DEAD` event of `T`'s table back to `READY` with a fresh attempt budget.
@@ -93,12 +206,7 @@ pub async fn requeue_dead<'e, T: Outbox>(
 pub async fn requeue_all_dead<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
 ) -> Result<u64, OutboxError> {
-    let spec = T::SPEC;
-    let count: i64 = sqlx::query_scalar(spec.sql.get(Statement::RequeueAllDead))
-        .fetch_one(executor)
-        .await
-        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
-    Ok(count.unsigned_abs())
+    Operations::of::<T>().requeue_all_dead(executor).await
 }
 
 /// Deletes the `DEAD` events among `event_ids`: the operator's way to give one up for
@@ -109,14 +217,8 @@ pub async fn discard_dead<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     event_ids: &[impl AsRef<str>],
 ) -> Result<Vec<crate::EventId>, OutboxError> {
-    let spec = T::SPEC;
     let ids: Vec<&str> = event_ids.iter().map(AsRef::as_ref).collect();
-    let discarded: Vec<String> = sqlx::query_scalar(spec.sql.get(Statement::DiscardDead))
-        .bind(ids)
-        .fetch_all(executor)
-        .await
-        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
-    Ok(discarded.into_iter().map(crate::EventId::from).collect())
+    Operations::of::<T>().discard_dead(executor, &ids).await
 }
 
 /// Deletes up to `batch` `SENT` rows enqueued more than `older_than` ago, and returns
@@ -127,12 +229,7 @@ pub async fn prune_sent<'e, T: Outbox>(
     older_than: Duration,
     batch: u32,
 ) -> Result<u64, OutboxError> {
-    let spec = T::SPEC;
-    let done = sqlx::query(spec.sql.get(Statement::PruneSent))
-        .bind(interval::checked(spec.table, "prune age", older_than)?)
-        .bind(i64::from(batch))
-        .execute(executor)
+    Operations::of::<T>()
+        .prune_sent(executor, older_than, batch)
         .await
-        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
-    Ok(done.rows_affected())
 }

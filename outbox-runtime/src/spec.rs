@@ -117,6 +117,8 @@ pub struct TableSpec {
     pub(crate) max_attempts: i32,
     /// The ordering key's column (`#[outbox(key)]`), if the type has one.
     pub(crate) key: Option<&'static str>,
+    /// Whether recording `SENT` deletes the row (`#[outbox(delete_sent)]`).
+    pub(crate) deletes_sent: bool,
     /// The statements.
     pub(crate) sql: Statements,
     /// Every column the table must have, bookkeeping columns included.
@@ -139,6 +141,7 @@ pub const fn derive_only_table_spec(
     retry_delay: Duration,
     max_attempts: i32,
     key: Option<&'static str>,
+    deletes_sent: bool,
     sql: Statements,
     columns: &'static [Column],
     migrations: &'static [MigrationStep],
@@ -150,6 +153,7 @@ pub const fn derive_only_table_spec(
         retry_delay,
         max_attempts,
         key,
+        deletes_sent,
         sql,
         columns,
         migrations,
@@ -188,6 +192,12 @@ impl TableSpec {
     /// events are published one at a time per key, in the order they were enqueued.
     pub const fn key(&self) -> Option<&'static str> {
         self.key
+    }
+
+    /// Whether recording `SENT` deletes the row (`#[outbox(delete_sent)]`) instead of
+    /// keeping it as history.
+    pub const fn deletes_sent(&self) -> bool {
+        self.deletes_sent
     }
 
     /// Every column the table must have, bookkeeping columns included.

@@ -81,7 +81,7 @@ RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_atte
 
 -- complete
 WITH done AS (
-UPDATE "lenient_order_events" SET status = 'SENT', lease_until = NULL WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()
+UPDATE "lenient_order_events" SET status = 'SENT', lease_until = NULL, next_attempt_at = statement_timestamp() WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()
     RETURNING id, id AS outbox_id, "order_id" AS outbox_key),
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
@@ -139,7 +139,7 @@ SELECT id FROM done;
 
 -- complete_batch
 WITH done AS (
-UPDATE "lenient_order_events" AS o SET status = 'SENT', lease_until = NULL
+UPDATE "lenient_order_events" AS o SET status = 'SENT', lease_until = NULL, next_attempt_at = statement_timestamp()
 FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)
 WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation AND o.lease_until > clock_timestamp()
     RETURNING o.id, o.id AS outbox_id, o."order_id" AS outbox_key),
@@ -168,6 +168,7 @@ UPDATE "lenient_order_events" AS o SET
     next_attempt_at = CASE u.outcome
         WHEN 'RETRY' THEN statement_timestamp() + u.delay
         WHEN 'RELEASE' THEN statement_timestamp()
+        WHEN 'SENT' THEN statement_timestamp()
         ELSE o.next_attempt_at END,
     last_error = CASE
         WHEN u.outcome = 'RETRY' AND o.attempts >= 1
@@ -237,5 +238,7 @@ SELECT
         WHEN status = 'READY' AND next_attempt_at <= statement_timestamp() THEN next_attempt_at
         WHEN status = 'INPROGRESS' AND lease_until <= statement_timestamp() THEN lease_until END)
         AS oldest_eligible_age,
-    0::bigint AS held_keys, NULL::interval AS oldest_held_age
+    0::bigint AS held_keys, NULL::interval AS oldest_held_age,
+    count(*) FILTER (WHERE status = 'SENT' AND next_attempt_at > statement_timestamp() - interval '1 minute') AS sent_last_minute,
+    count(*) FILTER (WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()) AS due
 FROM "lenient_order_events";

@@ -56,7 +56,7 @@ WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready))
 RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed, o."customer", o."total_cents", o."note", o."lines";
 
 -- complete
-UPDATE "order_events" SET status = 'SENT', lease_until = NULL WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp() RETURNING id;
+UPDATE "order_events" SET status = 'SENT', lease_until = NULL, next_attempt_at = statement_timestamp() WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp() RETURNING id;
 
 -- retry
 UPDATE "order_events" SET
@@ -76,7 +76,7 @@ UPDATE "order_events" SET lease_until = statement_timestamp() + interval '30 sec
 UPDATE "order_events" SET status = 'DEAD', lease_until = NULL, last_error = $3 WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp() RETURNING id;
 
 -- complete_batch
-UPDATE "order_events" AS o SET status = 'SENT', lease_until = NULL
+UPDATE "order_events" AS o SET status = 'SENT', lease_until = NULL, next_attempt_at = statement_timestamp()
 FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)
 WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation AND o.lease_until > clock_timestamp()
 RETURNING o.id;
@@ -93,6 +93,7 @@ UPDATE "order_events" AS o SET
     next_attempt_at = CASE u.outcome
         WHEN 'RETRY' THEN statement_timestamp() + u.delay
         WHEN 'RELEASE' THEN statement_timestamp()
+        WHEN 'SENT' THEN statement_timestamp()
         ELSE o.next_attempt_at END,
     last_error = CASE
         WHEN u.outcome = 'RETRY' AND o.attempts >= 10
@@ -138,5 +139,7 @@ SELECT
         WHEN status = 'READY' AND next_attempt_at <= statement_timestamp() THEN next_attempt_at
         WHEN status = 'INPROGRESS' AND lease_until <= statement_timestamp() THEN lease_until END)
         AS oldest_eligible_age,
-    0::bigint AS held_keys, NULL::interval AS oldest_held_age
+    0::bigint AS held_keys, NULL::interval AS oldest_held_age,
+    count(*) FILTER (WHERE status = 'SENT' AND next_attempt_at > statement_timestamp() - interval '1 minute') AS sent_last_minute,
+    count(*) FILTER (WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()) AS due
 FROM "order_events";

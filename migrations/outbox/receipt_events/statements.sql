@@ -100,6 +100,7 @@ UPDATE "receipt_events" AS o SET
     next_attempt_at = CASE u.outcome
         WHEN 'RETRY' THEN statement_timestamp() + u.delay
         WHEN 'RELEASE' THEN statement_timestamp()
+        WHEN 'SENT' THEN statement_timestamp()
         ELSE o.next_attempt_at END,
     last_error = CASE
         WHEN u.outcome = 'RETRY' AND o.attempts >= 3
@@ -145,5 +146,7 @@ SELECT
         WHEN status = 'READY' AND next_attempt_at <= statement_timestamp() THEN next_attempt_at
         WHEN status = 'INPROGRESS' AND lease_until <= statement_timestamp() THEN lease_until END)
         AS oldest_eligible_age,
-    0::bigint AS held_keys, NULL::interval AS oldest_held_age
+    0::bigint AS held_keys, NULL::interval AS oldest_held_age,
+    NULL::bigint AS sent_last_minute,
+    count(*) FILTER (WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()) AS due
 FROM "receipt_events";

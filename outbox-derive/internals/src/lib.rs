@@ -129,6 +129,7 @@ pub const BOOKKEEPING: [Bookkeeping; 9] = [
         "timestamp with time zone",
         true,
     ),
+    // When a `READY` row is due; for a `SENT` row, when it was recorded sent.
     column(
         "next_attempt_at",
         "timestamptz NOT NULL DEFAULT statement_timestamp()",
@@ -258,7 +259,9 @@ statements! {
     /// Deletes up to `$2` (`bigint`) `SENT` rows created more than `$1` (`interval`) ago.
     PruneSent => "prune_sent",
     /// Counts per status, expired claims, the age of the oldest eligible event, then the
-    /// keys held back by a `DEAD` event and the age of the oldest such event.
+    /// keys held back by a `DEAD` event and the age of the oldest such event, then the
+    /// rows recorded `SENT` in the last minute (NULL for a `delete_sent` table), then the
+    /// `READY` rows that are due.
     Stats => "stats",
 }
 

@@ -1,0 +1,198 @@
+//! `outbox`: the operator's command line for the outbox tables of a database.
+//!
+//! It needs none of the application's Rust types: `outbox::migrate` keeps a catalog of
+//! every outbox table in the schema (its settings and its guarded repair statements),
+//! and every command starts from there.
+
+mod events;
+mod repair;
+mod serve;
+mod status;
+mod text;
+
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use outbox::catalog::{self, CatalogEntry, Roles};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// Inspect and repair the PostgreSQL outbox tables of a database.
+#[derive(Debug, Parser)]
+#[command(name = "outbox", version, after_help = EXIT_CODES)]
+struct Cli {
+    /// The database, as a PostgreSQL URL.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    database_url: Option<String>,
+
+    /// The schema of the outbox tables (default: the connection's search_path).
+    #[arg(long, global = true)]
+    schema: Option<String>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  done; for `status`: nothing needs attention
+  1  an error (the database, a table, a refused change)
+  2  a usage error
+  3  `status` only: a table needs attention (dead rows, an oldest eligible event
+     older than --max-age, or a catalog entry that does not match its table)";
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Every outbox table: counts per status, due backlog, oldest eligible age, expired
+    /// claims, dead rows, sent in the last minute.
+    Status(status::Args),
+    /// The dead events, with their attempts, error and age.
+    Dead(events::DeadArgs),
+    /// One event's row, payload included.
+    Show(events::ShowArgs),
+    /// Put dead events back to READY with a fresh attempt budget.
+    Requeue(repair::RequeueArgs),
+    /// Delete dead events for good (lets a blocked ordering key go on without them).
+    Discard(repair::DiscardArgs),
+    /// Delete SENT events older than an age, in batches.
+    Prune(repair::PruneArgs),
+    /// The least-privilege GRANT statements for a table's three roles.
+    Grants(GrantsArgs),
+    /// A dashboard in the browser, with a JSON API (read-only unless --allow-writes).
+    Serve(serve::Args),
+}
+
+#[derive(Debug, clap::Args)]
+struct GrantsArgs {
+    /// The outbox table.
+    #[arg(long)]
+    table: String,
+    /// The role the application enqueues as.
+    #[arg(long, default_value = "outbox_application")]
+    application_role: String,
+    /// The role the relay runs as.
+    #[arg(long, default_value = "outbox_relay")]
+    relay_role: String,
+    /// The role operators run this command as.
+    #[arg(long, default_value = "outbox_operator")]
+    operator_role: String,
+}
+
+/// A failure, as the command reports it.
+#[derive(Debug)]
+enum Failure {
+    /// Exit code 1: the message, and its causes.
+    Error(Box<dyn std::error::Error + Send + Sync>),
+    /// Exit code 3: `status` found something that needs attention.
+    Attention,
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for Failure {
+    fn from(error: E) -> Self {
+        Self::Error(Box::new(error))
+    }
+}
+
+/// A plain error message.
+#[derive(Debug)]
+struct Message(String);
+
+impl std::fmt::Display for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Message {}
+
+fn fail(message: impl Into<String>) -> Failure {
+    Failure::from(Message(message.into()))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return report(&Failure::from(e)),
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => report(&failure),
+    }
+}
+
+fn report(failure: &Failure) -> ExitCode {
+    match failure {
+        Failure::Attention => ExitCode::from(3),
+        Failure::Error(error) => {
+            eprintln!("error: {error}");
+            let mut source = error.source();
+            while let Some(cause) = source {
+                eprintln!("  caused by: {cause}");
+                source = cause.source();
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let pool = connect(cli.database_url.as_deref(), cli.schema.as_deref())?;
+    let result = match cli.command {
+        Command::Status(args) => status::run(&pool, args).await,
+        Command::Dead(args) => events::dead(&pool, args).await,
+        Command::Show(args) => events::show(&pool, args).await,
+        Command::Requeue(args) => repair::requeue(&pool, args).await,
+        Command::Discard(args) => repair::discard(&pool, args).await,
+        Command::Prune(args) => repair::prune(&pool, args).await,
+        Command::Grants(args) => grants(&pool, &args).await,
+        Command::Serve(args) => serve::run(pool.clone(), args).await,
+    };
+    pool.close().await;
+    result
+}
+
+/// A small lazy pool: nothing connects until the first command needs it, which then
+/// reports a refused connection with where and why.
+fn connect(url: Option<&str>, schema: Option<&str>) -> Result<PgPool, Failure> {
+    let url = url.ok_or_else(|| {
+        fail("no database: pass --database-url or set DATABASE_URL (postgres://user@host/db)")
+    })?;
+    let mut options = PgConnectOptions::from_str(url)
+        .map_err(|e| fail(format!("invalid database URL: {e}")))?
+        .application_name("outbox-cli");
+    if let Some(schema) = schema {
+        options = options.options([("search_path", schema)]);
+    }
+    Ok(PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_lazy_with(options))
+}
+
+/// The catalog entry of `table`, refused when it does not match its table.
+async fn entry(pool: &PgPool, table: &str) -> Result<CatalogEntry, Failure> {
+    let entry = catalog::table(pool, table).await?;
+    if let Some(problem) = entry.problem() {
+        return Err(fail(format!("`{table}`: {problem}")));
+    }
+    Ok(entry)
+}
+
+async fn grants(pool: &PgPool, args: &GrantsArgs) -> Result<(), Failure> {
+    let entry = catalog::table(pool, &args.table).await?;
+    print!(
+        "{}",
+        entry.grants(&Roles {
+            application: args.application_role.clone(),
+            relay: args.relay_role.clone(),
+            operator: args.operator_role.clone(),
+        })
+    );
+    Ok(())
+}
