@@ -163,6 +163,11 @@ fn connect(url: Option<&str>, schema: Option<&str>) -> Result<PgPool, Failure> {
     let url = url.ok_or_else(|| {
         fail("no database: pass --database-url or set DATABASE_URL (postgres://user@host/db)")
     })?;
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(fail(
+            "invalid database URL: expected postgres://user@host:port/database",
+        ));
+    }
     let mut options = PgConnectOptions::from_str(url)
         .map_err(|e| fail(format!("invalid database URL: {e}")))?
         .application_name("outbox-cli");

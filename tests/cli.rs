@@ -1,0 +1,444 @@
+//! The `outbox` command line against a real database: an operator at 3 a.m. who has
+//! none of the application's Rust types, only `DATABASE_URL`.
+
+mod support;
+
+use std::process::Output;
+
+use outbox::testing::TestSchema;
+use serde_json::Value;
+use support::TestResult;
+use support::events::{Budgeted, OrderStep, Receipt, Shipment, ShipmentBeforeKey};
+use support::schema::schema_with;
+
+/// Runs `outbox <args>` against `db`'s schema, with nothing on stdin.
+async fn outbox(db: &TestSchema, args: &[&str]) -> TestResult<Output> {
+    Ok(tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .arg("--database-url")
+        .arg(db.url())
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await?)
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn json(output: &Output) -> TestResult<Value> {
+    Ok(serde_json::from_slice(&output.stdout)?)
+}
+
+/// Enqueues `names` into `Budgeted`'s table.
+async fn enqueue(db: &TestSchema, names: &[&str]) -> TestResult {
+    for name in names {
+        Budgeted {
+            name: (*name).to_owned(),
+        }
+        .enqueue(db.pool())
+        .await?;
+    }
+    Ok(())
+}
+
+/// Claims the next event and gives up on it: one `DEAD` row, with `reason`.
+async fn kill_next(db: &TestSchema, reason: &str) -> TestResult<String> {
+    let claim = Budgeted::claim(db.pool())
+        .await?
+        .ok_or("nothing to claim")?;
+    let event_id = claim.event_id().as_str().to_owned();
+    claim.fail(db.pool(), reason).await?;
+    Ok(event_id)
+}
+
+async fn status_of(db: &TestSchema, event_id: &str) -> TestResult<Option<String>> {
+    Ok(
+        sqlx::query_scalar("SELECT status FROM budget_events WHERE event_id = $1")
+            .bind(event_id)
+            .fetch_optional(db.pool())
+            .await?,
+    )
+}
+
+#[tokio::test]
+async fn status_shows_every_table_and_exits_3_while_events_are_dead() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations(), Receipt::migrations()]).await?;
+    enqueue(&db, &["a", "b", "c"]).await?;
+
+    let healthy = outbox(&db, &["status"]).await?;
+    assert_eq!(healthy.status.code(), Some(0), "{}", stderr(&healthy));
+    let table = stdout(&healthy);
+    assert!(table.starts_with("TABLE"), "{table}");
+    let budget = table
+        .lines()
+        .find(|l| l.starts_with("budget_events"))
+        .ok_or(table.clone())?;
+    let cells: Vec<&str> = budget.split_whitespace().collect();
+    // TABLE TYPE READY DUE IN-PROGRESS EXPIRED DEAD SENT SENT/MIN OLDEST..
+    assert_eq!(
+        &cells[..9],
+        [
+            "budget_events",
+            "Budgeted",
+            "3",
+            "3",
+            "0",
+            "0",
+            "0",
+            "0",
+            "0"
+        ]
+    );
+    assert!(table.contains("receipt_events"), "{table}");
+
+    let dead = kill_next(&db, "the broker refused it: message too large").await?;
+    let alert = outbox(&db, &["status", "--json"]).await?;
+    assert_eq!(alert.status.code(), Some(3), "dead rows need attention");
+    assert!(
+        stderr(&alert).contains("budget_events: 1 dead event(s)"),
+        "{}",
+        stderr(&alert)
+    );
+    let tables = json(&alert)?;
+    let budget = &tables[0];
+    assert_eq!(budget["table"], "budget_events");
+    assert_eq!(budget["type_name"], "cli::support::events::Budgeted");
+    assert_eq!(
+        (budget["ready"].as_i64(), budget["dead"].as_i64()),
+        (Some(2), Some(1))
+    );
+    assert_eq!(budget["max_attempts"], 3);
+    assert!(budget["oldest_eligible_age_seconds"].as_f64().is_some());
+    // A table that deletes its sent rows cannot say how many went out.
+    assert_eq!(tables[1]["table"], "receipt_events");
+    assert_eq!(tables[1]["sent_last_minute"], Value::Null);
+
+    let requeued = outbox(&db, &["requeue", "--table", "budget_events", &dead]).await?;
+    assert_eq!(requeued.status.code(), Some(0), "{}", stderr(&requeued));
+    // An age threshold is the other alert: every event is younger than an hour.
+    let calm = outbox(&db, &["status", "--max-age", "1h"]).await?;
+    assert_eq!(calm.status.code(), Some(0), "{}", stderr(&calm));
+    let late = outbox(&db, &["status", "--max-age", "0s"]).await?;
+    assert_eq!(late.status.code(), Some(3));
+    assert!(
+        stderr(&late).contains("over --max-age"),
+        "{}",
+        stderr(&late)
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn dead_and_show_tell_the_operator_what_died_and_why() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations(), OrderStep::migrations()]).await?;
+    enqueue(&db, &["payment-7"]).await?;
+    let dead = kill_next(&db, "card declined\nby the acquirer").await?;
+    OrderStep {
+        name: "step-1".to_owned(),
+        order_id: 42,
+    }
+    .enqueue(db.pool())
+    .await?;
+    let step = OrderStep::claim(db.pool()).await?.ok_or("a step")?;
+    step.fail(db.pool(), "no such order").await?;
+
+    let listed = outbox(&db, &["dead"]).await?;
+    assert_eq!(listed.status.code(), Some(0), "{}", stderr(&listed));
+    let text = stdout(&listed);
+    let line = text
+        .lines()
+        .find(|l| l.contains("payment-7"))
+        .ok_or(text.clone())?;
+    assert!(
+        line.starts_with("budget_events") && line.ends_with("card declined by the acquirer"),
+        "the error on one line: {line}"
+    );
+    assert!(text.contains("order_step_events  step-1"), "{text}");
+
+    let only = outbox(&db, &["dead", "--table", "order_step_events", "--json"]).await?;
+    let rows = json(&only)?;
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
+    assert_eq!(rows[0]["event_id"], "step-1");
+    assert_eq!(rows[0]["key"], "42", "the ordering key it holds back");
+    assert_eq!(rows[0]["last_error"], "no such order");
+
+    let shown = outbox(&db, &["show", "--table", "budget_events", &dead, "--json"]).await?;
+    assert_eq!(shown.status.code(), Some(0), "{}", stderr(&shown));
+    let row = json(&shown)?;
+    assert_eq!(
+        (row["status"].as_str(), row["event_id"].as_str()),
+        (Some("DEAD"), Some("payment-7"))
+    );
+    assert_eq!(row["attempts"], 1);
+
+    let missing = outbox(&db, &["show", "--table", "budget_events", "nope"]).await?;
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(stderr(&missing).contains("no event `nope` in `budget_events`"));
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn requeue_says_what_it_would_do_then_does_it_and_asks_before_a_bulk_change() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    enqueue(&db, &["a", "b", "c"]).await?;
+    let (a, b) = (kill_next(&db, "x").await?, kill_next(&db, "y").await?);
+
+    let dry = outbox(
+        &db,
+        &["requeue", "--table", "budget_events", &a, "c", "--dry-run"],
+    )
+    .await?;
+    assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
+    assert_eq!(
+        stdout(&dry),
+        format!(
+            "would requeue 1 event(s) of budget_events\n  {a}\n\
+             left alone (not DEAD now, or no such event):\n  c\n"
+        )
+    );
+    assert_eq!(
+        status_of(&db, &a).await?.as_deref(),
+        Some("DEAD"),
+        "a dry run changes nothing"
+    );
+
+    let done = outbox(&db, &["requeue", "--table", "budget_events", &a]).await?;
+    assert_eq!(
+        stdout(&done),
+        format!("requeued 1 event(s) of budget_events\n  {a}\n")
+    );
+    assert_eq!(status_of(&db, &a).await?.as_deref(), Some("READY"));
+
+    // Every dead event at once is a bulk change: without a terminal to ask on, only
+    // --yes confirms it.
+    let refused = outbox(&db, &["requeue", "--table", "budget_events", "--all"]).await?;
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("confirm with --yes"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(status_of(&db, &b).await?.as_deref(), Some("DEAD"));
+    let all = outbox(
+        &db,
+        &["requeue", "--table", "budget_events", "--all", "--yes"],
+    )
+    .await?;
+    assert_eq!(stdout(&all), "requeued 1 dead event(s) of budget_events\n");
+    assert_eq!(status_of(&db, &b).await?.as_deref(), Some("READY"));
+
+    let neither = outbox(&db, &["requeue", "--table", "budget_events"]).await?;
+    assert_eq!(
+        neither.status.code(),
+        Some(2),
+        "ids or --all: a usage error"
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn discard_lets_a_held_key_go_on_and_prune_deletes_old_sent_events() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations(), OrderStep::migrations()]).await?;
+    for name in ["first", "second"] {
+        OrderStep {
+            name: name.to_owned(),
+            order_id: 1,
+        }
+        .enqueue(db.pool())
+        .await?;
+    }
+    let first = OrderStep::claim(db.pool()).await?.ok_or("first")?;
+    first.fail(db.pool(), "poison").await?;
+    assert!(
+        OrderStep::claim(db.pool()).await?.is_none(),
+        "held back by its dead predecessor"
+    );
+
+    let discarded = outbox(
+        &db,
+        &["discard", "--table", "order_step_events", "first", "--yes"],
+    )
+    .await?;
+    assert_eq!(
+        stdout(&discarded),
+        "discarded 1 event(s) of order_step_events\n  first\n"
+    );
+    let second = OrderStep::claim(db.pool()).await?.ok_or("second goes on")?;
+    assert_eq!(second.event().name, "second");
+    second.complete(db.pool()).await?;
+
+    enqueue(&db, &["old-1", "old-2"]).await?;
+    for _ in 0..2 {
+        Budgeted::claim(db.pool())
+            .await?
+            .ok_or("a claim")?
+            .complete(db.pool())
+            .await?;
+    }
+    let dry = outbox(
+        &db,
+        &[
+            "prune",
+            "--table",
+            "budget_events",
+            "--older-than",
+            "0s",
+            "--dry-run",
+        ],
+    )
+    .await?;
+    assert_eq!(
+        stdout(&dry),
+        "would delete 2 SENT event(s) of budget_events enqueued more than 0s ago\n"
+    );
+    let pruned = outbox(
+        &db,
+        &[
+            "prune",
+            "--table",
+            "budget_events",
+            "--older-than",
+            "0s",
+            "--batch",
+            "1",
+            "--yes",
+        ],
+    )
+    .await?;
+    assert_eq!(
+        stdout(&pruned),
+        "deleted 2 SENT event(s) of budget_events\n",
+        "{}",
+        stderr(&pruned)
+    );
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM budget_events")
+        .fetch_one(db.pool())
+        .await?;
+    assert_eq!(left, 0);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn mistakes_get_clear_errors() -> TestResult {
+    let db = TestSchema::new().await?;
+    let empty = outbox(&db, &["status"]).await?;
+    assert_eq!(empty.status.code(), Some(0));
+    assert!(
+        stdout(&empty).contains("outbox::migrate has not run here"),
+        "{}",
+        stdout(&empty)
+    );
+    support::schema::migrate(
+        &db,
+        &[Budgeted::migrations()],
+        support::schema::Generations::Random,
+    )
+    .await?;
+
+    let unknown = outbox(&db, &["dead", "--table", "orders"]).await?;
+    assert_eq!(unknown.status.code(), Some(1));
+    assert_eq!(
+        stderr(&unknown),
+        "error: no outbox table `orders` in the catalog of this schema; it lists budget_events\n"
+    );
+
+    let bad_url = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["--database-url", "mysql://nope", "status"])
+        .output()
+        .await?;
+    assert_eq!(bad_url.status.code(), Some(1));
+    assert!(
+        stderr(&bad_url).starts_with("error: invalid database URL"),
+        "{}",
+        stderr(&bad_url)
+    );
+
+    let refused = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args([
+            "--database-url",
+            "postgres://ops@127.0.0.1:1/orders",
+            "status",
+        ])
+        .output()
+        .await?;
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("cannot connect to PostgreSQL at 127.0.0.1:1/orders as ops"),
+        "{}",
+        stderr(&refused)
+    );
+
+    // A table dropped behind the catalog's back is reported, and not touched.
+    sqlx::query("DROP TABLE budget_events")
+        .execute(db.pool())
+        .await?;
+    let dropped = outbox(&db, &["status"]).await?;
+    assert_eq!(dropped.status.code(), Some(3));
+    assert!(
+        stderr(&dropped).contains("budget_events: the table does not exist"),
+        "{}",
+        stderr(&dropped)
+    );
+    let repair = outbox(
+        &db,
+        &["requeue", "--table", "budget_events", "--all", "--yes"],
+    )
+    .await?;
+    assert_eq!(repair.status.code(), Some(1));
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_catalog_follows_the_newest_build_and_grants_name_three_roles() -> TestResult {
+    // The same table, as a newer build (V2: the key) and an older one (V1) that starts
+    // afterwards during a rolling deploy: the entry keeps describing the newer.
+    let db = schema_with(&[Shipment::migrations()]).await?;
+    outbox::migrate(db.pool(), &[ShipmentBeforeKey::migrations()]).await?;
+    let entry = outbox::catalog::table(db.pool(), "shipment_events").await?;
+    assert_eq!((entry.version(), entry.key()), (2, Some("parcel")));
+    assert!(
+        entry.type_name().ends_with("::Shipment"),
+        "{}",
+        entry.type_name()
+    );
+    assert_eq!(entry.problem(), None);
+
+    let grants = outbox(
+        &db,
+        &[
+            "grants",
+            "--table",
+            "shipment_events",
+            "--application-role",
+            "shop",
+            "--relay-role",
+            "relay",
+        ],
+    )
+    .await?;
+    let text = stdout(&grants);
+    let schema = db.name();
+    for line in [
+        format!(
+            "GRANT INSERT, SELECT (id, event_id) ON \"{schema}\".\"shipment_events\" TO \"shop\";"
+        ),
+        format!("GRANT SELECT, UPDATE ON \"{schema}\".\"shipment_events\" TO \"relay\";"),
+        format!(
+            "GRANT SELECT, UPDATE, DELETE ON \"{schema}\".\"shipment_events\" TO \"outbox_operator\";"
+        ),
+    ] {
+        assert!(text.contains(&line), "{line}\nin\n{text}");
+    }
+    db.drop_schema().await?;
+    Ok(())
+}
