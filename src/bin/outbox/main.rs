@@ -176,7 +176,7 @@ fn connect(url: Option<&str>, schema: Option<&str>) -> Result<PgPool, Failure> {
     }
     Ok(PgPoolOptions::new()
         .max_connections(4)
-        .acquire_timeout(Duration::from_secs(10))
+        .acquire_timeout(Duration::from_secs(3))
         .connect_lazy_with(options))
 }
 

@@ -1,0 +1,242 @@
+//! Least privilege, proven: the owner migrates, then the application enqueues, the
+//! relay publishes and the operator repairs, each as the role `outbox grants` writes
+//! for it, and none of them can do more.
+
+mod support;
+
+use std::panic::AssertUnwindSafe;
+use std::process::Output;
+use std::str::FromStr as _;
+use std::time::Duration;
+
+use futures_util::FutureExt as _;
+use outbox::relay::{CancellationToken, MemorySink, Relay};
+use outbox::testing::TestSchema;
+use outbox::OutboxError;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{AssertSqlSafe, ConnectOptions as _, PgPool};
+use support::events::{ChaosEvent, Receipt};
+use support::schema::schema_with;
+use support::{TestResult, wait_until};
+
+/// Three login roles of this test's own (roles belong to the whole cluster).
+struct Roles {
+    application: String,
+    relay: String,
+    operator: String,
+}
+
+impl Roles {
+    fn new() -> Self {
+        let suffix = &uuid::Uuid::now_v7().simple().to_string()[20..];
+        Self {
+            application: format!("outbox_app_{suffix}"),
+            relay: format!("outbox_relay_{suffix}"),
+            operator: format!("outbox_ops_{suffix}"),
+        }
+    }
+
+    fn all(&self) -> [&str; 3] {
+        [&self.application, &self.relay, &self.operator]
+    }
+
+    async fn create(&self, owner: &PgPool) -> TestResult {
+        for role in self.all() {
+            sqlx::raw_sql(AssertSqlSafe(format!("CREATE ROLE {role} LOGIN")))
+                .execute(owner)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn drop(&self, owner: &PgPool) -> TestResult {
+        for role in self.all() {
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "DROP OWNED BY {role}; DROP ROLE {role}"
+            )))
+            .execute(owner)
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// `db`'s connection options, logging in as `role`.
+fn as_role(db: &TestSchema, role: &str) -> TestResult<PgConnectOptions> {
+    Ok(PgConnectOptions::from_str(&db.url())?.username(role))
+}
+
+async fn pool_as(db: &TestSchema, role: &str, connections: u32) -> TestResult<PgPool> {
+    Ok(PgPoolOptions::new()
+        .max_connections(connections)
+        .connect_with(as_role(db, role)?)
+        .await?)
+}
+
+/// `outbox <args>`, logged in as `role`, on `db`'s schema.
+async fn outbox_as(db: &TestSchema, role: &str, args: &[&str]) -> TestResult<Output> {
+    Ok(tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .arg("--database-url")
+        .arg(as_role(db, role)?.to_url_lossy().as_str())
+        .args(["--schema", db.name()])
+        .args(args)
+        .output()
+        .await?)
+}
+
+/// What a successful `outbox` printed.
+fn printed(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn denied<T: std::fmt::Debug>(result: Result<T, OutboxError>) -> bool {
+    matches!(result, Err(OutboxError::PermissionDenied { .. }))
+}
+
+fn denied_sql<T: std::fmt::Debug>(result: Result<T, sqlx::Error>) -> bool {
+    matches!(&result, Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501"))
+}
+
+#[tokio::test]
+async fn each_role_does_its_job_with_the_grants_of_outbox_grants_and_nothing_more() -> TestResult {
+    // The owner migrates (a deploy step), and owns the application's other tables.
+    let db = schema_with(&[ChaosEvent::migrations(), Receipt::migrations()]).await?;
+    sqlx::raw_sql("CREATE TABLE accounts (id int PRIMARY KEY, balance bigint)")
+        .execute(db.pool())
+        .await?;
+    let roles = Roles::new();
+    roles.create(db.pool()).await?;
+    let outcome = AssertUnwindSafe(prove(&db, &roles)).catch_unwind().await;
+    roles.drop(db.pool()).await?;
+    db.drop_schema().await?;
+    match outcome {
+        Ok(result) => result,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+async fn prove(db: &TestSchema, roles: &Roles) -> TestResult {
+    let owner = db.pool();
+    for table in ["chaos_events", "receipt_events"] {
+        let grants = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+            .args(["--database-url", &db.url(), "grants", "--table", table])
+            .args(["--application-role", &roles.application])
+            .args(["--relay-role", &roles.relay])
+            .args(["--operator-role", &roles.operator])
+            .output()
+            .await?;
+        sqlx::raw_sql(AssertSqlSafe(printed(&grants)))
+            .execute(owner)
+            .await?;
+    }
+
+    // The application enqueues, alone and in bulk, and can do nothing else with the
+    // outbox: no reading payloads, no claiming.
+    let app = pool_as(db, &roles.application, 2).await?;
+    for seq in 0..3 {
+        ChaosEvent {
+            key: format!("chaos-{seq}"),
+            order_seq: seq,
+        }
+        .enqueue(&app)
+        .await?;
+    }
+    let receipts: Vec<Receipt> = (0..3)
+        .map(|n| Receipt {
+            name: format!("receipt-{n}"),
+        })
+        .collect();
+    Receipt::enqueue_all(&receipts, &app).await?;
+    let payloads = sqlx::query_scalar::<_, i64>("SELECT order_seq FROM chaos_events")
+        .fetch_all(&app)
+        .await;
+    assert!(denied_sql(payloads), "the application cannot read payloads");
+    assert!(denied(ChaosEvent::claim(&app).await), "nor claim");
+
+    // The relay publishes both tables (claims, LISTEN, outcomes; deleting the sent
+    // receipts), and reaches nothing else.
+    let relay = pool_as(db, &roles.relay, 4).await?;
+    let shutdown = CancellationToken::new();
+    let (chaos, receipts) = (MemorySink::new(), MemorySink::new());
+    let relays = [
+        tokio::spawn(
+            Relay::<ChaosEvent, _>::new(relay.clone(), chaos.clone())
+                .concurrency(1)
+                .run(shutdown.clone()),
+        ),
+        tokio::spawn(
+            Relay::<Receipt, _>::new(relay.clone(), receipts.clone())
+                .concurrency(1)
+                .run(shutdown.clone()),
+        ),
+    ];
+    wait_until(
+        "both tables are published and recorded",
+        Duration::from_secs(20),
+        async || {
+            let chaos = outbox::stats::<ChaosEvent>(owner).await.unwrap();
+            let receipts = outbox::stats::<Receipt>(owner).await.unwrap();
+            chaos.sent == 3 && receipts.ready + receipts.in_progress + receipts.sent == 0
+        },
+    )
+    .await;
+    shutdown.cancel();
+    for relay in relays {
+        relay.await??;
+    }
+    assert_eq!(
+        (chaos.published().len(), receipts.published().len()),
+        (3, 3)
+    );
+    let forged = ChaosEvent {
+        key: "forged".into(),
+        order_seq: 9,
+    };
+    assert!(
+        denied(forged.enqueue(&relay).await),
+        "the relay cannot enqueue"
+    );
+    let history = <ChaosEvent as outbox::Outbox>::SPEC.history_table();
+    for other in ["accounts", "outbox_catalog", history] {
+        let read = sqlx::query(AssertSqlSafe(format!("SELECT * FROM {other}")))
+            .fetch_all(&relay)
+            .await;
+        assert!(denied_sql(read), "the relay cannot read {other}");
+    }
+
+    // The operator finds the tables through the catalog, and repairs.
+    ChaosEvent {
+        key: "poison".into(),
+        order_seq: 99,
+    }
+    .enqueue(&app)
+    .await?;
+    let claim = ChaosEvent::claim(owner).await?.ok_or("the poison event")?;
+    claim.fail(owner, "unroutable").await?;
+    let alert = outbox_as(db, &roles.operator, &["status"]).await?;
+    assert_eq!(alert.status.code(), Some(3), "a dead event needs attention");
+    let requeued = outbox_as(
+        db,
+        &roles.operator,
+        &["requeue", "--table", "chaos_events", "poison"],
+    )
+    .await?;
+    assert!(printed(&requeued).starts_with("requeued 1 event(s)"));
+    let operator = pool_as(db, &roles.operator, 1).await?;
+    let read = sqlx::query("SELECT * FROM accounts")
+        .fetch_all(&operator)
+        .await;
+    assert!(
+        denied_sql(read),
+        "the operator reads the outbox, not the business"
+    );
+    for pool in [app, relay, operator] {
+        pool.close().await;
+    }
+    Ok(())
+}
