@@ -10,9 +10,9 @@ use std::str::FromStr as _;
 use std::time::Duration;
 
 use futures_util::FutureExt as _;
+use outbox::OutboxError;
 use outbox::relay::{CancellationToken, MemorySink, Relay};
 use outbox::testing::TestSchema;
-use outbox::OutboxError;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions as _, PgPool};
 use support::events::{ChaosEvent, Receipt};
@@ -94,12 +94,12 @@ fn printed(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-fn denied<T: std::fmt::Debug>(result: Result<T, OutboxError>) -> bool {
+fn denied<T: std::fmt::Debug>(result: &Result<T, OutboxError>) -> bool {
     matches!(result, Err(OutboxError::PermissionDenied { .. }))
 }
 
-fn denied_sql<T: std::fmt::Debug>(result: Result<T, sqlx::Error>) -> bool {
-    matches!(&result, Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501"))
+fn denied_sql<T: std::fmt::Debug>(result: &Result<T, sqlx::Error>) -> bool {
+    matches!(result, Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501"))
 }
 
 #[tokio::test]
@@ -135,15 +135,26 @@ async fn prove(db: &TestSchema, roles: &Roles) -> TestResult {
             .await?;
     }
 
-    // The application enqueues, alone and in bulk, and can do nothing else with the
-    // outbox: no reading payloads, no claiming.
     let app = pool_as(db, &roles.application, 2).await?;
+    application_enqueues_and_nothing_more(&app).await?;
+    let relay = pool_as(db, &roles.relay, 4).await?;
+    relay_publishes_and_nothing_more(owner, &relay).await?;
+    operator_repairs(db, roles, &app).await?;
+    for pool in [app, relay] {
+        pool.close().await;
+    }
+    Ok(())
+}
+
+/// The application enqueues, alone and in bulk, and can do nothing else with the
+/// outbox: no reading payloads, no claiming.
+async fn application_enqueues_and_nothing_more(app: &PgPool) -> TestResult {
     for seq in 0..3 {
         ChaosEvent {
             key: format!("chaos-{seq}"),
             order_seq: seq,
         }
-        .enqueue(&app)
+        .enqueue(app)
         .await?;
     }
     let receipts: Vec<Receipt> = (0..3)
@@ -151,16 +162,22 @@ async fn prove(db: &TestSchema, roles: &Roles) -> TestResult {
             name: format!("receipt-{n}"),
         })
         .collect();
-    Receipt::enqueue_all(&receipts, &app).await?;
+    Receipt::enqueue_all(&receipts, app).await?;
     let payloads = sqlx::query_scalar::<_, i64>("SELECT order_seq FROM chaos_events")
-        .fetch_all(&app)
+        .fetch_all(app)
         .await;
-    assert!(denied_sql(payloads), "the application cannot read payloads");
-    assert!(denied(ChaosEvent::claim(&app).await), "nor claim");
+    assert!(
+        denied_sql(&payloads),
+        "the application cannot read payloads"
+    );
+    assert!(denied(&ChaosEvent::claim(app).await), "nor claim");
 
-    // The relay publishes both tables (claims, LISTEN, outcomes; deleting the sent
-    // receipts), and reaches nothing else.
-    let relay = pool_as(db, &roles.relay, 4).await?;
+    Ok(())
+}
+
+/// The relay publishes both tables (claims, LISTEN, outcomes; deleting the sent
+/// receipts), and reaches nothing else.
+async fn relay_publishes_and_nothing_more(owner: &PgPool, relay: &PgPool) -> TestResult {
     let shutdown = CancellationToken::new();
     let (chaos, receipts) = (MemorySink::new(), MemorySink::new());
     let relays = [
@@ -198,23 +215,28 @@ async fn prove(db: &TestSchema, roles: &Roles) -> TestResult {
         order_seq: 9,
     };
     assert!(
-        denied(forged.enqueue(&relay).await),
+        denied(&forged.enqueue(relay).await),
         "the relay cannot enqueue"
     );
     let history = <ChaosEvent as outbox::Outbox>::SPEC.history_table();
     for other in ["accounts", "outbox_catalog", history] {
         let read = sqlx::query(AssertSqlSafe(format!("SELECT * FROM {other}")))
-            .fetch_all(&relay)
+            .fetch_all(relay)
             .await;
-        assert!(denied_sql(read), "the relay cannot read {other}");
+        assert!(denied_sql(&read), "the relay cannot read {other}");
     }
 
-    // The operator finds the tables through the catalog, and repairs.
+    Ok(())
+}
+
+/// The operator finds the tables through the catalog, and repairs.
+async fn operator_repairs(db: &TestSchema, roles: &Roles, app: &PgPool) -> TestResult {
+    let owner = db.pool();
     ChaosEvent {
         key: "poison".into(),
         order_seq: 99,
     }
-    .enqueue(&app)
+    .enqueue(app)
     .await?;
     let claim = ChaosEvent::claim(owner).await?.ok_or("the poison event")?;
     claim.fail(owner, "unroutable").await?;
@@ -232,11 +254,9 @@ async fn prove(db: &TestSchema, roles: &Roles) -> TestResult {
         .fetch_all(&operator)
         .await;
     assert!(
-        denied_sql(read),
+        denied_sql(&read),
         "the operator reads the outbox, not the business"
     );
-    for pool in [app, relay, operator] {
-        pool.close().await;
-    }
+    operator.close().await;
     Ok(())
 }

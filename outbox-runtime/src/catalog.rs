@@ -455,28 +455,29 @@ impl CatalogEntry {
             .key
             .as_ref()
             .map_or_else(|| "NULL".to_owned(), |k| format!("\"{k}\"::text"));
-        let rows: Vec<(i64, String, i32, Option<String>, PgInterval, Option<String>)> =
-            sqlx::query_as(AssertSqlSafe(format!(
-                "SELECT id, event_id, attempts, last_error, \
-                 statement_timestamp() - created_at, {key} \
-                 FROM \"{}\" WHERE status = 'DEAD' ORDER BY id LIMIT $1",
-                self.table
-            )))
-            .bind(i64::from(limit))
-            .fetch_all(executor)
-            .await
-            .map_err(|e| OutboxError::from_sqlx(self.table, e))?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, event_id, attempts, last_error, age, key)| DeadEvent {
-                id,
-                event_id: EventId::from(event_id),
-                attempts,
-                last_error,
-                age: interval_to_duration(age),
-                key,
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT id, event_id, attempts, last_error, \
+             statement_timestamp() - created_at AS age, {key} AS key \
+             FROM \"{}\" WHERE status = 'DEAD' ORDER BY id LIMIT $1",
+            self.table
+        )))
+        .bind(i64::from(limit))
+        .fetch_all(executor)
+        .await
+        .map_err(|e| OutboxError::from_sqlx(self.table, e))?;
+        rows.iter()
+            .map(|row| {
+                Ok(DeadEvent {
+                    id: row.try_get("id")?,
+                    event_id: EventId::from(row.try_get::<String, _>("event_id")?),
+                    attempts: row.try_get("attempts")?,
+                    last_error: row.try_get("last_error")?,
+                    age: interval_to_duration(row.try_get("age")?),
+                    key: row.try_get("key")?,
+                })
             })
-            .collect())
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| OutboxError::from_sqlx(self.table, e))
     }
 
     /// One event's whole row, payload included, as JSON (`to_jsonb` of the row), by
