@@ -442,3 +442,31 @@ async fn the_catalog_follows_the_newest_build_and_grants_name_three_roles() -> T
     db.drop_schema().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn status_watch_refreshes_until_interrupted() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    enqueue(&db, &["a"]).await?;
+    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["--database-url", &db.url(), "status", "--watch", "50ms"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let mut stdout = tokio::io::BufReader::new(watch.stdout.take().ok_or("stdout")?);
+    // Three refreshes, each a header and the table's line.
+    let mut refreshes = 0;
+    let mut line = String::new();
+    while refreshes < 3 {
+        line.clear();
+        tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line).await?;
+        assert!(!line.is_empty(), "the watch ended early");
+        if line.starts_with("budget_events") {
+            refreshes += 1;
+        }
+    }
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(watch.id().ok_or("pid")?)?);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT)?;
+    let status = watch.wait().await?;
+    assert_eq!(status.code(), Some(0), "Ctrl-C ends a watch cleanly");
+    db.drop_schema().await?;
+    Ok(())
+}
