@@ -352,3 +352,42 @@ async fn a_backlog_behind_a_waiting_event_is_set_aside_once_and_woken_in_turn() 
     db.drop_schema().await?;
     Ok(())
 }
+
+/// A few hot keys and several workers: most claims find only events whose key is busy.
+/// Every event must still go out on wake-ups alone, never waiting for the poll (here an
+/// hour): a claim that sets events aside behind another's lock notifies, so a worker
+/// that skipped them comes back (without it, 10 hot keys stalled in half the runs).
+#[tokio::test]
+async fn hot_keys_drain_on_wake_ups_alone_without_waiting_for_the_poll() -> TestResult {
+    const KEYS: i64 = 10;
+    const PER_KEY: i64 = 30;
+    let db = schema_with(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    let sink = outbox::MemorySink::new();
+    let stop = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<OrderStep, _>::new(db.connect(5).await?, sink.clone())
+            .concurrency(4)
+            .batch_size(10)
+            .poll_interval(Duration::from_secs(3_600))
+            .run(stop.clone()),
+    );
+    for round in 0..3 {
+        let events: Vec<OrderStep> = (0..PER_KEY)
+            .flat_map(|seq| (0..KEYS).map(move |key| step(&format!("{round}-{key}-{seq}"), key)))
+            .collect();
+        OrderStep::enqueue_all(&events, pool).await?;
+        let total = (round + 1) * KEYS * PER_KEY;
+        wait_until(
+            "the round is SENT, on wake-ups alone",
+            Duration::from_mins(1),
+            async || outbox::stats::<OrderStep>(pool).await.unwrap().sent == total,
+        )
+        .await;
+    }
+    stop.cancel();
+    relay.await??;
+    assert_eq!(sink.published().len(), usize::try_from(3 * KEYS * PER_KEY)?);
+    db.drop_schema().await?;
+    Ok(())
+}
