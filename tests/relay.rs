@@ -1564,3 +1564,126 @@ async fn eight_workers_share_a_backlog_without_a_double_claim_or_a_failed_statem
     db.drop_schema().await?;
     Ok(())
 }
+
+/// A sink whose first batch waits until the worker has claimed the next one beside it
+/// (`ahead` more rows `INPROGRESS`), notes whether it saw that, and then cancels
+/// `shutdown` if asked to.
+#[derive(Clone)]
+struct WaitsForTheClaimAhead {
+    pool: PgPool,
+    ahead: i64,
+    first: Arc<Mutex<Option<bool>>>,
+    shutdown: Option<CancellationToken>,
+    published: Arc<Mutex<Vec<String>>>,
+}
+
+impl Sink<Budgeted> for WaitsForTheClaimAhead {
+    async fn publish(&self, batch: &[Delivery<'_, Budgeted>]) -> Vec<Result<(), SinkError>> {
+        let first = lock(&self.first).is_none();
+        if first {
+            let expected = i64::try_from(batch.len()).unwrap() + self.ahead;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut saw = false;
+            while !saw && Instant::now() < deadline {
+                let in_progress: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM budget_events WHERE status = 'INPROGRESS'",
+                )
+                .fetch_one(&self.pool)
+                .await
+                .unwrap();
+                saw = in_progress == expected;
+                sleep(Duration::from_millis(10)).await;
+            }
+            *lock(&self.first) = Some(saw);
+            if let Some(shutdown) = &self.shutdown {
+                shutdown.cancel();
+            }
+        }
+        let mut published = lock(&self.published);
+        published.extend(batch.iter().map(|d| d.event().name.clone()));
+        batch.iter().map(|_| Ok(())).collect()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[tokio::test]
+async fn a_worker_claims_its_next_batch_while_the_sink_has_the_current_one() -> TestResult {
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    let names: Vec<String> = (0..15).map(|n| format!("event-{n:02}")).collect();
+    enqueue(pool, &names.iter().map(|n| budgeted(n)).collect::<Vec<_>>()).await;
+    let sink = WaitsForTheClaimAhead {
+        pool: pool.clone(),
+        ahead: 5,
+        first: Arc::default(),
+        shutdown: None,
+        published: Arc::default(),
+    };
+    let relay = start(
+        Relay::<Budgeted, _>::new(db.connect(3).await?, sink.clone())
+            .concurrency(1)
+            .batch_size(5),
+    );
+    wait_until("all 15 are SENT", Duration::from_secs(20), async || {
+        outbox::stats::<Budgeted>(pool).await.unwrap().sent == 15
+    })
+    .await;
+    relay.stop().await?;
+    assert_eq!(
+        *lock(&sink.first),
+        Some(true),
+        "the next 5 were claimed while the first 5 were in flight"
+    );
+    assert_eq!(
+        *lock(&sink.published),
+        names,
+        "one worker: its batches in claim order, each event once"
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_batch_claimed_ahead_goes_back_uncounted_at_shutdown() -> TestResult {
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    let names: Vec<String> = (0..10).map(|n| format!("event-{n:02}")).collect();
+    enqueue(pool, &names.iter().map(|n| budgeted(n)).collect::<Vec<_>>()).await;
+    let shutdown = CancellationToken::new();
+    let sink = WaitsForTheClaimAhead {
+        pool: pool.clone(),
+        ahead: 5,
+        first: Arc::default(),
+        shutdown: Some(shutdown.clone()),
+        published: Arc::default(),
+    };
+    let relay = Relay::<Budgeted, _>::new(db.connect(3).await?, sink.clone())
+        .concurrency(1)
+        .batch_size(5);
+    timeout(Duration::from_secs(15), relay.run(shutdown)).await??;
+    assert_eq!(
+        *lock(&sink.first),
+        Some(true),
+        "the second batch was claimed ahead"
+    );
+
+    for (n, name) in names.iter().enumerate() {
+        let row: Row = row_of::<Budgeted>(pool, name.as_str()).await;
+        if n < 5 {
+            assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{name}");
+        } else {
+            // Claimed (generation 1), never sent: back, due now, the attempt not counted.
+            assert_eq!(
+                (row.status.as_str(), row.generation, row.attempts),
+                ("READY", 1, 0),
+                "{name}"
+            );
+            assert!(row.due_in <= 0.0, "{name} is due again");
+        }
+    }
+    db.drop_schema().await?;
+    Ok(())
+}

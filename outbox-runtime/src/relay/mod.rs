@@ -297,6 +297,40 @@ struct Pending {
     unavailable: bool,
 }
 
+impl Pending {
+    /// `self`, the outcomes of the batch just published, with those of the batch before
+    /// that could not be recorded: to record together.
+    fn after(mut self, earlier: Self) -> Self {
+        self.outcomes.extend(earlier.outcomes);
+        self.lease_deadline = match (self.lease_deadline, earlier.lease_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self
+    }
+
+    /// Hands `claims`, claimed ahead and never given to the sink, back: `READY`, due
+    /// now, the attempt not counted.
+    fn release<T: Outbox>(&mut self, claims: &[Claim<T>]) {
+        self.outcomes.extend(claims.iter().map(|claim| {
+            let row = Owned {
+                id: claim.id(),
+                generation: claim.generation().get(),
+            };
+            (row, Outcome::Release)
+        }));
+        let earliest = claims.iter().map(Claim::lease_until).min();
+        if let Some(earliest) = earliest {
+            let end = renewal::deadline(std::iter::once(earliest));
+            self.lease_deadline = Some(self.lease_deadline.map_or(end, |d| d.min(end)));
+        }
+    }
+}
+
+/// What the database did beside a send: the outcomes of the batch before recorded and
+/// the batch after claimed, or why not.
+type Ahead<T> = Result<Vec<Claim<T>>, OutboxError>;
+
 /// The worker's connection: acquired when there is work, kept while there is. Each
 /// pass through the pool costs two round trips (sqlx pings a connection when it is
 /// acquired and when it is released), as much as a small batch's statements.
@@ -325,7 +359,10 @@ impl Connection<'_> {
 
 impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// Claim, publish, then record the outcomes *and* claim the next batch in one
-    /// transaction: one commit per batch.
+    /// transaction: one commit per batch. That transaction runs while the sink has the
+    /// batch in between, so a full batch's database round trip costs the worker no time
+    /// when the sink takes longer: the worker holds the batch in flight and the next
+    /// one, claimed ahead.
     async fn run(self) -> Result<(), OutboxError> {
         let mut conn = Connection {
             pool: &self.relay.pool,
@@ -336,55 +373,85 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         // Batches in a row the destination was unavailable for.
         let mut held_back = 0;
         let mut pending = Pending::default();
+        // A batch claimed while the one before was in flight.
+        let mut ahead: Vec<Claim<T>> = Vec::new();
         loop {
             let stopping = self.stop.is_cancelled();
+            if stopping && !ahead.is_empty() {
+                pending.release(&std::mem::take(&mut ahead));
+            }
             if stopping && pending.outcomes.is_empty() {
                 return Ok(());
             }
-            // After a batch that drained what was due, claiming again would find nothing
-            // (at a steady trickle, every other claim did): record it alone, and wait for
-            // a wake-up. Whatever was enqueued meanwhile has sent one.
-            let claim_next = !stopping && !pending.drained && !pending.unavailable;
-            match self.record_and_claim(&mut conn, &pending, claim_next).await {
-                Ok(claims) => {
-                    failures = 0;
-                    let unavailable = std::mem::take(&mut pending).unavailable;
-                    if claims.is_empty() {
-                        // Idle: the connection goes back to the pool until there is work.
+            let claims = if ahead.is_empty() {
+                // After a batch that drained what was due, claiming again would find
+                // nothing (at a steady trickle, every other claim did): record it alone,
+                // and wait for a wake-up. Whatever was enqueued meanwhile has sent one.
+                let claim_next = !stopping && !pending.drained && !pending.unavailable;
+                match self.record_and_claim(&mut conn, &pending, claim_next).await {
+                    Ok(claims) => {
+                        failures = 0;
+                        let unavailable = std::mem::take(&mut pending).unavailable;
+                        if claims.is_empty() {
+                            // Idle: the connection goes back to the pool until there is work.
+                            conn.release();
+                            if claim_next {
+                                metrics::counter!(metric::IDLE_CLAIMS, "table" => T::SPEC.table)
+                                    .increment(1);
+                            }
+                            if stopping {
+                                // Recorded: the loop ends.
+                            } else if unavailable {
+                                self.pause(self.relay.unavailable.delay(held_back)).await;
+                            } else {
+                                self.idle().await;
+                            }
+                            continue;
+                        }
+                        claims
+                    }
+                    Err(error) if !error.is_transient() => return Err(error),
+                    Err(error) => {
+                        // The pool tests it on release, and closes it if it is broken.
                         conn.release();
-                        if claim_next {
-                            metrics::counter!(metric::IDLE_CLAIMS, "table" => T::SPEC.table)
-                                .increment(1);
-                        }
-                        if stopping {
-                            // Recorded: the loop ends.
-                        } else if unavailable {
-                            self.pause(self.relay.unavailable.delay(held_back)).await;
-                        } else {
-                            self.idle().await;
-                        }
-                    } else {
-                        if claims.len() == self.relay.batch_size as usize {
-                            // There may be more: bring in another idle worker, which
-                            // in turn brings in the next while it finds full batches.
-                            self.wake.notify_one();
-                        }
-                        pending = self.publish(claims, &mut conn).await;
-                        held_back = if pending.unavailable {
-                            held_back.saturating_add(1)
-                        } else {
-                            0
-                        };
+                        failures += 1;
+                        self.back_off(&error, failures, &mut pending).await;
+                        continue;
                     }
                 }
-                Err(error) if !error.is_transient() => return Err(error),
-                Err(error) => {
-                    // The pool tests it on release, and closes it if it is broken.
-                    conn.release();
+            } else {
+                std::mem::take(&mut ahead)
+            };
+            if claims.len() == self.relay.batch_size as usize {
+                // There may be more: bring in another idle worker, which in turn brings
+                // in the next while it finds full batches.
+                self.wake.notify_one();
+            }
+            let earlier = std::mem::take(&mut pending);
+            let (published, beside) = self.publish(claims, &mut conn, &earlier).await;
+            pending = published;
+            match beside {
+                None => pending = pending.after(earlier),
+                Some(Ok(next)) => {
+                    failures = 0;
+                    ahead = next;
+                }
+                Some(Err(error)) if !error.is_transient() => return Err(error),
+                Some(Err(error)) => {
                     failures += 1;
+                    pending = pending.after(earlier);
                     self.back_off(&error, failures, &mut pending).await;
                 }
             }
+            if pending.unavailable && !ahead.is_empty() {
+                // The destination is down: the batch claimed ahead goes back untouched.
+                pending.release(&std::mem::take(&mut ahead));
+            }
+            held_back = if pending.unavailable {
+                held_back.saturating_add(1)
+            } else {
+                0
+            };
         }
     }
 
@@ -466,8 +533,15 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         }
     }
 
-    /// Publishes one claimed batch; returns the outcomes to record.
-    async fn publish(&self, claims: Vec<Claim<T>>, conn: &mut Connection<'_>) -> Pending {
+    /// Publishes one claimed batch; returns the outcomes to record. Meanwhile, on the
+    /// worker's connection, records the `earlier` outcomes and, after a full batch,
+    /// claims the next one: `None` when there was nothing to do beside the send.
+    async fn publish(
+        &self,
+        claims: Vec<Claim<T>>,
+        conn: &mut Connection<'_>,
+        earlier: &Pending,
+    ) -> (Pending, Option<Ahead<T>>) {
         let table = T::SPEC.table;
         let span = tracing::info_span!(
             "outbox.batch",
@@ -479,7 +553,25 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             count_claimed(&claims);
             let deliveries: Vec<Delivery<'_, T>> = claims.iter().map(InFlight::delivery).collect();
             let rows = InFlight::pair(&claims, &deliveries);
-            let (results, lease_deadline) = self.send(&rows, &deliveries, conn).await;
+            let full = claims.len() == self.relay.batch_size as usize;
+            let claim_next = full && !self.stop.is_cancelled();
+            let beside = (claim_next || !earlier.outcomes.is_empty()).then(|| {
+                // The connection moves to the transaction, and comes back with its result.
+                let mut db = Connection {
+                    pool: conn.pool,
+                    table: conn.table,
+                    held: conn.held.take(),
+                };
+                async move {
+                    let ahead = self.record_and_claim(&mut db, earlier, claim_next).await;
+                    if ahead.is_err() {
+                        db.release();
+                    }
+                    (db.held, ahead)
+                }
+            });
+            let (results, lease_deadline, ahead) =
+                self.send(&rows, &deliveries, conn, beside).await;
             let unavailable = results.as_deref().and_then(|results| {
                 results.iter().find_map(|result| match result {
                     Err(error @ SinkError::Unavailable(_)) => Some(error.to_string()),
@@ -491,29 +583,45 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                 (None, Some(_)) => self.outage.answered(),
                 (None, None) => {}
             }
-            Pending {
+            // The claim ahead found nothing: it is as fresh as a short batch's.
+            let found_nothing = claim_next && matches!(&ahead, Some(Ok(next)) if next.is_empty());
+            if found_nothing {
+                metrics::counter!(metric::IDLE_CLAIMS, "table" => table).increment(1);
+            }
+            let pending = Pending {
                 outcomes: in_flight::outcomes(&rows, results, &self.relay.retry),
                 lease_deadline: Some(lease_deadline),
                 // With an ordering key, recording a batch lets the next event of each of
                 // its keys go, and nobody is notified: the claim that follows the
                 // recording in its transaction finds them.
-                drained: claims.len() < self.relay.batch_size as usize && T::SPEC.key().is_none(),
+                drained: (!full || found_nothing) && T::SPEC.key().is_none(),
                 unavailable: unavailable.is_some(),
-            }
+            };
+            (pending, ahead)
         }
         .instrument(span)
         .await
     }
 
-    /// Runs the sink on `deliveries`, renewing the leases of their `rows` meanwhile.
-    /// Returns the sink's results (`None`: abandoned at shutdown or every row lost), and
-    /// when the earliest lease of the rows still owned ends.
-    async fn send(
+    /// Runs the sink on `deliveries`, renewing the leases of their `rows` meanwhile, and
+    /// runs `beside` (a transaction that has taken the worker's connection, and gives it
+    /// back) to its end. Returns the sink's results (`None`: abandoned at shutdown or
+    /// every row lost), when the earliest lease of the rows still owned ends, and what
+    /// `beside` returned.
+    async fn send<B>(
         &self,
         rows: &[InFlight<'_, T>],
         deliveries: &[Delivery<'_, T>],
         conn: &mut Connection<'_>,
-    ) -> (Option<Vec<Result<(), SinkError>>>, Instant) {
+        beside: Option<B>,
+    ) -> (
+        Option<Vec<Result<(), SinkError>>>,
+        Instant,
+        Option<Ahead<T>>,
+    )
+    where
+        B: Future<Output = (Option<PoolConnection<Postgres>>, Ahead<T>)>,
+    {
         let table = T::SPEC.table;
         let relay = &self.relay;
         let started = Instant::now();
@@ -523,14 +631,24 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             relay.send_timeout,
             sink::publish_contained::<T, S>(&relay.sink, deliveries)
         ));
+        let busy = beside.is_some();
+        let mut beside = pin!(futures_util::future::OptionFuture::from(beside));
+        let mut ahead = None;
+        // Until `beside` gives the connection back, renewals wait: it is short.
+        let mut db_busy = busy;
 
         let results = loop {
             tokio::select! {
                 biased;
+                Some((held, done)) = &mut beside, if db_busy => {
+                    conn.held = held;
+                    ahead = Some(done);
+                    db_busy = false;
+                }
                 sent = &mut sending => {
                     break Some(sent.unwrap_or_else(|_| self.timed_out(rows.len())));
                 }
-                () = sleep_until(renewal.due()) => {
+                () = sleep_until(renewal.due()), if !db_busy => {
                     for row in renewal.renew(conn).await {
                         row.lose();
                     }
@@ -550,7 +668,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         #[allow(clippy::cast_precision_loss)]
         metrics::histogram!(metric::PUBLISH_SECONDS, "table" => table)
             .record(started.elapsed().as_secs_f64());
-        (results, renewal.lease_deadline())
+        if db_busy && let Some((held, done)) = beside.await {
+            conn.held = held;
+            ahead = Some(done);
+        }
+        (results, renewal.lease_deadline(), ahead)
     }
 
     /// The results of a batch of `size` whose publish timed out: a transient failure each.

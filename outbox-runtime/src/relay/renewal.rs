@@ -30,10 +30,16 @@ impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
     pub(super) fn new(rows: &'r [InFlight<'a, T>], started: Instant) -> Self {
         let lease_deadline = deadline(rows.iter().map(|row| row.claim().lease_until()));
         let every = T::SPEC.lease / 3;
+        // A third of the lease after the claim: a batch claimed ahead, while the one
+        // before was in flight, is renewed as soon as it is due, not a third after its
+        // send starts.
+        let first = lease_deadline
+            .checked_sub(2 * every)
+            .map_or(started, |due| due.min(started + every));
         Self {
             rows,
             every,
-            next: started + every,
+            next: first,
             lease_deadline,
         }
     }
@@ -97,7 +103,7 @@ impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
 }
 
 /// The tokio instant of the earliest lease end (now, if there is none).
-fn deadline(leases: impl Iterator<Item = SystemTime>) -> Instant {
+pub(super) fn deadline(leases: impl Iterator<Item = SystemTime>) -> Instant {
     let now = SystemTime::now();
     let earliest = leases.min().unwrap_or(now);
     Instant::now() + earliest.duration_since(now).unwrap_or_default()
