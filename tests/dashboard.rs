@@ -7,6 +7,7 @@
 
 mod support;
 
+use std::fmt::Write as _;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -116,18 +117,23 @@ impl Dashboard {
             address: String::new(),
             startup: String::new(),
         };
-        loop {
-            let line = received
-                .recv_timeout(Duration::from_secs(60))
-                .map_err(|_| {
-                    "outbox serve did not say where it listens (see its stderr above)".to_owned()
-                })?;
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                dashboard.address = rest.split('/').next().unwrap_or_default().to_owned();
-                dashboard.startup = line;
-                return Ok(dashboard);
+        let startup = loop {
+            let line = received.recv_timeout(Duration::from_mins(1)).map_err(|_| {
+                "outbox serve did not say where it listens (see its stderr above)".to_owned()
+            })?;
+            if line.contains("listening on http://") {
+                break line;
             }
-        }
+        };
+        let address = startup
+            .split("listening on http://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .unwrap_or_default()
+            .to_owned();
+        dashboard.address = address;
+        dashboard.startup = startup;
+        Ok(dashboard)
     }
 
     fn url(&self) -> String {
@@ -165,13 +171,13 @@ impl Dashboard {
             .iter()
             .any(|(name, _)| name.eq_ignore_ascii_case("host"))
         {
-            head += &format!("Host: {}\r\n", self.address);
+            write!(head, "Host: {}\r\n", self.address)?;
         }
         for (name, value) in headers {
-            head += &format!("{name}: {value}\r\n");
+            write!(head, "{name}: {value}\r\n")?;
         }
         let body = body.unwrap_or_default();
-        head += &format!("Content-Length: {}\r\n\r\n{body}", body.len());
+        write!(head, "Content-Length: {}\r\n\r\n{body}", body.len())?;
         stream.write_all(head.as_bytes()).await?;
         let mut raw = Vec::new();
         stream.read_to_end(&mut raw).await?;

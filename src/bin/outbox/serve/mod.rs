@@ -541,7 +541,8 @@ async fn api_requeue(
 ) -> ApiResult {
     check_write(&dashboard, &headers)?;
     let body: RequeueBody = parse_body(&body)?;
-    if body.all == !body.event_ids.is_empty() {
+    let by_ids = !body.event_ids.is_empty();
+    if body.all == by_ids {
         return Err(ApiError::bad_request(
             "name the dead events in `event_ids`, or set `all`: one of the two",
         ));

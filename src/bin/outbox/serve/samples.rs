@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::status::TableStatus;
 
 /// How far back the chart looks.
-pub(super) const WINDOW: Duration = Duration::from_secs(3600);
+pub(super) const WINDOW: Duration = Duration::from_hours(1);
 
 /// A bound on memory whatever `--sample-every` says.
 const MAX_SAMPLES: usize = 3600;
@@ -244,12 +244,12 @@ mod tests {
         let mut samples = Samples::default();
         samples.record_at(start, 0.0, &[status("a", 0, Some(0), 0)]);
         samples.record_at(
-            start + Duration::from_secs(60),
+            start + Duration::from_mins(1),
             60.0,
             &[status("b", 0, Some(0), 0)],
         );
         samples.record_at(
-            start + Duration::from_secs(120),
+            start + Duration::from_mins(2),
             120.0,
             &[status("a", 60, Some(0), 0)],
         );
