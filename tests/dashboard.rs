@@ -9,12 +9,15 @@ mod support;
 
 use std::fmt::Write as _;
 use std::io::{BufRead as _, BufReader};
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use fantoccini::{ClientBuilder, Locator};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 use outbox::testing::TestSchema;
 use serde_json::{Value, json};
 use support::events::{Budgeted, Receipt};
@@ -568,7 +571,8 @@ async fn a_database_that_does_not_answer_is_an_error_answer_not_a_crash() -> Tes
 // The page, in a real browser
 // ---------------------------------------------------------------------------------------
 
-/// chromedriver as a child process; killed when dropped.
+/// chromedriver as a child process, in a process group of its own with the browsers it
+/// starts; the whole group is killed when dropped (a panic skips closing the session).
 struct ChromeDriver {
     child: Child,
     port: u16,
@@ -581,6 +585,7 @@ impl ChromeDriver {
             .port();
         let child = Command::new(binary)
             .arg(format!("--port={port}"))
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -598,6 +603,9 @@ impl ChromeDriver {
 
 impl Drop for ChromeDriver {
     fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -663,7 +671,8 @@ async fn the_page_in_a_browser_shows_the_tables_and_requeues_a_dead_event() -> T
     Ok(())
 }
 
-/// What the operator sees and does: the test proper, with the browser open.
+/// What the operator sees and does: the test proper, with the browser open (the caller
+/// closes it whatever this returns).
 async fn drive(browser: &fantoccini::Client, db: &TestSchema, dashboard: &Dashboard) -> TestResult {
     let text_of = async |css: &str| match browser.find(Locator::Css(css)).await {
         Ok(element) => element.text().await.unwrap_or_default(),
@@ -749,5 +758,50 @@ async fn drive(browser: &fantoccini::Client, db: &TestSchema, dashboard: &Dashbo
     let after = screenshot_path("dashboard-after-requeue.png");
     std::fs::write(&after, browser.screenshot().await?)?;
     eprintln!("the dashboard, after the requeue: {}", after.display());
+
+    // Prune: the form asks first, saying how many rows would go; accepted, they go.
+    let age = browser
+        .find(Locator::Css(&format!("{budget} form.prune input")))
+        .await?;
+    age.clear().await?;
+    age.send_keys("0s").await?;
+    browser
+        .find(Locator::Css(&format!("{budget} form.prune button")))
+        .await?
+        .click()
+        .await?;
+    let mut question = String::new();
+    wait_until(
+        "the page asks before pruning",
+        Duration::from_secs(30),
+        async || match browser.get_alert_text().await {
+            Ok(text) => {
+                question = text;
+                true
+            }
+            Err(_) => false,
+        },
+    )
+    .await;
+    assert!(
+        question.starts_with("Delete 65 SENT event(s) of budget_events"),
+        "{question}"
+    );
+    browser.accept_alert().await?;
+    wait_until(
+        "the SENT rows are pruned",
+        Duration::from_secs(30),
+        async || support::rows::count::<Budgeted>(db.pool(), "SENT").await == 0,
+    )
+    .await;
+    wait_until(
+        "the page shows the prune",
+        Duration::from_secs(30),
+        async || {
+            text_of("#notice").await == "Deleted 65 SENT event(s) of budget_events."
+                && text_of(&format!("{budget} .stat-sent .value")).await == "0"
+        },
+    )
+    .await;
     Ok(())
 }
