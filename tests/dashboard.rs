@@ -625,7 +625,7 @@ fn screenshot_path(name: &str) -> PathBuf {
 }
 
 #[tokio::test]
-async fn the_page_in_a_browser_shows_the_tables_and_requeues_a_dead_event() -> TestResult {
+async fn the_page_in_a_browser_shows_the_tables_requeues_a_dead_event_and_prunes() -> TestResult {
     if std::env::var_os("OUTBOX_SKIP_BROWSER").is_some_and(|v| v == "1") {
         eprintln!("skipped: the dashboard's browser test (OUTBOX_SKIP_BROWSER=1)");
         return Ok(());
@@ -671,39 +671,55 @@ async fn the_page_in_a_browser_shows_the_tables_and_requeues_a_dead_event() -> T
     Ok(())
 }
 
+/// The rendered text of the element `css` selects; empty when there is none (yet).
+async fn text_of(browser: &fantoccini::Client, css: &str) -> String {
+    match browser.find(Locator::Css(css)).await {
+        Ok(element) => element.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    }
+}
+
 /// What the operator sees and does: the test proper, with the browser open (the caller
 /// closes it whatever this returns).
 async fn drive(browser: &fantoccini::Client, db: &TestSchema, dashboard: &Dashboard) -> TestResult {
-    let text_of = async |css: &str| match browser.find(Locator::Css(css)).await {
-        Ok(element) => element.text().await.unwrap_or_default(),
-        Err(_) => String::new(),
-    };
     browser.goto(&dashboard.url()).await?;
     let budget = r#"section[data-table="budget_events"]"#;
     wait_until(
         "the page shows budget_events",
         Duration::from_secs(30),
-        async || text_of(&format!("{budget} .stat-dead .value")).await == "1",
+        async || text_of(browser, &format!("{budget} .stat-dead .value")).await == "1",
     )
     .await;
 
     // The counts, as the API has them.
-    assert_eq!(text_of(&format!("{budget} .stat-ready .value")).await, "2");
-    assert_eq!(text_of(&format!("{budget} .stat-due .value")).await, "2");
-    assert_eq!(text_of(&format!("{budget} .stat-sent .value")).await, "65");
+    assert_eq!(
+        text_of(browser, &format!("{budget} .stat-ready .value")).await,
+        "2"
+    );
+    assert_eq!(
+        text_of(browser, &format!("{budget} .stat-due .value")).await,
+        "2"
+    );
+    assert_eq!(
+        text_of(browser, &format!("{budget} .stat-sent .value")).await,
+        "65"
+    );
     let receipts = r#"section[data-table="receipt_events"]"#;
     assert_eq!(
-        text_of(&format!("{receipts} .stat-ready .value")).await,
+        text_of(browser, &format!("{receipts} .stat-ready .value")).await,
         "1"
     );
     assert_eq!(
-        text_of(&format!("{receipts} .stat-sent-per-minute .value")).await,
+        text_of(browser, &format!("{receipts} .stat-sent-per-minute .value")).await,
         "n/a"
     );
 
     // The dead event's error, as text: its markup made no elements.
     let row = format!(r#"{budget} tr[data-event-id="doomed"]"#);
-    assert_eq!(text_of(&format!("{row} td.error")).await, BROKER_ERROR);
+    assert_eq!(
+        text_of(browser, &format!("{row} td.error")).await,
+        BROKER_ERROR
+    );
     let markup = browser
         .find_all(Locator::Css(&format!("{row} td.error *")))
         .await?;
@@ -746,20 +762,27 @@ async fn drive(browser: &fantoccini::Client, db: &TestSchema, dashboard: &Dashbo
         "the page shows no dead event",
         Duration::from_secs(30),
         async || {
-            text_of(&format!("{budget} .stat-dead .value")).await == "0"
+            text_of(browser, &format!("{budget} .stat-dead .value")).await == "0"
                 && browser.find(Locator::Css(&row)).await.is_err()
         },
     )
     .await;
     assert!(
-        text_of("#notice").await.contains("Requeued doomed"),
+        text_of(browser, "#notice")
+            .await
+            .contains("Requeued doomed"),
         "the page confirms the requeue"
     );
     let after = screenshot_path("dashboard-after-requeue.png");
     std::fs::write(&after, browser.screenshot().await?)?;
     eprintln!("the dashboard, after the requeue: {}", after.display());
+    prune_through_the_form(browser, db).await
+}
 
-    // Prune: the form asks first, saying how many rows would go; accepted, they go.
+/// Prune through the budget_events card's form: the page asks first, saying how many
+/// rows would go; accepted, they go.
+async fn prune_through_the_form(browser: &fantoccini::Client, db: &TestSchema) -> TestResult {
+    let budget = r#"section[data-table="budget_events"]"#;
     let age = browser
         .find(Locator::Css(&format!("{budget} form.prune input")))
         .await?;
@@ -798,8 +821,8 @@ async fn drive(browser: &fantoccini::Client, db: &TestSchema, dashboard: &Dashbo
         "the page shows the prune",
         Duration::from_secs(30),
         async || {
-            text_of("#notice").await == "Deleted 65 SENT event(s) of budget_events."
-                && text_of(&format!("{budget} .stat-sent .value")).await == "0"
+            text_of(browser, "#notice").await == "Deleted 65 SENT event(s) of budget_events."
+                && text_of(browser, &format!("{budget} .stat-sent .value")).await == "0"
         },
     )
     .await;
