@@ -27,7 +27,6 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 
 use crate::status;
 use crate::{Failure, fail};
@@ -40,9 +39,6 @@ const PAGE: &str = include_str!("page.html");
 /// The header a write carries the per-process token in. A custom header: a cross-site
 /// request cannot set it without a preflight.
 const TOKEN_HEADER: &str = "x-outbox-token";
-
-/// How long a request waits for a database connection before it answers 503.
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Rows per transaction of a prune.
 const PRUNE_BATCH: u32 = 1_000;
@@ -96,12 +92,6 @@ impl Dashboard {
 }
 
 pub(crate) async fn run(pool: PgPool, args: Args) -> Result<(), Failure> {
-    // The same database, with a shorter wait for a connection than the command line's:
-    // the page should say soon that the database does not answer.
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .acquire_timeout(ACQUIRE_TIMEOUT)
-        .connect_lazy_with((*pool.connect_options()).clone());
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await
         .map_err(|e| fail(format!("cannot listen on {}: {e}", args.bind)))?;
@@ -145,7 +135,6 @@ pub(crate) async fn run(pool: PgPool, args: Args) -> Result<(), Failure> {
         .with_graceful_shutdown(shutdown())
         .await;
     sampler.abort();
-    dashboard.pool.close().await;
     served?;
     eprintln!("outbox serve: stopped");
     Ok(())
