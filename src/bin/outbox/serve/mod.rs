@@ -86,7 +86,7 @@ struct Dashboard {
 
 impl Dashboard {
     fn samples(&self) -> std::sync::MutexGuard<'_, Samples> {
-        // The ring stays consistent through a panic elsewhere: every change is one push.
+        // A panic while it was held left whole samples behind: the ring is still usable.
         self.samples.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -177,7 +177,7 @@ async fn sample(dashboard: Arc<Dashboard>) {
     }
 }
 
-/// 128 random bits, as hex: the write token, and the page's CSP nonce.
+/// 122 random bits (a v4 UUID), as hex: the write token, and the page's CSP nonce.
 fn random_hex() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
