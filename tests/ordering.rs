@@ -369,7 +369,7 @@ async fn hot_keys_drain_on_wake_ups_alone_without_waiting_for_the_poll() -> Test
         Relay::<OrderStep, _>::new(db.connect(5).await?, sink.clone())
             .concurrency(4)
             .batch_size(10)
-            .poll_interval(Duration::from_secs(3_600))
+            .poll_interval(Duration::from_hours(1))
             .run(stop.clone()),
     );
     for round in 0..3 {

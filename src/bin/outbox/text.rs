@@ -85,8 +85,11 @@ mod tests {
         assert_eq!(age(Duration::from_millis(850)), "850ms");
         assert_eq!(age(Duration::from_secs(12)), "12s");
         assert_eq!(age(Duration::from_secs(200)), "3m 20s");
-        assert_eq!(age(Duration::from_secs(5 * 3_600 + 120)), "5h 02m");
-        assert_eq!(age(Duration::from_secs(3 * 86_400 + 4 * 3_600)), "3d 4h");
+        assert_eq!(
+            age(Duration::from_hours(5) + Duration::from_mins(2)),
+            "5h 02m"
+        );
+        assert_eq!(age(Duration::from_hours(3 * 24 + 4)), "3d 4h");
     }
 
     #[test]
