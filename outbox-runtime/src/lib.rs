@@ -9,6 +9,7 @@ pub mod catalog;
 mod claim;
 mod connect;
 mod error;
+pub mod export;
 mod id;
 pub mod inbox;
 mod interval;
