@@ -177,11 +177,12 @@ async fn the_gauges_follow_each_tables_claims_failures_and_repairs() -> TestResu
         .expect("r1")
         .complete(pool)
         .await?;
-    Receipt::claim(pool)
+    let retried = Receipt::claim(pool)
         .await?
         .expect("r2")
         .retry(pool, Duration::from_hours(1))
         .await?;
+    assert_eq!(retried, outbox::Retried::Scheduled);
     wait_for_gauges(
         &counters,
         RECEIPTS,

@@ -114,7 +114,13 @@ impl MigrationFile {
             target,
             version: migration.version(),
         })?;
-        let mut contents = format!(
+        // The migration's last statement may lack its `;` (outbox::migrate runs it alone).
+        let terminator = if sql.trim_end().ends_with(';') {
+            ""
+        } else {
+            "\n;"
+        };
+        let contents = format!(
             "-- Migration {version} of \"{target}\" ({migration}), exported by outbox::export:\n\
              -- what outbox::migrate applies. Do not edit: outbox::migrate compares the history row\n\
              -- below with the event type and refuses a table that differs. Change the event type\n\
@@ -123,19 +129,13 @@ impl MigrationFile {
              -- In one transaction (sqlx migrate and Flyway run each file in one; with psql, use\n\
              -- `psql --single-transaction -f`): create the table's own migration history as\n\
              -- outbox::migrate does, run the migration byte for byte, and record it there, so that\n\
-             -- outbox::migrate at startup finds it applied.\n\n{history}\n\n{sql}",
-            history = HISTORY_TABLE.replace("%TABLE%", history_table),
-        );
-        // The migration's last statement may lack its `;` (outbox::migrate runs it alone).
-        if !sql.trim_end().ends_with(';') {
-            contents.push_str("\n;");
-        }
-        contents.push_str(&format!(
-            "\n\nINSERT INTO {history_table} (version, name, applied_on, checksum) \
+             -- outbox::migrate at startup finds it applied.\n\n{history}\n\n{sql}{terminator}\n\n\
+             INSERT INTO {history_table} (version, name, applied_on, checksum) \
              VALUES ({version}, '{name}', {APPLIED_ON}, '{checksum}');\n",
+            history = HISTORY_TABLE.replace("%TABLE%", history_table),
             name = migration.name().replace('\'', "''"),
             checksum = migration.checksum(),
-        ));
+        );
         Ok(Self {
             target,
             version,
@@ -322,19 +322,17 @@ pub fn write_migrations(
     let mut next = listing.highest + 1;
     let mut new = Vec::new();
     for file in &files {
-        match listing.exported.get(&file.key()) {
-            Some(path) => check_file(path, file)?,
-            None => {
-                if let Some(later) = listing.later_than(file) {
-                    return Err(ExportError::OutOfOrder {
-                        target: file.target,
-                        missing: file.version,
-                        later: later.clone(),
-                    });
-                }
-                new.push((dir.join(names.file_name(next, &file.description())), file));
-                next += 1;
-            }
+        if let Some(path) = listing.exported.get(&file.key()) {
+            check_file(path, file)?;
+        } else if let Some(later) = listing.later_than(file) {
+            return Err(ExportError::OutOfOrder {
+                target: file.target,
+                missing: file.version,
+                later: later.clone(),
+            });
+        } else {
+            new.push((dir.join(names.file_name(next, &file.description())), file));
+            next += 1;
         }
     }
     for (path, file) in &new {
