@@ -10,9 +10,8 @@
 //! - a file holds the migration's SQL byte for byte, and the row it records carries
 //!   refinery's checksum of that SQL. If the event type changes after its files were
 //!   applied (a field added without `since`, say), `outbox::migrate` refuses to start
-//!   with [`OutboxError::EventTypeChanged`](crate::OutboxError::EventTypeChanged), as it
-//!   does for a table it migrated itself; an edit that changes a column is
-//!   [`Drift`](crate::OutboxError::Drift);
+//!   with [`OutboxError::EventTypeChanged`], as it does for a table it migrated itself;
+//!   an edit that changes a column is [`Drift`](OutboxError::Drift);
 //! - an edited file cannot be seen in the database for what it is, so
 //!   [`write_migrations`] refuses to go on with one in the directory, and
 //!   [`check_migrations`] (in a test of the application) fails on one, or on a migration
