@@ -58,17 +58,14 @@ const REPEAT_WARNING: Duration = Duration::from_mins(1);
 /// recorder the application installed (a Prometheus exporter, say).
 ///
 /// ```no_run
-/// # #[derive(outbox::Outbox)] struct OrderPlaced { customer: String }
-/// # async fn run(pool: sqlx::PgPool) {
 /// use std::time::Duration;
-/// use outbox::{CancellationToken, Monitor};
+/// use outbox_runtime::Monitor;
+/// use outbox_runtime::relay::CancellationToken;
 ///
+/// # fn start(pool: sqlx::PgPool, tables: &[outbox_runtime::TableMigrations]) {
+/// // tables: [OrderPlaced::migrations(), Shipped::migrations()], as for `migrate`
 /// let shutdown = CancellationToken::new(); // the relays' token
-/// tokio::spawn(
-///     Monitor::new(pool, &[OrderPlaced::migrations()])
-///         .interval(Duration::from_secs(15))
-///         .run(shutdown.clone()),
-/// );
+/// tokio::spawn(Monitor::new(pool, tables).interval(Duration::from_secs(15)).run(shutdown.clone()));
 /// # }
 /// ```
 ///
