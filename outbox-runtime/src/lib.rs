@@ -9,6 +9,7 @@ pub mod catalog;
 mod claim;
 mod connect;
 mod error;
+pub mod export;
 mod id;
 pub mod inbox;
 mod interval;
@@ -16,6 +17,7 @@ mod interval;
 pub mod kafka;
 pub mod message;
 mod migrate;
+pub mod monitor;
 #[cfg(feature = "nats")]
 pub mod nats;
 mod ops;
@@ -33,6 +35,7 @@ pub use interval::MAX_INTERVAL;
 pub use migrate::{
     AppliedMigration, MigrationReport, TableMigrations, migrate, migrate_with_app, verify,
 };
+pub use monitor::Monitor;
 pub use ops::{Stats, discard_dead, prune_sent, requeue_all_dead, requeue_dead, stats};
 pub use spec::{Column, MigrationStep, Outbox, PgQuery, TableSpec};
 

@@ -8,7 +8,7 @@ use sqlx::{AssertSqlSafe, PgExecutor};
 
 use crate::error::OutboxError;
 use crate::interval;
-use crate::spec::{Outbox, Statement};
+use crate::spec::{Outbox, Statement, TableSpec};
 
 /// One table's operator statements, from its event type's spec or from the catalog
 /// (which `migrate` writes from the same spec): each operation below is written once,
@@ -26,7 +26,13 @@ pub(crate) struct Operations<'s> {
 impl Operations<'static> {
     /// The statements `T`'s derive wrote.
     pub(crate) fn of<T: Outbox>() -> Self {
-        let (table, sql) = (T::SPEC.table, &T::SPEC.sql);
+        Self::of_spec(T::SPEC)
+    }
+
+    /// The statements the derive wrote into `spec`: for callers that hold a table's
+    /// spec rather than its type (the monitor, given `T::migrations()`).
+    pub(crate) fn of_spec(spec: &'static TableSpec) -> Self {
+        let (table, sql) = (spec.table, &spec.sql);
         Self {
             table,
             stats: sql.get(Statement::Stats),

@@ -1,6 +1,6 @@
-//! A `metrics` recorder that counts, for tests. Install it on the test's thread with
-//! `metrics::set_default_local_recorder`: a `#[tokio::test]` runs every task it spawns
-//! on that thread.
+//! A `metrics` recorder that counts and keeps each gauge's last value, for tests.
+//! Install it on the test's thread with `metrics::set_default_local_recorder`: a
+//! `#[tokio::test]` runs every task it spawns on that thread.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,19 +8,47 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 
-/// Counter values by (name, `table` label).
+/// Metric values by (name, `table` label).
+type Values = Mutex<HashMap<(String, String), Arc<AtomicU64>>>;
+
+/// Counter values, and gauge values (an `f64`'s bits, as `metrics` stores them in an
+/// `AtomicU64`), by (name, `table` label).
 #[derive(Default)]
-pub(crate) struct Counters(Mutex<HashMap<(String, String), Arc<AtomicU64>>>);
+pub(crate) struct Counters {
+    counters: Values,
+    gauges: Values,
+}
 
 impl Counters {
     /// The value of counter `name` labelled `table`.
     pub(crate) fn get(&self, name: &str, table: &str) -> u64 {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&(name.to_owned(), table.to_owned()))
-            .map_or(0, |c| c.load(Ordering::Relaxed))
+        value(&self.counters, name, table).map_or(0, |c| c.load(Ordering::Relaxed))
     }
+
+    /// The last value of gauge `name` labelled `table`, or `None` if it was never
+    /// registered.
+    pub(crate) fn gauge(&self, name: &str, table: &str) -> Option<f64> {
+        value(&self.gauges, name, table).map(|g| f64::from_bits(g.load(Ordering::Relaxed)))
+    }
+}
+
+fn value(values: &Values, name: &str, table: &str) -> Option<Arc<AtomicU64>> {
+    values
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&(name.to_owned(), table.to_owned()))
+        .cloned()
+}
+
+/// The value registered for `key` in `values`, created at 0 the first time.
+fn register(values: &Values, key: &Key) -> Arc<AtomicU64> {
+    let table = key
+        .labels()
+        .find(|l| l.key() == "table")
+        .map(|l| l.value().to_owned())
+        .unwrap_or_default();
+    let mut values = values.lock().unwrap_or_else(PoisonError::into_inner);
+    Arc::clone(values.entry((key.name().to_owned(), table)).or_default())
 }
 
 impl Recorder for Counters {
@@ -29,18 +57,11 @@ impl Recorder for Counters {
     fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
 
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        let table = key
-            .labels()
-            .find(|l| l.key() == "table")
-            .map(|l| l.value().to_owned())
-            .unwrap_or_default();
-        let mut counters = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let counter = counters.entry((key.name().to_owned(), table)).or_default();
-        Counter::from_arc(Arc::clone(counter))
+        Counter::from_arc(register(&self.counters, key))
     }
 
-    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::noop()
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::from_arc(register(&self.gauges, key))
     }
 
     fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
