@@ -2,8 +2,8 @@
 //!
 //! Each of `concurrency` workers claims a batch in one statement, publishes it through
 //! the [`Sink`], and records every outcome in one guarded statement, in the transaction
-//! that claims its next batch; a busy worker keeps its pool connection from batch to
-//! batch. While a send is in flight its leases are renewed (guarded the same way); a
+//! that claims its next batch, which runs while the sink has the batch in between; a
+//! busy worker keeps its pool connection from batch to batch. While a send is in flight its leases are renewed (guarded the same way); a
 //! row whose renewal is rejected belongs to someone else now, and the relay records
 //! nothing for it. Idle workers give their connection back and sleep until a `NOTIFY`
 //! from `enqueue` or the poll interval; database errors back off; shutdown finishes
