@@ -13,26 +13,7 @@ use outbox::testing::TestSchema;
 use outbox::{OutboxError, TableMigrations};
 use sqlx::{AssertSqlSafe, PgPool};
 use support::TestResult;
-use support::events::{Receipt, Shipment, ShipmentBeforeKey};
-
-/// The first release of an event type...
-#[derive(outbox::Outbox, Debug)]
-#[outbox(table = "parcel_events")]
-struct ParcelSent {
-    #[outbox(event_id)]
-    name: String,
-}
-
-/// ...and a later build that added a field without `since`, changing migration 1.
-mod changed {
-    #[derive(outbox::Outbox, Debug)]
-    #[outbox(table = "parcel_events")]
-    pub(super) struct ParcelSent {
-        #[outbox(event_id)]
-        pub(super) name: String,
-        pub(super) grams: i64,
-    }
-}
+use support::events::{ParcelSent, ParcelSentChanged, Receipt, Shipment, ShipmentBeforeKey};
 
 /// A directory of its own under the system's temporary directory, removed on drop.
 struct ScratchDir(PathBuf);
@@ -262,7 +243,7 @@ async fn files_of_an_event_type_that_changed_since_are_refused_at_startup() -> T
     apply_like_a_tool(db.pool(), dir.path()).await?;
 
     // The next build added a field without `since`: its migration 1 is not what ran.
-    let error = outbox::migrate(db.pool(), &[changed::ParcelSent::migrations()])
+    let error = outbox::migrate(db.pool(), &[ParcelSentChanged::migrations()])
         .await
         .expect_err("migration 1 diverged");
     assert!(
@@ -276,7 +257,7 @@ async fn files_of_an_event_type_that_changed_since_are_refused_at_startup() -> T
     // Exporting it over the old files says the same before anything is applied.
     let refused = write_migrations(
         dir.path(),
-        &[changed::ParcelSent::migrations()],
+        &[ParcelSentChanged::migrations()],
         FileNames::Sqlx,
     )
     .expect_err("the exported migration 1 differs");

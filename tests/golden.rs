@@ -89,6 +89,7 @@ fn generated_migrations_match_the_golden_files() {
         events::LenientStep::migrations(),
         events::Shipment::migrations(),
         events::OrderedChaosEvent::migrations(),
+        events::ParcelSentChanged::migrations(),
     ]);
 }
 

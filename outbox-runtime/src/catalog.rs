@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use refinery_core::{Migration, Runner};
+use refinery_core::Runner;
 use sqlx::postgres::types::PgInterval;
 use sqlx::types::Json;
 use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, PgPool, Row};
@@ -103,19 +103,7 @@ const ENTRIES: &str = "\
 
 /// The catalog's runner: its own table and history, through `migrate`'s lock.
 pub(crate) fn runner() -> Result<Runner, OutboxError> {
-    let migrations = MIGRATIONS
-        .iter()
-        .map(|(name, sql)| Migration::unapplied(name, sql))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| OutboxError::Migration {
-            target: TABLE.to_owned(),
-            source,
-        })?;
-    let mut runner = Runner::new(&migrations)
-        .set_abort_divergent(true)
-        .set_abort_missing(false);
-    runner.set_migration_table_name(HISTORY_TABLE);
-    Ok(runner)
+    crate::migrate::own_runner(TABLE, HISTORY_TABLE, &MIGRATIONS)
 }
 
 /// Records `table` in the catalog; `migrate` calls it under its lock, once the table's

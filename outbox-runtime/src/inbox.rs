@@ -9,13 +9,12 @@
 
 use std::time::Duration;
 
-use refinery_core::{Migration, Runner};
 use sqlx::{PgExecutor, PgPool};
 
 use crate::error::OutboxError;
 use crate::id::EventId;
 use crate::interval;
-use crate::migrate::{MigrationReport, migrate_target};
+use crate::migrate::{MigrationReport, migrate_target, own_runner};
 
 /// The inbox table: one for every consumer of the schema, keyed by `(consumer,
 /// event_id)`.
@@ -172,17 +171,6 @@ impl Inbox {
 /// [`migrate`](crate::migrate) (its history in `_outbox_history_outbox_inbox`);
 /// idempotent. Call it at a consumer's startup.
 pub async fn migrate(pool: &PgPool) -> Result<MigrationReport, OutboxError> {
-    let migrations = MIGRATIONS
-        .iter()
-        .map(|(name, sql)| Migration::unapplied(name, sql))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| OutboxError::Migration {
-            target: TABLE.to_owned(),
-            source,
-        })?;
-    let mut runner = Runner::new(&migrations)
-        .set_abort_divergent(true)
-        .set_abort_missing(false);
-    runner.set_migration_table_name(HISTORY_TABLE);
+    let runner = own_runner(TABLE, HISTORY_TABLE, &MIGRATIONS)?;
     migrate_target(pool, TABLE, &runner).await
 }

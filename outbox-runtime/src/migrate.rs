@@ -271,6 +271,28 @@ fn log_applied(target: &str, migrations: &[Migration]) {
     }
 }
 
+/// The runner of one of the crate's own tables (the catalog, the inbox): its
+/// `migrations` (name, SQL) recorded in `history_table`.
+pub(crate) fn own_runner(
+    target: &str,
+    history_table: &str,
+    migrations: &[(&str, &str)],
+) -> Result<Runner, OutboxError> {
+    let migrations = migrations
+        .iter()
+        .map(|(name, sql)| Migration::unapplied(name, sql))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| OutboxError::Migration {
+            target: target.to_owned(),
+            source,
+        })?;
+    let mut runner = Runner::new(&migrations)
+        .set_abort_divergent(true)
+        .set_abort_missing(false);
+    runner.set_migration_table_name(history_table);
+    Ok(runner)
+}
+
 /// The refinery runner of one table, configured for the table's own history table.
 fn table_runner(spec: &'static TableSpec) -> Result<Runner, OutboxError> {
     let invalid = |e: SpecError| {

@@ -165,3 +165,22 @@ pub struct OrderedChaosEvent {
     pub order_id: i64,
     pub seq: i32,
 }
+
+/// The first release of an event type, for the export tests...
+#[derive(outbox::Outbox, Debug)]
+#[outbox(table = "parcel_events")]
+pub struct ParcelSent {
+    #[outbox(event_id)]
+    pub name: String,
+}
+
+/// ...and a later build that added a field without `since`, changing migration 1 (what
+/// `outbox::migrate` refuses). The golden files hold this one's table: `ParcelSent`'s
+/// statements need a subset of its columns.
+#[derive(outbox::Outbox, Debug)]
+#[outbox(table = "parcel_events")]
+pub struct ParcelSentChanged {
+    #[outbox(event_id)]
+    pub name: String,
+    pub grams: i64,
+}

@@ -1,7 +1,9 @@
 //! `outbox dead` and `outbox show`: the events an operator decides about.
 
+use std::time::Duration;
+
 use outbox::catalog;
-use serde_json::json;
+use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::text::{Table, age, clip};
@@ -32,8 +34,26 @@ pub(crate) struct ShowArgs {
     json: bool,
 }
 
-pub(crate) async fn dead(pool: &PgPool, args: DeadArgs) -> Result<(), Failure> {
-    let entries = match &args.table {
+/// One dead event, as `dead --json` and the dashboard's API show it.
+#[derive(Debug, Serialize)]
+pub(crate) struct DeadRow {
+    pub(crate) table: &'static str,
+    pub(crate) id: i64,
+    pub(crate) event_id: String,
+    pub(crate) attempts: i32,
+    pub(crate) last_error: Option<String>,
+    pub(crate) age_seconds: f64,
+    pub(crate) key: Option<String>,
+}
+
+/// Up to `limit` dead events of each table (`table`, or every table whose catalog entry
+/// is sound), oldest first.
+pub(crate) async fn dead_rows(
+    pool: &PgPool,
+    table: Option<&str>,
+    limit: u32,
+) -> Result<Vec<DeadRow>, Failure> {
+    let entries = match table {
         Some(table) => vec![entry(pool, table).await?],
         None => catalog::tables(pool)
             .await?
@@ -41,43 +61,40 @@ pub(crate) async fn dead(pool: &PgPool, args: DeadArgs) -> Result<(), Failure> {
             .filter(|e| e.problem().is_none())
             .collect(),
     };
-    let mut listed = Vec::new();
+    let mut rows = Vec::new();
     for entry in &entries {
-        for event in entry.dead(pool, args.limit).await? {
-            listed.push((entry.table(), event));
-        }
+        rows.extend(entry.dead(pool, limit).await?.into_iter().map(|e| DeadRow {
+            table: entry.table(),
+            id: e.id,
+            event_id: e.event_id.as_str().to_owned(),
+            attempts: e.attempts,
+            last_error: e.last_error,
+            age_seconds: e.age.as_secs_f64(),
+            key: e.key,
+        }));
     }
+    Ok(rows)
+}
+
+pub(crate) async fn dead(pool: &PgPool, args: DeadArgs) -> Result<(), Failure> {
+    let rows = dead_rows(pool, args.table.as_deref(), args.limit).await?;
     if args.json {
-        let rows: Vec<_> = listed
-            .iter()
-            .map(|(table, e)| {
-                json!({
-                    "table": table,
-                    "id": e.id,
-                    "event_id": e.event_id.as_str(),
-                    "attempts": e.attempts,
-                    "last_error": e.last_error,
-                    "age_seconds": e.age.as_secs_f64(),
-                    "key": e.key,
-                })
-            })
-            .collect();
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
-    if listed.is_empty() {
+    if rows.is_empty() {
         println!("no dead events");
         return Ok(());
     }
     let mut table = Table::new(&["TABLE", "EVENT ID", "ATTEMPTS", "AGE", "KEY", "LAST ERROR"]);
-    for (name, e) in &listed {
+    for row in rows {
         table.row(vec![
-            (*name).to_owned(),
-            e.event_id.as_str().to_owned(),
-            e.attempts.to_string(),
-            age(e.age),
-            e.key.clone().unwrap_or_else(|| "-".to_owned()),
-            clip(e.last_error.as_deref().unwrap_or("-"), 80),
+            row.table.to_owned(),
+            row.event_id,
+            row.attempts.to_string(),
+            age(Duration::from_secs_f64(row.age_seconds)),
+            row.key.unwrap_or_else(|| "-".to_owned()),
+            clip(row.last_error.as_deref().unwrap_or("-"), 80),
         ]);
     }
     print!("{}", table.render());

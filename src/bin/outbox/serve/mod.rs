@@ -28,8 +28,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::status;
 use crate::{Failure, fail};
+use crate::{events, status};
 use samples::{Samples, WINDOW, unix_now};
 
 /// The page: inline CSS and JavaScript, no build step. `{{NONCE}}` and `{{CONFIG}}` are
@@ -495,29 +495,7 @@ async fn api_dead(
 ) -> ApiResult {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let limit = u32::try_from(query.limit.unwrap_or(50).min(MAX_ROWS)).unwrap_or(50);
-    let pool = &dashboard.pool;
-    let entries = match &query.table {
-        Some(table) => vec![entry(pool, table).await?],
-        None => catalog::tables(pool)
-            .await?
-            .into_iter()
-            .filter(|e| e.problem().is_none())
-            .collect(),
-    };
-    let mut events = Vec::new();
-    for entry in &entries {
-        for event in entry.dead(pool, limit).await? {
-            events.push(json!({
-                "table": entry.table(),
-                "id": event.id,
-                "event_id": event.event_id.as_str(),
-                "attempts": event.attempts,
-                "last_error": event.last_error,
-                "age_seconds": event.age.as_secs_f64(),
-                "key": event.key,
-            }));
-        }
-    }
+    let events = events::dead_rows(&dashboard.pool, query.table.as_deref(), limit).await?;
     Ok(json_response(&json!({ "events": events })))
 }
 
