@@ -416,7 +416,10 @@ impl Publisher {
 /// recording what the broker took.
 #[cfg_attr(
     not(any(feature = "nats", feature = "rabbitmq")),
-    expect(clippy::unused_async, reason = "only the Kafka sink is built without waiting")
+    expect(
+        clippy::unused_async,
+        reason = "only the Kafka sink is built without waiting"
+    )
 )]
 pub(super) async fn relay_sink(kind: &str, pool: PgPool, pid: i32) -> Result<BrokerSink, String> {
     let publisher = match kind.parse::<BrokerKind>()? {
