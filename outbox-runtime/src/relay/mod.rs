@@ -16,6 +16,7 @@ mod outage;
 mod record;
 mod renewal;
 mod sink;
+mod wakeups;
 
 use std::marker::PhantomData;
 use std::pin::pin;
@@ -25,7 +26,7 @@ use std::time::Duration;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgListener;
 use sqlx::{PgConnection, PgPool, Postgres};
-use tokio::sync::Notify;
+
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, sleep_until};
 use tracing::Instrument as _;
@@ -39,6 +40,7 @@ use renewal::Renewal;
 pub use sink::{BoxError, Delivery, MemorySink, Published, Sink, SinkError, StdoutSink};
 /// The shutdown signal [`Relay::run`] takes (re-exported from tokio-util).
 pub use tokio_util::sync::CancellationToken;
+use wakeups::Wakeups;
 
 use crate::claim::{Claim, Scope};
 use crate::error::OutboxError;
@@ -187,12 +189,12 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             );
         }
         let stop = shutdown.child_token();
-        let wake = Arc::new(Notify::new());
+        let wakeups = Arc::new(Wakeups::default());
         let frontier = Arc::new(Frontier::new());
         let outage = Arc::new(Outage::new(T::SPEC.table));
         let listener = tokio::spawn(listen::<T>(
             relay.pool.clone(),
-            Arc::clone(&wake),
+            Arc::clone(&wakeups),
             stop.clone(),
         ));
 
@@ -200,7 +202,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
         for _ in 0..relay.concurrency {
             let worker = Worker {
                 relay: Arc::clone(&relay),
-                wake: Arc::clone(&wake),
+                wakeups: Arc::clone(&wakeups),
                 frontier: Arc::clone(&frontier),
                 outage: Arc::clone(&outage),
                 stop: stop.clone(),
@@ -230,7 +232,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
 
 /// LISTENs on the table's channel and wakes idle workers. A lost connection costs
 /// latency only: workers also poll.
-async fn listen<T: Outbox>(pool: PgPool, wake: Arc<Notify>, stop: CancellationToken) {
+async fn listen<T: Outbox>(pool: PgPool, wakeups: Arc<Wakeups>, stop: CancellationToken) {
     let channel = T::SPEC.table;
     let reconnect = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
     let mut failures = 0;
@@ -238,7 +240,7 @@ async fn listen<T: Outbox>(pool: PgPool, wake: Arc<Notify>, stop: CancellationTo
         let started = Instant::now();
         let error = tokio::select! {
             () = stop.cancelled() => return,
-            error = listen_session(&pool, channel, &wake) => error,
+            error = listen_session(&pool, channel, &wakeups) => error,
         };
         // A session that lasted was a success: start the backoff over.
         failures = if started.elapsed() > Duration::from_mins(1) {
@@ -255,7 +257,7 @@ async fn listen<T: Outbox>(pool: PgPool, wake: Arc<Notify>, stop: CancellationTo
 }
 
 /// One listening session; returns only when its connection fails.
-async fn listen_session(pool: &PgPool, channel: &str, wake: &Notify) -> sqlx::Error {
+async fn listen_session(pool: &PgPool, channel: &str, wakeups: &Wakeups) -> sqlx::Error {
     let mut listener = match PgListener::connect_with(pool).await {
         Ok(listener) => listener,
         Err(error) => return error,
@@ -264,20 +266,26 @@ async fn listen_session(pool: &PgPool, channel: &str, wake: &Notify) -> sqlx::Er
         return error;
     }
     // Anything enqueued while we were not listening is found by this wake-up.
-    wake.notify_one();
-    loop {
-        match listener.try_recv().await {
-            Err(error) => return error,
-            // `None`: the connection dropped and the next call reconnects; what was
-            // enqueued meanwhile sent its notification to nobody, so wake up anyway.
-            Ok(_) => wake.notify_one(),
+    wakeups.notified();
+    let receiving = async {
+        loop {
+            match listener.try_recv().await {
+                Err(error) => return error,
+                // `None`: the connection dropped and the next call reconnects; what was
+                // enqueued meanwhile sent its notification to nobody, so wake up anyway.
+                Ok(_) => wakeups.notified(),
+            }
         }
+    };
+    tokio::select! {
+        error = receiving => error,
+        never = wakeups.watch_deferred() => match never {},
     }
 }
 
 struct Worker<T, S> {
     relay: Arc<Relay<T, S>>,
-    wake: Arc<Notify>,
+    wakeups: Arc<Wakeups>,
     frontier: Arc<Frontier>,
     outage: Arc<Outage>,
     stop: CancellationToken,
@@ -425,7 +433,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             if claims.len() == self.relay.batch_size as usize {
                 // There may be more: bring in another idle worker, which in turn brings
                 // in the next while it finds full batches.
-                self.wake.notify_one();
+                self.wakeups.more();
             }
             let earlier = std::mem::take(&mut pending);
             let (published, beside) = self.publish(claims, &mut conn, &earlier).await;
@@ -468,10 +476,14 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let (scope, limit) = next
             .as_ref()
             .map_or((Scope::All, 0), |next| (next.scope, self.relay.batch_size));
+        let claiming = next.is_some().then(|| self.wakeups.claiming());
         let (claimed, recorded) =
             record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, scope, limit)
                 .await?;
         account::<T>(&pending.outcomes, &recorded);
+        if let Some(claiming) = claiming {
+            claiming.answered(claimed.claims.len() >= self.relay.batch_size as usize);
+        }
         if let Some(next) = next {
             next.done();
             // An event held back by its key keeps its place in the `READY` index, which
@@ -486,16 +498,14 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
 
     /// Waits for a wake-up, the poll interval or shutdown.
     ///
-    /// One wake-up wakes one worker (`notify_one`): a notification means one committed
-    /// transaction with something to publish, usually less than a batch, and waking
-    /// every idle worker for it made 2.5-3 claim statements per claimed batch, most of
-    /// them finding nothing. A wake-up sent while no worker waits is kept, so none is
-    /// lost between a worker's last claim and its wait; a worker that claims a full
-    /// batch wakes the next.
+    /// A wake-up wakes one worker, for a signal no claim has answered yet ([`Wakeups`]):
+    /// waking every idle worker per notification made 2.5-3 claim statements per claimed
+    /// batch, most of them finding nothing. A wake-up sent while no worker waits is kept,
+    /// so none is lost between a worker's last claim and its wait; a worker that claims
+    /// a full batch wakes the next.
     async fn idle(&self) {
         tokio::select! {
-            () = self.wake.notified() => {}
-            () = sleep(self.relay.poll_interval) => {}
+            () = self.wakeups.idle(self.relay.poll_interval) => {}
             () = self.stop.cancelled() => {}
         }
     }
