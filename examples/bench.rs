@@ -115,6 +115,13 @@ struct Args {
     /// transaction.
     #[arg(long, value_name = "EVENTS/S,..", value_delimiter = ',', default_value = "500,5000", value_parser = clap::value_parser!(u32).range(1..))]
     wakeup_rates: Vec<u32>,
+    /// Key counts of the ordering section's drains (`1`: one hot key); 1,000 keys or
+    /// more drain 100,000 events, fewer keys 2,000.
+    #[arg(long, value_name = "KEYS,..", value_delimiter = ',', default_value = "100000,1000,10,1", value_parser = clap::value_parser!(u32).range(1..))]
+    ordering_keys: Vec<u32>,
+    /// Leave out the ordering section's part 2 (the claim beside a large history).
+    #[arg(long)]
+    no_history: bool,
     /// Events/s the pinned section offers, one per transaction.
     #[arg(long, value_name = "EVENTS/S", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
     rate: u32,

@@ -23,8 +23,6 @@ use super::{Args, Bench, Figure, Result};
 
 const BATCH: u32 = 100;
 const WORKERS: usize = 4;
-/// Key counts of the drain rows; `1` is one hot key.
-const KEYS: [usize; 4] = [100_000, 1_000, 10, 1];
 /// Events of a row whose rate is bounded by its keys: enough for a steady rate.
 const FEW_KEYS_EVENTS: usize = 2_000;
 /// Claims timed per table in part 2.
@@ -47,7 +45,8 @@ impl Bench {
             "| keys | events | ordered events/s | unordered events/s | ordered / unordered |",
         );
         self.line("|---|---|---|---|---|");
-        for keys in KEYS {
+        for &keys in &args.ordering_keys {
+            let keys = keys as usize;
             let n = if keys >= 1_000 {
                 100_000
             } else {
@@ -79,6 +78,9 @@ impl Bench {
                 ratio.min,
                 ratio.max
             ));
+        }
+        if args.no_history {
+            return Ok(());
         }
         self.claim_beside_history().await
     }
