@@ -399,6 +399,46 @@ async fn mistakes_get_clear_errors() -> TestResult {
 }
 
 #[tokio::test]
+async fn a_statement_that_would_run_too_long_is_cancelled_by_the_server() -> TestResult {
+    let db = TestSchema::new().await?;
+    support::schema::migrate(
+        &db,
+        &[Budgeted::migrations()],
+        support::schema::Generations::Random,
+    )
+    .await?;
+    // A migration in another session holds the table: the query waits for it.
+    let mut blocker = db.pool().begin().await?;
+    sqlx::query("LOCK TABLE budget_events IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *blocker)
+        .await?;
+
+    let waited = outbox(
+        &db,
+        &[
+            "--statement-timeout",
+            "300ms",
+            "dead",
+            "--table",
+            "budget_events",
+        ],
+    )
+    .await?;
+    assert_eq!(waited.status.code(), Some(1));
+    assert!(
+        stderr(&waited).contains("canceling statement due to statement timeout"),
+        "{}",
+        stderr(&waited)
+    );
+
+    blocker.rollback().await?;
+    let answered = outbox(&db, &["dead", "--table", "budget_events"]).await?;
+    assert_eq!(answered.status.code(), Some(0), "{}", stderr(&answered));
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn the_catalog_follows_the_newest_build_and_grants_name_three_roles() -> TestResult {
     // The same table, as a newer build (V2: the key) and an older one (V1) that starts
     // afterwards during a rolling deploy: the entry keeps describing the newer.

@@ -1,7 +1,8 @@
 //! The monitor against real PostgreSQL: its gauges follow two tables through claims,
 //! failures, expired leases and repairs; it stops on cancel, also mid-sample; it needs
 //! only `SELECT` on the tables and stops on a missing table or privilege; a lost
-//! connection is logged once and sampling resumes.
+//! connection, or a sample the server cancels at its bound, is logged once and sampling
+//! resumes.
 
 mod support;
 
@@ -420,6 +421,58 @@ async fn a_lost_connection_is_logged_once_and_sampling_resumes() -> TestResult {
         "{}",
         logs.text()
     );
+    monitor.stop().await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_sample_that_outlasts_its_bound_is_cancelled_by_the_server_and_tried_again() -> TestResult
+{
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
+    let logs = Captured::default();
+    let _logging = tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .with_ansi(false)
+        .finish()
+        .set_default();
+    let db = schema_with(&[Receipt::migrations()]).await?;
+    let pool = db.pool();
+    let monitor = start(pool, &[Receipt::migrations()]);
+    wait_until("a first sample", Duration::from_secs(10), async || {
+        counters.gauge(metric::READY, RECEIPTS) == Some(0.0)
+    })
+    .await;
+
+    // Held by a migration, the table cannot be counted: the server cancels the sample
+    // after a second (the bound of a 20 ms interval), and the monitor goes on.
+    let mut migration = pool.begin().await?;
+    sqlx::query("LOCK TABLE receipt_events IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *migration)
+        .await?;
+    wait_until("the monitor warns", Duration::from_secs(10), async || {
+        logs.lines_with(&["WARN", "outbox monitor cannot sample", "statement timeout"]) == 1
+    })
+    .await;
+    assert!(
+        !monitor.handle.is_finished(),
+        "a cancelled sample is transient"
+    );
+
+    migration.rollback().await?;
+    enqueue(pool, &[receipt("r1")]).await;
+    wait_until(
+        "the gauges move again",
+        Duration::from_secs(10),
+        async || counters.gauge(metric::READY, RECEIPTS) == Some(1.0),
+    )
+    .await;
+    assert_eq!(logs.lines_with(&["INFO", "outbox monitor recovered"]), 1);
     monitor.stop().await?;
     db.drop_schema().await?;
     Ok(())

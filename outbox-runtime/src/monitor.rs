@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use metrics::Gauge;
-use sqlx::PgPool;
+use sqlx::{Connection as _, PgPool};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
@@ -50,6 +50,9 @@ const DEFAULT_INTERVAL: Duration = Duration::from_secs(15);
 /// The shortest interval accepted: every sample counts whole tables.
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
 
+/// The shortest time a sample's statement may run, however short the interval.
+const MIN_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// How often a monitor that keeps failing says so again after its first warning.
 const REPEAT_WARNING: Duration = Duration::from_mins(1);
 
@@ -71,7 +74,9 @@ const REPEAT_WARNING: Duration = Duration::from_mins(1);
 ///
 /// It reads each table with the statement of [`stats`](crate::stats), one table after
 /// the other on one pooled connection at a time, so its role needs only `SELECT` on the
-/// outbox tables. Each sample counts whole tables: keep the interval in seconds.
+/// outbox tables. Each sample counts whole tables: keep the interval in seconds. A
+/// count that outlasts the interval (at least a second) is cancelled by the server and
+/// counts as a transient failure.
 #[derive(Debug, Clone)]
 #[must_use = "a monitor does nothing until `run`"]
 pub struct Monitor {
@@ -155,10 +160,23 @@ impl Monitor {
 
     /// Reads every table's stats and sets its gauges; stops at the first failure (the
     /// next tables would most likely fail the same way).
+    ///
+    /// Each table is read in a read-only transaction whose statements the server
+    /// cancels after the interval (at least a second): a table grown too large to count
+    /// in that time costs one warning a minute and stale gauges, not a core of the
+    /// application's database busy counting it again and again.
     async fn sample(&self, gauges: &[TableGauges]) -> Result<(), OutboxError> {
+        let timeout = self.interval.max(MIN_TIMEOUT).as_millis();
+        let begin = format!("BEGIN READ ONLY; SET LOCAL statement_timeout = {timeout}");
         for (spec, gauges) in self.tables.iter().zip(gauges) {
+            let db = |e| OutboxError::from_sqlx(spec.table, e);
             let mut conn = crate::connect::acquire(&self.pool, spec.table).await?;
-            let stats = Operations::of_spec(spec).stats(&mut *conn).await?;
+            let mut tx = conn
+                .begin_with(sqlx::AssertSqlSafe(begin.clone()))
+                .await
+                .map_err(db)?;
+            let stats = Operations::of_spec(spec).stats(&mut *tx).await?;
+            tx.commit().await.map_err(db)?;
             gauges.set(&stats);
         }
         Ok(())

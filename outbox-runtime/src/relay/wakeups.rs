@@ -182,7 +182,7 @@ mod tests {
     async fn wakes(wakeups: &Wakeups) -> bool {
         tokio::time::timeout(
             Duration::from_millis(20),
-            wakeups.idle(Duration::from_secs(60)),
+            wakeups.idle(Duration::from_mins(1)),
         )
         .await
         .is_ok()
@@ -277,7 +277,7 @@ mod tests {
         let _sweep = wakeups.claiming();
         wakeups.notified();
         let started = Instant::now();
-        wakeups.idle(Duration::from_secs(60)).await;
+        wakeups.idle(Duration::from_mins(1)).await;
         assert_eq!(started.elapsed(), DEFER_LIMIT);
         watcher.abort();
     }

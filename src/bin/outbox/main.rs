@@ -31,6 +31,13 @@ struct Cli {
     #[arg(long, global = true)]
     schema: Option<String>,
 
+    /// How long the server lets any one statement run before cancelling it (`0`: no
+    /// limit). Counting a very large table, or pruning, should not weigh on the
+    /// application's database for longer.
+    #[arg(long, value_name = "DURATION", default_value = "30s", global = true,
+          value_parser = humantime::parse_duration)]
+    statement_timeout: Duration,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -142,7 +149,11 @@ fn report(failure: &Failure) -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
-    let pool = connect(cli.database_url.as_deref(), cli.schema.as_deref())?;
+    let pool = connect(
+        cli.database_url.as_deref(),
+        cli.schema.as_deref(),
+        cli.statement_timeout,
+    )?;
     let result = match cli.command {
         Command::Status(args) => status::run(&pool, args).await,
         Command::Dead(args) => events::dead(&pool, args).await,
@@ -159,7 +170,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
 
 /// A small lazy pool: nothing connects until the first command needs it, which then
 /// reports a refused connection with where and why.
-fn connect(url: Option<&str>, schema: Option<&str>) -> Result<PgPool, Failure> {
+fn connect(
+    url: Option<&str>,
+    schema: Option<&str>,
+    statement_timeout: Duration,
+) -> Result<PgPool, Failure> {
     let url = url.ok_or_else(|| {
         fail("no database: pass --database-url or set DATABASE_URL (postgres://user@host/db)")
     })?;
@@ -170,7 +185,12 @@ fn connect(url: Option<&str>, schema: Option<&str>) -> Result<PgPool, Failure> {
     }
     let mut options = PgConnectOptions::from_str(url)
         .map_err(|e| fail(format!("invalid database URL: {e}")))?
-        .application_name("outbox-cli");
+        .application_name("outbox-cli")
+        // Milliseconds, the setting's unit; 0 turns it off, as in PostgreSQL.
+        .options([(
+            "statement_timeout",
+            statement_timeout.as_millis().to_string(),
+        )]);
     if let Some(schema) = schema {
         options = options.options([("search_path", schema)]);
     }
