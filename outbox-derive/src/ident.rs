@@ -5,11 +5,11 @@
 use syn::ext::IdentExt;
 use syn::{Ident, LitStr};
 
-use outbox_internals::{BOOKKEEPING, MAX_IDENTIFIER, claim_header, is_plain_identifier};
+use outbox_internals::{
+    BOOKKEEPING, HISTORY_PREFIX, MAX_IDENTIFIER, OWN_TABLES, claim_header, is_plain_identifier,
+};
 
 use crate::attr::{self, Errors};
-
-const HISTORY_PREFIX: &str = "_outbox_history_";
 
 /// Not a column: the claim statement returns it beside the payload columns.
 const RESERVED_RESULTS: [&str; 2] = [claim_header::RECLAIMED_NAME, claim_header::KEY_NAME];
@@ -31,7 +31,31 @@ pub(crate) fn table_name(ident: &Ident, attr: Option<&LitStr>, errors: &mut Erro
             },
         ),
     };
-    check_identifier(name, "table name", &source, errors).unwrap_or_default()
+    let Some(table) = check_identifier(name, "table name", &source, errors) else {
+        return String::new();
+    };
+    let problem = if OWN_TABLES.contains(&table.as_str()) {
+        format!(
+            "is one of the outbox's own tables ({})",
+            OWN_TABLES.join(", ")
+        )
+    } else if table.starts_with(HISTORY_PREFIX) {
+        format!("starts with `{HISTORY_PREFIX}`, which names the tables of applied migrations")
+    } else {
+        return table;
+    };
+    let (span, fix) = match source {
+        NameSource::Attribute(lit) => (lit.span(), "choose another name"),
+        NameSource::Item { ident, .. } => (
+            ident.span(),
+            "name the table with #[outbox(table = \"...\")]",
+        ),
+    };
+    errors.push(syn::Error::new(
+        span,
+        format!("table name `{table}` {problem}: {fix}"),
+    ));
+    String::new()
 }
 
 /// The column of a payload field: `column = ".."`, or the field's name.
@@ -340,6 +364,23 @@ mod tests {
                 "table name `e{}`, derived from the struct name, is 64 bytes long: PostgreSQL identifiers are at most 63 bytes; set one with #[outbox(table = \"...\")]",
                 "x".repeat(63)
             )]
+        );
+
+        // The outbox's own tables, and its history tables' prefix.
+        let (table, errors) = table_errors(None, &parse_quote!(OutboxCatalog));
+        assert_eq!(table, "");
+        assert_eq!(
+            errors,
+            [
+                "table name `outbox_catalog` is one of the outbox's own tables (outbox_catalog, outbox_inbox): name the table with #[outbox(table = \"...\")]"
+            ]
+        );
+        let (_, errors) = table_errors(Some("_outbox_history_orders"), &ident);
+        assert_eq!(
+            errors,
+            [
+                "table name `_outbox_history_orders` starts with `_outbox_history_`, which names the tables of applied migrations: choose another name"
+            ]
         );
     }
 

@@ -38,7 +38,7 @@ use crate::ops::{Operations, Stats, interval_to_duration};
 use crate::spec::{Statement, TableSpec};
 
 /// The catalog table, in the schema of the outbox tables it lists.
-pub const TABLE: &str = "outbox_catalog";
+pub const TABLE: &str = outbox_internals::CATALOG_TABLE;
 
 /// The refinery history table of the catalog's own migrations.
 pub(crate) const HISTORY_TABLE: &str = "_outbox_history_outbox_catalog";

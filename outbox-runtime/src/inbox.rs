@@ -18,7 +18,7 @@ use crate::migrate::{MigrationReport, migrate_target, own_runner};
 
 /// The inbox table: one for every consumer of the schema, keyed by `(consumer,
 /// event_id)`.
-pub const TABLE: &str = "outbox_inbox";
+pub const TABLE: &str = outbox_internals::INBOX_TABLE;
 
 /// The refinery history table of the inbox's migrations.
 const HISTORY_TABLE: &str = "_outbox_history_outbox_inbox";

@@ -275,6 +275,21 @@ impl Statement {
     }
 }
 
+/// The outbox's own table of every outbox table's settings and statements, which the
+/// command line reads.
+pub const CATALOG_TABLE: &str = "outbox_catalog";
+
+/// The consumers' inbox table.
+pub const INBOX_TABLE: &str = "outbox_inbox";
+
+/// The tables the outbox keeps for itself beside the application's: no event type's
+/// table may take one of these names.
+pub const OWN_TABLES: [&str; 2] = [CATALOG_TABLE, INBOX_TABLE];
+
+/// The prefix of every table that holds a table's applied migrations
+/// (`_outbox_history_<table>`): no event type's table may start with it.
+pub const HISTORY_PREFIX: &str = "_outbox_history_";
+
 /// PostgreSQL truncates longer identifiers, so the derive refuses them.
 pub const MAX_IDENTIFIER: usize = 63;
 
