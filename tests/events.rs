@@ -572,6 +572,58 @@ async fn the_attempt_budget_counts_abandoned_claims_and_ends_in_dead() -> TestRe
 }
 
 #[tokio::test]
+async fn an_event_due_again_after_the_budget_was_lowered_is_moved_to_dead_saying_so() -> TestResult
+{
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    Budgeted {
+        name: "patient".into(),
+    }
+    .enqueue(pool)
+    .await?;
+    Budgeted {
+        name: "next".into(),
+    }
+    .enqueue(pool)
+    .await?;
+    // Retried 5 times by a build whose budget was 10; this build allows 3.
+    sqlx::query(
+        "UPDATE budget_events SET attempts = 5, last_error = 'broker said 503' \
+         WHERE event_id = 'patient'",
+    )
+    .execute(pool)
+    .await?;
+
+    let claim = Budgeted::claim(pool)
+        .await?
+        .expect("the next event is claimed");
+    assert_eq!(
+        claim.event().name,
+        "next",
+        "the spent one is not handed out"
+    );
+    let row: (String, Option<String>) =
+        sqlx::query_as("SELECT status, last_error FROM budget_events WHERE event_id = 'patient'")
+            .fetch_one(pool)
+            .await?;
+    assert_eq!(
+        row,
+        (
+            "DEAD".to_owned(),
+            Some(
+                "attempt budget exhausted: 5 claims made, the budget is now 3; \
+                 the last error: broker said 503"
+                    .to_owned()
+            )
+        ),
+        "no lease expired: it was waiting for its retry"
+    );
+    claim.complete(pool).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn renew_extends_a_live_lease_and_is_rejected_once_it_expired() -> TestResult {
     let db = schema_with(&[Budgeted::migrations()]).await?;
     let pool = db.pool();

@@ -716,7 +716,7 @@ fn claim_from(table: &Table<'_>, limit: &str) -> String {
 ///
 /// The claim: generation + 1 and a fresh lease. An expired claim that used the whole
 /// attempt budget (or a row due again after the budget was lowered) is moved to DEAD
-/// instead (its lease_until comes back NULL).
+/// instead (its lease_until comes back NULL), with a `last_error` that says which.
 ///
 /// The candidates are found again by their `ctid`s as one array, a TID scan of their
 /// pages, not by a join: planned on a table it thinks small, PostgreSQL hash-joins them
@@ -751,9 +751,12 @@ fn take(table: &Table<'_>, candidates: &str, reclaimed: &str) -> String {
          \x20   generation = CASE WHEN o.attempts >= {max} THEN o.generation ELSE o.generation + 1 END,\n\
          \x20   attempts = CASE WHEN o.attempts >= {max} THEN o.attempts ELSE o.attempts + 1 END,\n\
          \x20   lease_until = CASE WHEN o.attempts >= {max} THEN NULL ELSE statement_timestamp() + {lease} END,\n\
-         \x20   last_error = CASE WHEN o.attempts >= {max}\n\
-         \x20       THEN 'lease expired on claim ' || o.attempts || ' of {max}: attempt budget exhausted'\n\
-         \x20       ELSE o.last_error END\n\
+         \x20   last_error = CASE\n\
+         \x20       WHEN o.attempts < {max} THEN o.last_error\n\
+         \x20       WHEN o.status = '{in_progress}'\n\
+         \x20           THEN 'lease expired on claim ' || o.attempts || ' of {max}: attempt budget exhausted'\n\
+         \x20       ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now {max}'\n\
+         \x20           || coalesce('; the last error: ' || o.last_error, '') END\n\
          WHERE o.ctid = ANY(ARRAY({candidates}))\n\
          RETURNING {returning}"
     )

@@ -30,9 +30,12 @@ UPDATE "chaos_events" AS o SET
     generation = CASE WHEN o.attempts >= 1000 THEN o.generation ELSE o.generation + 1 END,
     attempts = CASE WHEN o.attempts >= 1000 THEN o.attempts ELSE o.attempts + 1 END,
     lease_until = CASE WHEN o.attempts >= 1000 THEN NULL ELSE statement_timestamp() + interval '2 seconds' END,
-    last_error = CASE WHEN o.attempts >= 1000
-        THEN 'lease expired on claim ' || o.attempts || ' of 1000: attempt budget exhausted'
-        ELSE o.last_error END
+    last_error = CASE
+        WHEN o.attempts < 1000 THEN o.last_error
+        WHEN o.status = 'INPROGRESS'
+            THEN 'lease expired on claim ' || o.attempts || ' of 1000: attempt budget exhausted'
+        ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 1000'
+            || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready))
 RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."order_seq";
 
@@ -49,9 +52,12 @@ UPDATE "chaos_events" AS o SET
     generation = CASE WHEN o.attempts >= 1000 THEN o.generation ELSE o.generation + 1 END,
     attempts = CASE WHEN o.attempts >= 1000 THEN o.attempts ELSE o.attempts + 1 END,
     lease_until = CASE WHEN o.attempts >= 1000 THEN NULL ELSE statement_timestamp() + interval '2 seconds' END,
-    last_error = CASE WHEN o.attempts >= 1000
-        THEN 'lease expired on claim ' || o.attempts || ' of 1000: attempt budget exhausted'
-        ELSE o.last_error END
+    last_error = CASE
+        WHEN o.attempts < 1000 THEN o.last_error
+        WHEN o.status = 'INPROGRESS'
+            THEN 'lease expired on claim ' || o.attempts || ' of 1000: attempt budget exhausted'
+        ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 1000'
+            || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready))
 RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed, o."order_seq";
 

@@ -30,9 +30,12 @@ UPDATE "customer_events" AS o SET
     generation = CASE WHEN o.attempts >= 3 THEN o.generation ELSE o.generation + 1 END,
     attempts = CASE WHEN o.attempts >= 3 THEN o.attempts ELSE o.attempts + 1 END,
     lease_until = CASE WHEN o.attempts >= 3 THEN NULL ELSE statement_timestamp() + interval '10 seconds' END,
-    last_error = CASE WHEN o.attempts >= 3
-        THEN 'lease expired on claim ' || o.attempts || ' of 3: attempt budget exhausted'
-        ELSE o.last_error END
+    last_error = CASE
+        WHEN o.attempts < 3 THEN o.last_error
+        WHEN o.status = 'INPROGRESS'
+            THEN 'lease expired on claim ' || o.attempts || ' of 3: attempt budget exhausted'
+        ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 3'
+            || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready))
 RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."customer", o."new_email", o."referrer";
 
@@ -49,9 +52,12 @@ UPDATE "customer_events" AS o SET
     generation = CASE WHEN o.attempts >= 3 THEN o.generation ELSE o.generation + 1 END,
     attempts = CASE WHEN o.attempts >= 3 THEN o.attempts ELSE o.attempts + 1 END,
     lease_until = CASE WHEN o.attempts >= 3 THEN NULL ELSE statement_timestamp() + interval '10 seconds' END,
-    last_error = CASE WHEN o.attempts >= 3
-        THEN 'lease expired on claim ' || o.attempts || ' of 3: attempt budget exhausted'
-        ELSE o.last_error END
+    last_error = CASE
+        WHEN o.attempts < 3 THEN o.last_error
+        WHEN o.status = 'INPROGRESS'
+            THEN 'lease expired on claim ' || o.attempts || ' of 3: attempt budget exhausted'
+        ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 3'
+            || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready))
 RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed, o."customer", o."new_email", o."referrer";
 

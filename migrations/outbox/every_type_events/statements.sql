@@ -30,9 +30,12 @@ UPDATE "every_type_events" AS o SET
     generation = CASE WHEN o.attempts >= 10 THEN o.generation ELSE o.generation + 1 END,
     attempts = CASE WHEN o.attempts >= 10 THEN o.attempts ELSE o.attempts + 1 END,
     lease_until = CASE WHEN o.attempts >= 10 THEN NULL ELSE statement_timestamp() + interval '30 seconds' END,
-    last_error = CASE WHEN o.attempts >= 10
-        THEN 'lease expired on claim ' || o.attempts || ' of 10: attempt budget exhausted'
-        ELSE o.last_error END
+    last_error = CASE
+        WHEN o.attempts < 10 THEN o.last_error
+        WHEN o.status = 'INPROGRESS'
+            THEN 'lease expired on claim ' || o.attempts || ' of 10: attempt budget exhausted'
+        ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 10'
+            || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready))
 RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."small", o."int", o."big", o."single", o."double", o."flag", o."text", o."bytes", o."uuid", o."chrono_date", o."chrono_time", o."chrono_naive", o."chrono_utc", o."time_date", o."time_time", o."time_primitive", o."time_offset", o."value", o."maybe_int", o."maybe_uuid", o."maybe_utc", o."address", o."maybe_address", o."type";
 
@@ -49,9 +52,12 @@ UPDATE "every_type_events" AS o SET
     generation = CASE WHEN o.attempts >= 10 THEN o.generation ELSE o.generation + 1 END,
     attempts = CASE WHEN o.attempts >= 10 THEN o.attempts ELSE o.attempts + 1 END,
     lease_until = CASE WHEN o.attempts >= 10 THEN NULL ELSE statement_timestamp() + interval '30 seconds' END,
-    last_error = CASE WHEN o.attempts >= 10
-        THEN 'lease expired on claim ' || o.attempts || ' of 10: attempt budget exhausted'
-        ELSE o.last_error END
+    last_error = CASE
+        WHEN o.attempts < 10 THEN o.last_error
+        WHEN o.status = 'INPROGRESS'
+            THEN 'lease expired on claim ' || o.attempts || ' of 10: attempt budget exhausted'
+        ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 10'
+            || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready))
 RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed, o."small", o."int", o."big", o."single", o."double", o."flag", o."text", o."bytes", o."uuid", o."chrono_date", o."chrono_time", o."chrono_naive", o."chrono_utc", o."time_date", o."time_time", o."time_primitive", o."time_offset", o."value", o."maybe_int", o."maybe_uuid", o."maybe_utc", o."address", o."maybe_address", o."type";
 

@@ -52,9 +52,12 @@ UPDATE "lenient_order_events" AS o SET
     generation = CASE WHEN o.attempts >= 1 THEN o.generation ELSE o.generation + 1 END,
     attempts = CASE WHEN o.attempts >= 1 THEN o.attempts ELSE o.attempts + 1 END,
     lease_until = CASE WHEN o.attempts >= 1 THEN NULL ELSE statement_timestamp() + interval '30 seconds' END,
-    last_error = CASE WHEN o.attempts >= 1
-        THEN 'lease expired on claim ' || o.attempts || ' of 1: attempt budget exhausted'
-        ELSE o.last_error END
+    last_error = CASE
+        WHEN o.attempts < 1 THEN o.last_error
+        WHEN o.status = 'INPROGRESS'
+            THEN 'lease expired on claim ' || o.attempts || ' of 1: attempt budget exhausted'
+        ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 1'
+            || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready))
 RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."order_id", o."order_id"::text AS outbox_key;
 
@@ -73,9 +76,12 @@ UPDATE "lenient_order_events" AS o SET
     generation = CASE WHEN o.attempts >= 1 THEN o.generation ELSE o.generation + 1 END,
     attempts = CASE WHEN o.attempts >= 1 THEN o.attempts ELSE o.attempts + 1 END,
     lease_until = CASE WHEN o.attempts >= 1 THEN NULL ELSE statement_timestamp() + interval '30 seconds' END,
-    last_error = CASE WHEN o.attempts >= 1
-        THEN 'lease expired on claim ' || o.attempts || ' of 1: attempt budget exhausted'
-        ELSE o.last_error END
+    last_error = CASE
+        WHEN o.attempts < 1 THEN o.last_error
+        WHEN o.status = 'INPROGRESS'
+            THEN 'lease expired on claim ' || o.attempts || ' of 1: attempt budget exhausted'
+        ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 1'
+            || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready))
 RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed, o."order_id", o."order_id"::text AS outbox_key;
 
