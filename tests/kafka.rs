@@ -38,7 +38,7 @@ use outbox::kafka::rdkafka::consumer::{Consumer as _, StreamConsumer};
 use outbox::kafka::rdkafka::message::{BorrowedMessage, Headers as _};
 use outbox::kafka::rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
 use outbox::kafka::{ConfigError, KafkaSink};
-use outbox::message::{Encoding, header};
+use outbox::message::header;
 use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError};
 use outbox::testing::TestSchema;
 use sqlx::postgres::PgPoolOptions;
@@ -576,38 +576,16 @@ async fn kafka_a_full_local_queue_is_transient_and_every_event_is_sent_once() ->
     Ok(())
 }
 
-/// `OrderStep` as JSON, written by hand (the type is not `Serialize`).
-struct StepJson;
-
-impl Encoding<OrderStep> for StepJson {
-    fn content_type(&self) -> Option<&str> {
-        Some("application/json")
-    }
-
-    fn encode(&self, step: &OrderStep) -> Result<Vec<u8>, outbox::BoxError> {
-        let json = serde_json::json!({ "name": step.name, "order_id": step.order_id });
-        Ok(serde_json::to_vec(&json)?)
-    }
-}
-
 #[tokio::test]
-async fn kafka_the_ordering_key_is_the_record_key_and_each_key_keeps_its_order() -> TestResult {
+async fn kafka_the_ordering_key_is_the_record_key_and_a_header_and_each_key_keeps_its_order()
+-> TestResult {
     let tansu = Tansu::start().await?;
     let db = schema_from_zero(&[OrderStep::migrations()]).await?;
     let pool = db.pool();
     let topic = format!("outbox.test.{}.steps", db.name());
     create_topic(&tansu.bootstrap(), &topic).await?;
-    let steps: Vec<OrderStep> = (1..=3)
-        .flat_map(|n| {
-            [7, 8].map(|order_id| OrderStep {
-                name: format!("order-{order_id}-step-{n}"),
-                order_id,
-            })
-        })
-        .collect();
-    enqueue(pool, &steps).await;
-    let sink = KafkaSink::<OrderStep>::new(&producer_config(&tansu.bootstrap()), topic.clone())?
-        .encoding(StepJson);
+    enqueue(pool, &broker::order_steps()).await;
+    let sink = KafkaSink::<OrderStep>::new(&producer_config(&tansu.bootstrap()), topic.clone())?;
     let shutdown = CancellationToken::new();
     let relay = tokio::spawn(
         Relay::<OrderStep, _>::new(pool.clone(), sink)
@@ -625,21 +603,16 @@ async fn kafka_the_ordering_key_is_the_record_key_and_each_key_keeps_its_order()
     let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for record in records(&tansu.bootstrap(), &topic, 6).await? {
         let key = String::from_utf8(record.key.clone().ok_or("a record without a key")?)?;
+        assert_eq!(
+            record.header(header::KEY),
+            Some(key.as_str()),
+            "and a header"
+        );
         by_key.entry(key).or_default().push(record.event_id);
     }
-    let expected: BTreeMap<String, Vec<String>> = [7, 8]
-        .map(|order_id| {
-            (
-                order_id.to_string(),
-                (1..=3)
-                    .map(|n| format!("order-{order_id}-step-{n}"))
-                    .collect(),
-            )
-        })
-        .into_iter()
-        .collect();
     assert_eq!(
-        by_key, expected,
+        by_key,
+        broker::steps_by_order(),
         "keyed by the order, in the outbox's order"
     );
     db.drop_schema().await?;

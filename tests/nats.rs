@@ -40,7 +40,7 @@ use sqlx::postgres::PgPoolOptions;
 use support::broker::{self, Proxy, RefuseUnencodable};
 use support::child::{self, ChildCommand};
 use support::counters::Counters;
-use support::events::ChaosEvent;
+use support::events::{ChaosEvent, OrderStep};
 use support::nats_server::{NatsServer, Stop};
 use support::rows::{enqueue, row_of};
 use support::schema::schema_from_zero;
@@ -550,6 +550,50 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
         assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{name}");
     }
     assert_eq!(stream.info().await?.state.messages, 2);
+    js.delete_stream(&stream_name).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_ordering_key_is_a_header_and_each_keys_messages_are_stored_in_order() -> TestResult {
+    let js = jetstream::new(connect_nats().await);
+    let db = schema_from_zero(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    let stream_name = db.name().to_uppercase();
+    let subject = format!("outbox.test.{}.steps", db.name());
+    let stream = create_stream(&js, &stream_name, &subject, |_| {}).await?;
+    enqueue(pool, &broker::order_steps()).await;
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<OrderStep, _>::new(pool.clone(), JetStreamSink::new(js.clone(), subject))
+            .concurrency(2)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until("all 6 SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 6
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    // key -> its messages' event ids, in the stream's order.
+    let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for sequence in 1..=6 {
+        let message = stream.get_raw_message(sequence).await?;
+        let key = message.headers.get(header::KEY).ok_or("no key header")?;
+        let event_id = message.headers.get(header::EVENT_ID).ok_or("no event id")?;
+        by_key
+            .entry(key.as_str().to_owned())
+            .or_default()
+            .push(event_id.as_str().to_owned());
+    }
+    assert_eq!(
+        by_key,
+        broker::steps_by_order(),
+        "each order's steps in the outbox's order"
+    );
     js.delete_stream(&stream_name).await?;
     db.drop_schema().await?;
     Ok(())

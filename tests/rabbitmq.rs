@@ -39,7 +39,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use support::broker::{self, Proxy, RefuseUnencodable};
 use support::child::{self, ChildCommand};
-use support::events::ChaosEvent;
+use support::events::{ChaosEvent, OrderStep};
 use support::rows::{enqueue, row_of};
 use support::schema::schema_from_zero;
 use support::{TestResult, wait_until};
@@ -495,6 +495,55 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
         assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{name}");
     }
     assert_eq!(topology.messages(&channel).await?, 2);
+    topology.delete(&channel).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_ordering_key_is_a_header_and_each_keys_messages_are_queued_in_order() -> TestResult {
+    let connection = connect_rabbitmq().await;
+    let channel = connection.create_channel().await?;
+    let db = schema_from_zero(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    let topology = Topology::declare(&channel, &db).await?;
+    enqueue(pool, &broker::order_steps()).await;
+    let sink = RabbitSink::new(
+        connection.create_channel().await?,
+        topology.exchange.clone(),
+        ROUTING_KEY,
+    )
+    .await?;
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<OrderStep, _>::new(pool.clone(), sink)
+            .concurrency(2)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until("all 6 SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 6
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    // key -> its messages' event ids, in the queue's order.
+    let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    while let Some(message) = channel
+        .basic_get(topology.queue.as_str().into(), BasicGetOptions::default())
+        .await?
+    {
+        let delivery = &message.delivery;
+        let key = header_of(delivery, header::KEY).ok_or("no key header")?;
+        let event_id = outbox::rabbitmq::event_id(delivery).ok_or("no event id")?;
+        by_key.entry(key).or_default().push(event_id.to_owned());
+    }
+    assert_eq!(
+        by_key,
+        broker::steps_by_order(),
+        "each order's steps in the outbox's order"
+    );
     topology.delete(&channel).await?;
     db.drop_schema().await?;
     Ok(())

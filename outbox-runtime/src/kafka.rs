@@ -627,7 +627,7 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
                 .as_bytes()
                 .to_vec(),
         };
-        let mut headers = OwnedHeaders::new_with_capacity(6);
+        let mut headers = OwnedHeaders::new_with_capacity(7);
         for (name, value) in message::headers(delivery) {
             headers = headers.insert(Header {
                 key: name,

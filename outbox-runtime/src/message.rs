@@ -80,7 +80,9 @@ pub(crate) fn body<T, E: Encoding<T>>(
 
 /// The outbox's headers of `delivery`'s message, by name (the content type aside).
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
-pub(crate) fn headers<T: Outbox>(delivery: &Delivery<'_, T>) -> [(&'static str, String); 5] {
+pub(crate) fn headers<T: Outbox>(
+    delivery: &Delivery<'_, T>,
+) -> impl Iterator<Item = (&'static str, String)> + use<T> {
     [
         (header::EVENT_ID, delivery.event_id().as_str().to_owned()),
         (header::TABLE, T::SPEC.table.to_owned()),
@@ -88,6 +90,8 @@ pub(crate) fn headers<T: Outbox>(delivery: &Delivery<'_, T>) -> [(&'static str, 
         (header::ATTEMPT, delivery.attempt().to_string()),
         (header::CREATED_AT, timestamp(delivery.created_at())),
     ]
+    .into_iter()
+    .chain(delivery.key().map(|key| (header::KEY, key.to_owned())))
 }
 
 /// `at` as the [`header::CREATED_AT`] header writes it.
@@ -111,6 +115,10 @@ pub mod header {
     /// When the event was enqueued, in RFC 3339 with microseconds, UTC
     /// (`2026-12-03T21:05:09.123456Z`).
     pub const CREATED_AT: &str = "Outbox-Created-At";
+    /// The event's ordering key (`#[outbox(key)]`) as text, when its type has one and
+    /// the event a key: what a consumer that applies each key's events in order groups
+    /// them by. (The Kafka sink also makes it the record key, by default.)
+    pub const KEY: &str = "Outbox-Key";
     /// The body's media type, when the [`Encoding`](super::Encoding) names one.
     pub const CONTENT_TYPE: &str = "Content-Type";
 }

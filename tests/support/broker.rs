@@ -1,7 +1,9 @@
 //! What the broker sinks' tests share: an encoding that refuses one event, the
-//! consumer's effect applied with its inbox row, and a TCP proxy whose stop is, for the
-//! clients connected through it, the broker going away.
+//! consumer's effect applied with its inbox row, a TCP proxy whose stop is, for the
+//! clients connected through it, the broker going away, and two orders' steps whose
+//! per-key order a broker must keep.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use outbox::Outbox as _;
@@ -12,7 +14,7 @@ use sqlx::PgPool;
 use tokio::time::timeout;
 
 use super::counters::Counters;
-use super::events::ChaosEvent;
+use super::events::{ChaosEvent, OrderStep};
 use super::rows::{enqueue, row_of};
 use super::{TestResult, wait_until};
 
@@ -31,6 +33,34 @@ impl Encoding<ChaosEvent> for RefuseUnencodable {
         }
         Json.encode(event)
     }
+}
+
+/// Three steps of each of orders 7 and 8, enqueued interleaved.
+pub fn order_steps() -> Vec<OrderStep> {
+    (1..=3)
+        .flat_map(|n| {
+            [7, 8].map(|order_id| OrderStep {
+                name: format!("order-{order_id}-step-{n}"),
+                order_id,
+            })
+        })
+        .collect()
+}
+
+/// What a broker must hold of [`order_steps`]: for each order (its key, as the
+/// `Outbox-Key` header writes it), its steps' event ids in the outbox's order.
+pub fn steps_by_order() -> BTreeMap<String, Vec<String>> {
+    [7, 8]
+        .map(|order_id| {
+            (
+                order_id.to_string(),
+                (1..=3)
+                    .map(|n| format!("order-{order_id}-step-{n}"))
+                    .collect(),
+            )
+        })
+        .into_iter()
+        .collect()
 }
 
 /// The consumer's handling of one message (`event_id`, and `body`, a `ChaosEvent` as

@@ -105,8 +105,8 @@ pub struct Receipt {
 }
 
 /// Per-key ordering: the events of one order leave in order. A short budget, so that
-/// a test can spend it.
-#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+/// a test can spend it. The broker tests publish it as JSON.
+#[derive(outbox::Outbox, Serialize, Debug, Clone, PartialEq)]
 #[outbox(
     table = "order_step_events",
     lease = "30s",
