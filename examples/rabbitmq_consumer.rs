@@ -44,6 +44,7 @@ async fn main() -> Result {
         lapin::ConnectionProperties::default().enable_auto_recover(),
     )
     .await
+    .map(std::sync::Arc::new)
     .map_err(|e| {
         format!(
             "cannot reach RabbitMQ at {url} ({e}); start it with `service rabbitmq-server start`"
@@ -66,7 +67,7 @@ async fn main() -> Result {
     ];
     OrderPlaced::enqueue_all(&orders, pool).await?;
     let sink = RabbitSink::<OrderPlaced>::new(
-        connection.create_channel().await?,
+        std::sync::Arc::clone(&connection),
         exchange.clone(),
         ROUTING_KEY,
     )

@@ -22,6 +22,7 @@
 mod support;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use outbox::inbox::{self, Inbox, Received};
@@ -58,7 +59,7 @@ fn amqp_url() -> String {
 
 /// The test's RabbitMQ connection; fails the test, saying how to start RabbitMQ, when
 /// there is none.
-async fn connect_rabbitmq() -> Connection {
+async fn connect_rabbitmq() -> Arc<Connection> {
     let url = amqp_url();
     let how = "This test needs RabbitMQ: start it with `service rabbitmq-server start` \
                (Debian's `rabbitmq-server` package), or point OUTBOX_AMQP_URL at one";
@@ -68,7 +69,7 @@ async fn connect_rabbitmq() -> Connection {
     )
     .await;
     match connected {
-        Ok(Ok(connection)) => connection,
+        Ok(Ok(connection)) => Arc::new(connection),
         Ok(Err(error)) => panic!("RabbitMQ is not reachable at {url}: {error}. {how}"),
         Err(elapsed) => panic!("RabbitMQ did not answer at {url}: {elapsed}. {how}"),
     }
@@ -158,11 +159,10 @@ fn rabbitmq_redeliver_child() {
             .await
             .expect("the test's schema");
         let connection = connect_rabbitmq().await;
-        let channel = connection.create_channel().await.expect("a channel");
         let sink = KillAfterConfirms(
-            RabbitSink::new(channel, exchange, ROUTING_KEY)
+            RabbitSink::new(connection, exchange, ROUTING_KEY)
                 .await
-                .expect("confirm mode"),
+                .expect("a channel in confirm mode"),
         );
         let result = Relay::<ChaosEvent, _>::new(pool, sink)
             .run(CancellationToken::new())
@@ -304,7 +304,7 @@ async fn second_relay_redelivers(scene: &mut Scene) -> TestResult {
     let pool = db.pool();
     let connection = connect_rabbitmq().await;
     let sink = RabbitSink::new(
-        connection.create_channel().await?,
+        Arc::clone(&connection),
         topology.exchange.clone(),
         ROUTING_KEY,
     )
@@ -447,7 +447,7 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
         .collect();
     enqueue(pool, &events).await;
     let sink = RabbitSink::new(
-        connection.create_channel().await?,
+        Arc::clone(&connection),
         topology.exchange.clone(),
         ROUTING_KEY,
     )
@@ -509,7 +509,7 @@ async fn the_ordering_key_is_a_header_and_each_keys_messages_are_queued_in_order
     let topology = Topology::declare(&channel, &db).await?;
     enqueue(pool, &broker::order_steps()).await;
     let sink = RabbitSink::new(
-        connection.create_channel().await?,
+        Arc::clone(&connection),
         topology.exchange.clone(),
         ROUTING_KEY,
     )
@@ -565,9 +565,10 @@ async fn a_broker_outage_burns_no_attempts_and_the_relay_resumes_when_it_returns
         &through,
         lapin::ConnectionProperties::default().enable_auto_recover(),
     )
-    .await?;
+    .await
+    .map(Arc::new)?;
     let sink = RabbitSink::new(
-        connection.create_channel().await?,
+        Arc::clone(&connection),
         topology.exchange.clone(),
         ROUTING_KEY,
     )
@@ -587,28 +588,30 @@ async fn a_broker_outage_burns_no_attempts_and_the_relay_resumes_when_it_returns
 }
 
 /// The publish closes the channel (AMQP's 404 is a channel error): the events of the
-/// batch, all bound for the missing exchange, are `DEAD` with the broker's reason.
+/// batch, all bound for the missing exchange, are `DEAD` with the broker's reason. The
+/// connection stays open, and once the exchange exists the sink publishes on a new
+/// channel.
 #[tokio::test]
-async fn a_missing_exchange_is_dead_with_its_reason() -> TestResult {
+async fn a_missing_exchange_is_dead_with_its_reason_and_the_sink_goes_on_on_a_new_channel()
+-> TestResult {
     let connection = connect_rabbitmq().await;
     let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
     let pool = db.pool();
+    let shipment = |n: i64| ChaosEvent {
+        key: format!("shipment-{n}"),
+        order_seq: n,
+    };
     // One event: the broker closes the channel on the first publish to a missing
     // exchange, and a batch-mate published after that close would find the channel
-    // closed (Unavailable until the application's channel recovers), not the 404.
-    let events: Vec<ChaosEvent> = (1..=1)
-        .map(|n| ChaosEvent {
-            key: format!("shipment-{n}"),
-            order_seq: n,
-        })
-        .collect();
-    enqueue(pool, &events).await;
-    // Declared by no one.
-    let exchange = format!("outbox.test.{}.missing", db.name());
-    let sink = RabbitSink::new(connection.create_channel().await?, exchange, ROUTING_KEY).await?;
+    // closed (handed back, unavailable), not the 404.
+    enqueue(pool, &[shipment(1)]).await;
+    // Declared by no one, yet.
+    let exchange = format!("outbox.test.{}", db.name());
+    let sink = RabbitSink::new(Arc::clone(&connection), exchange, ROUTING_KEY).await?;
+    let first_channel = sink.channel();
     let shutdown = CancellationToken::new();
     let relay = tokio::spawn(
-        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink.clone())
             .poll_interval(Duration::from_millis(50))
             .run(shutdown.clone()),
     );
@@ -616,14 +619,29 @@ async fn a_missing_exchange_is_dead_with_its_reason() -> TestResult {
         outbox::stats::<ChaosEvent>(pool).await.unwrap().dead == 1
     })
     .await;
+    let row = row_of::<ChaosEvent>(pool, "shipment-1").await;
+    let error = row.last_error.unwrap_or_default();
+    assert_eq!((row.status.as_str(), row.attempts), ("DEAD", 1), "{error}");
+    assert!(error.contains("no such exchange"), "{error}");
+    assert!(!first_channel.status().connected(), "the broker closed it");
+
+    // The operator declares the exchange: the next events go out, on a new channel.
+    let admin = connection.create_channel().await?;
+    let topology = Topology::declare(&admin, &db).await?;
+    enqueue(pool, &[shipment(2), shipment(3)]).await;
+    wait_until("2 SENT", Duration::from_secs(30), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 2
+    })
+    .await;
     shutdown.cancel();
     timeout(Duration::from_secs(15), relay).await???;
-    for event in &events {
-        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
-        let error = row.last_error.unwrap_or_default();
-        assert_eq!((row.status.as_str(), row.attempts), ("DEAD", 1), "{error}");
-        assert!(error.contains("no such exchange"), "{error}");
+    assert!(sink.channel().status().connected());
+    assert_eq!(topology.messages(&admin).await?, 2);
+    for n in [2, 3] {
+        let row = row_of::<ChaosEvent>(pool, format!("shipment-{n}").as_str()).await;
+        assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1));
     }
+    topology.delete(&admin).await?;
     db.drop_schema().await?;
     Ok(())
 }

@@ -630,7 +630,7 @@ mod with_brokers {
         };
 
         pub(in super::super) struct Rabbit {
-            connection: Connection,
+            connection: std::sync::Arc<Connection>,
             admin: Channel,
         }
 
@@ -645,6 +645,7 @@ mod with_brokers {
                 let connection = Connection::connect(&url, ConnectionProperties::default())
                     .await
                     .map_err(|error| format!("RabbitMQ at {url}: {error}"))?;
+                let connection = std::sync::Arc::new(connection);
                 let admin = connection.create_channel().await?;
                 Ok(Self { connection, admin })
             }
@@ -717,8 +718,10 @@ mod with_brokers {
             }
 
             async fn sink(&self, tag: &str) -> Result<Self::Sink> {
-                let channel = self.connection.create_channel().await?;
-                Ok(RabbitSink::new(channel, "", queue_of(tag)).await?)
+                Ok(
+                    RabbitSink::new(std::sync::Arc::clone(&self.connection), "", queue_of(tag))
+                        .await?,
+                )
             }
 
             async fn raw(

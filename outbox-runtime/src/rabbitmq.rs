@@ -1,22 +1,21 @@
 //! Publishing to RabbitMQ (cargo feature `rabbitmq`): [`RabbitSink`].
 //!
-//! The sink takes the application's own lapin [`Channel`] (opened on its
-//! [`Connection`](lapin::Connection), with its TLS, credentials and recovery settings),
-//! puts the channel in confirm mode (`confirm.select`), and publishes each event to an
-//! exchange with a routing key of its choosing: `mandatory` (a message no queue takes
+//! The sink takes the application's own lapin [`Connection`] (with its TLS, credentials
+//! and recovery settings), opens a channel on it in confirm mode (`confirm.select`),
+//! and publishes each event to an exchange with a routing key of its choosing: `mandatory` (a message no queue takes
 //! comes back, and is an error, not a silent drop), persistent (delivery mode 2), and
 //! `message_id` = the event id. RabbitMQ has no deduplication: a redelivered event is a
 //! second copy in the queue, which a consumer recognises by its event id with an
 //! [`Inbox`](crate::inbox::Inbox).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::future::join_all;
 pub use lapin;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, ErrorKind, PublisherConfirm};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ErrorKind, PublisherConfirm};
 
 use crate::message::{self, Encoding, Json, header};
 use crate::relay::{Delivery, Sink, SinkError};
@@ -40,19 +39,21 @@ type RoutingKeyOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// | RabbitMQ's answer | the result |
 /// |---|---|
 /// | a confirm (`basic.ack`) | `Ok` (`SENT`) |
-/// | the channel or its connection is closed (before the batch, or while confirms are awaited) | [`SinkError::Unavailable`]: handed back, no attempt counted |
+/// | the connection is closed (before the batch, or while confirms are awaited) | [`SinkError::Unavailable`]: handed back, no attempt counted |
 /// | a negative confirm (`basic.nack`); no confirm in time ([`RabbitSink::confirm_timeout`], 5 s by default) | [`SinkError::Transient`] |
 /// | the event does not encode; the message is returned (no queue is bound for its routing key); the exchange does not exist; a routing key or event id over 255 bytes | [`SinkError::Permanent`] (`DEAD`) |
 ///
 /// To survive a broker restart, open the connection with lapin's automatic recovery
 /// ([`ConnectionProperties::enable_auto_recover`](lapin::ConnectionProperties::enable_auto_recover)):
 /// while it reconnects the batches are unavailable, and once it has reopened the channel
-/// (in confirm mode again) the sink publishes on it. Without recovery, a channel that
+/// (in confirm mode again) the sink publishes on it. Without recovery, a connection that
 /// closed stays closed, and so unavailable. In AMQP a publish to an exchange that does
-/// not exist closes the channel: the event is `DEAD` (declare the exchange before the
-/// relay starts).
+/// not exist closes the channel, not the connection: the event is `DEAD` (declare the
+/// exchange before the relay starts), and the next batch opens a new channel.
 ///
 /// ```no_run
+/// use std::sync::Arc;
+///
 /// use outbox_runtime::rabbitmq::{RabbitSink, lapin};
 /// use outbox_runtime::relay::{CancellationToken, Relay};
 ///
@@ -60,11 +61,13 @@ type RoutingKeyOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// # async fn run<OrderPlaced: outbox_runtime::Outbox + serde::Serialize + Send + Sync>(
 /// #     pool: sqlx::PgPool,
 /// # ) -> Result<(), Box<dyn std::error::Error>> {
-/// let connection = lapin::Connection::connect(
-///     "amqp://guest:guest@127.0.0.1:5672/%2f", // your TLS, auth
-///     lapin::ConnectionProperties::default().enable_auto_recover(), // reconnects
-/// )
-/// .await?;
+/// let connection = Arc::new(
+///     lapin::Connection::connect(
+///         "amqp://guest:guest@127.0.0.1:5672/%2f", // your TLS, auth
+///         lapin::ConnectionProperties::default().enable_auto_recover(), // reconnects
+///     )
+///     .await?,
+/// );
 /// let channel = connection.create_channel().await?;
 /// // The exchange, and a queue bound to the routing key (here, or by your deployment).
 /// channel
@@ -75,12 +78,16 @@ type RoutingKeyOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 ///         lapin::types::FieldTable::default(),
 ///     )
 ///     .await?;
-/// let sink = RabbitSink::<OrderPlaced>::new(channel, "orders", "orders.placed").await?;
+/// let sink = RabbitSink::<OrderPlaced>::new(connection, "orders", "orders.placed").await?;
 /// Relay::new(pool, sink).run(CancellationToken::new()).await?;
 /// # Ok(()) }
 /// ```
 pub struct RabbitSink<T, E = Json> {
-    channel: Channel,
+    connection: Arc<Connection>,
+    /// The channel the sink publishes on, replaced when the broker closed it.
+    channel: Arc<Mutex<Channel>>,
+    /// Held while a closed channel is replaced, so that one replacement is opened.
+    reopening: Arc<tokio::sync::Mutex<()>>,
     exchange: ShortString,
     routing_key: RoutingKeyOf<T>,
     encoding: E,
@@ -90,7 +97,9 @@ pub struct RabbitSink<T, E = Json> {
 impl<T, E: Clone> Clone for RabbitSink<T, E> {
     fn clone(&self) -> Self {
         Self {
-            channel: self.channel.clone(),
+            connection: Arc::clone(&self.connection),
+            channel: Arc::clone(&self.channel),
+            reopening: Arc::clone(&self.reopening),
             exchange: self.exchange.clone(),
             routing_key: Arc::clone(&self.routing_key),
             encoding: self.encoding.clone(),
@@ -110,22 +119,23 @@ impl<T, E: std::fmt::Debug> std::fmt::Debug for RabbitSink<T, E> {
 }
 
 impl<T> RabbitSink<T, Json> {
-    /// A sink publishing every event as JSON to `exchange` with `routing_key`. Puts
-    /// `channel` in confirm mode (`confirm.select`); fails if the channel refuses it, or
-    /// if `exchange` is over 255 bytes.
+    /// A sink publishing every event as JSON to `exchange` with `routing_key`, on a
+    /// channel of its own that it opens on `connection` in confirm mode
+    /// (`confirm.select`), and opens again when the broker closes it. Fails if the
+    /// channel cannot be opened, or if `exchange` is over 255 bytes.
     pub async fn new(
-        channel: Channel,
+        connection: Arc<Connection>,
         exchange: impl Into<String>,
         routing_key: impl Into<String>,
     ) -> Result<Self, lapin::Error> {
         let exchange = ShortString::try_new(exchange)
             .map_err(|error| lapin::Error::from(std::io::Error::other(error)))?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
+        let channel = confirming_channel(&connection).await?;
         let routing_key = routing_key.into();
         Ok(Self {
-            channel,
+            connection,
+            channel: Arc::new(Mutex::new(channel)),
+            reopening: Arc::new(tokio::sync::Mutex::new(())),
             exchange,
             routing_key: Arc::new(move |_: &T| routing_key.clone()),
             encoding: Json,
@@ -157,7 +167,9 @@ impl<T, E> RabbitSink<T, E> {
     /// Encodes the events with `encoding` instead of JSON.
     pub fn encoding<E2: Encoding<T>>(self, encoding: E2) -> RabbitSink<T, E2> {
         RabbitSink {
+            connection: self.connection,
             channel: self.channel,
+            reopening: self.reopening,
             exchange: self.exchange,
             routing_key: self.routing_key,
             encoding,
@@ -165,15 +177,53 @@ impl<T, E> RabbitSink<T, E> {
         }
     }
 
-    /// The channel the sink publishes on.
-    pub fn channel(&self) -> &Channel {
-        &self.channel
+    /// The channel the sink publishes on now.
+    pub fn channel(&self) -> Channel {
+        self.channel
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
-    /// Whether the channel and its connection are open.
-    fn connected(&self) -> bool {
-        self.channel.status().connected()
+    /// The channel to publish a batch on: the sink's, or a new one in its place when
+    /// the broker closed it (a channel error, such as a publish to a missing exchange,
+    /// closes the channel and leaves the connection open). `None` while the connection
+    /// is not open (lapin's recovery, if enabled, reopens the channel itself).
+    async fn open_channel(&self) -> Option<Channel> {
+        let current = self.channel();
+        if current.status().connected() {
+            return Some(current);
+        }
+        if !self.connection.status().connected() {
+            return None;
+        }
+        let _one_at_a_time = self.reopening.lock().await;
+        let current = self.channel();
+        if current.status().connected() {
+            // Another worker replaced it meanwhile.
+            return Some(current);
+        }
+        match confirming_channel(&self.connection).await {
+            Ok(fresh) => {
+                tracing::info!(exchange = %self.exchange, "the RabbitMQ channel was closed; publishing on a new one");
+                *self.channel.lock().unwrap_or_else(PoisonError::into_inner) = fresh.clone();
+                Some(fresh)
+            }
+            Err(error) => {
+                tracing::warn!(exchange = %self.exchange, %error, "cannot open a RabbitMQ channel");
+                None
+            }
+        }
     }
+}
+
+/// A channel on `connection`, in confirm mode.
+async fn confirming_channel(connection: &Connection) -> Result<Channel, lapin::Error> {
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
 }
 
 impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
@@ -184,21 +234,21 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         &self,
         batch: &[Delivery<'_, T>],
     ) -> Vec<Result<Confirmation, SinkError>> {
-        if !self.connected() {
+        let Some(channel) = self.open_channel().await else {
             return batch
                 .iter()
                 .map(|_| {
                     Err(SinkError::unavailable(
-                        "the RabbitMQ channel or its connection is not open",
+                        "the RabbitMQ connection is not open",
                     ))
                 })
                 .collect();
-        }
+        };
         // Every message goes out before any confirm is awaited: the batch costs about
         // one round trip, not one per event.
         let mut sent = Vec::with_capacity(batch.len());
         for delivery in batch {
-            sent.push(self.send(delivery).await);
+            sent.push(self.send(&channel, delivery).await);
         }
         let confirm_timeout = self.confirm_timeout;
         let confirmed = join_all(sent.into_iter().map(|sent| async move {
@@ -212,7 +262,7 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
             }
         }))
         .await;
-        let connected = self.connected();
+        let connected = channel.status().connected();
         confirmed
             .into_iter()
             .map(|confirmed| match confirmed {
@@ -231,6 +281,7 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
     #[allow(clippy::type_complexity)]
     async fn send(
         &self,
+        channel: &Channel,
         delivery: &Delivery<'_, T>,
     ) -> Result<(String, PublisherConfirm), Result<SinkError, (String, lapin::Error)>> {
         let body = message::body(&self.encoding, delivery).map_err(Ok)?;
@@ -262,8 +313,7 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
-        match self
-            .channel
+        match channel
             .basic_publish(self.exchange.clone(), key, options, &body, properties)
             .await
         {

@@ -271,13 +271,9 @@ pub(super) async fn sink() -> Result<RabbitSink<ChaosEvent>, String> {
         ConnectionProperties::default().enable_auto_recover()
     })
     .await?;
-    let channel = connection
-        .create_channel()
+    RabbitSink::new(std::sync::Arc::new(connection), exchange, ROUTING_KEY)
         .await
-        .map_err(|e| format!("a channel: {e}"))?;
-    RabbitSink::new(channel, exchange, ROUTING_KEY)
-        .await
-        .map_err(|e| format!("confirm mode: {e}"))
+        .map_err(|e| format!("a channel in confirm mode: {e}"))
 }
 
 /// In a consumer child: consumes the queue until `shutdown`, handling each message and
