@@ -584,20 +584,8 @@ async fn kafka_the_ordering_key_is_the_record_key_and_a_header_and_each_key_keep
     let pool = db.pool();
     let topic = format!("outbox.test.{}.steps", db.name());
     create_topic(&tansu.bootstrap(), &topic).await?;
-    enqueue(pool, &broker::order_steps()).await;
     let sink = KafkaSink::<OrderStep>::new(&producer_config(&tansu.bootstrap()), topic.clone())?;
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
-        Relay::<OrderStep, _>::new(pool.clone(), sink)
-            .poll_interval(Duration::from_millis(50))
-            .run(shutdown.clone()),
-    );
-    wait_until("all 6 SENT", Duration::from_secs(30), async || {
-        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 6
-    })
-    .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
+    broker::publish_order_steps(pool, sink).await?;
 
     // key -> its records' event ids, in the partition's order.
     let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();

@@ -563,20 +563,7 @@ async fn the_ordering_key_is_a_header_and_each_keys_messages_are_stored_in_order
     let stream_name = db.name().to_uppercase();
     let subject = format!("outbox.test.{}.steps", db.name());
     let stream = create_stream(&js, &stream_name, &subject, |_| {}).await?;
-    enqueue(pool, &broker::order_steps()).await;
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
-        Relay::<OrderStep, _>::new(pool.clone(), JetStreamSink::new(js.clone(), subject))
-            .concurrency(2)
-            .poll_interval(Duration::from_millis(50))
-            .run(shutdown.clone()),
-    );
-    wait_until("all 6 SENT", Duration::from_secs(30), async || {
-        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 6
-    })
-    .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
+    broker::publish_order_steps(pool, JetStreamSink::new(js.clone(), subject)).await?;
 
     // key -> its messages' event ids, in the stream's order.
     let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();

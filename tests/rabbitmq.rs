@@ -507,26 +507,13 @@ async fn the_ordering_key_is_a_header_and_each_keys_messages_are_queued_in_order
     let db = schema_from_zero(&[OrderStep::migrations()]).await?;
     let pool = db.pool();
     let topology = Topology::declare(&channel, &db).await?;
-    enqueue(pool, &broker::order_steps()).await;
     let sink = RabbitSink::new(
         Arc::clone(&connection),
         topology.exchange.clone(),
         ROUTING_KEY,
     )
     .await?;
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
-        Relay::<OrderStep, _>::new(pool.clone(), sink)
-            .concurrency(2)
-            .poll_interval(Duration::from_millis(50))
-            .run(shutdown.clone()),
-    );
-    wait_until("all 6 SENT", Duration::from_secs(30), async || {
-        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 6
-    })
-    .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
+    broker::publish_order_steps(pool, sink).await?;
 
     // key -> its messages' event ids, in the queue's order.
     let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();

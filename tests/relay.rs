@@ -1520,18 +1520,9 @@ async fn results_a_sink_leaves_out_are_retried() -> TestResult {
 #[tokio::test]
 async fn eight_workers_share_a_backlog_without_a_double_claim_or_a_failed_statement() -> TestResult
 {
-    use tracing_subscriber::util::SubscriberInitExt as _;
     let warnings = Captured::default();
     // A current-thread runtime polls the relay's tasks on this thread: they log here.
-    let _logging = tracing_subscriber::fmt()
-        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
-        .with_writer({
-            let warnings = warnings.clone();
-            move || warnings.clone()
-        })
-        .with_ansi(false)
-        .finish()
-        .set_default();
+    let _logging = warnings.this_thread(tracing_subscriber::filter::LevelFilter::WARN);
     let db = schema_from_zero(&[BenchEvent::migrations()]).await?;
     let events: Vec<BenchEvent> = (0..6_000)
         .map(|n| BenchEvent {

@@ -35,6 +35,26 @@ impl Encoding<ChaosEvent> for RefuseUnencodable {
     }
 }
 
+/// Enqueues [`order_steps`] and publishes them through `sink`, with a relay of two
+/// workers, until all six are `SENT`.
+pub async fn publish_order_steps<S: Sink<OrderStep>>(pool: &PgPool, sink: S) -> TestResult {
+    enqueue(pool, &order_steps()).await;
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<OrderStep, _>::new(pool.clone(), sink)
+            .concurrency(2)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until("all 6 SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 6
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+    Ok(())
+}
+
 /// Three steps of each of orders 7 and 8, enqueued interleaved.
 pub fn order_steps() -> Vec<OrderStep> {
     (1..=3)

@@ -22,6 +22,23 @@ impl std::io::Write for Captured {
 }
 
 impl Captured {
+    /// Captures what this thread logs at `level` and above, until the guard drops. A
+    /// current-thread runtime (`#[tokio::test]`'s) polls its tasks on this thread, so
+    /// they log here.
+    pub fn this_thread(
+        &self,
+        level: tracing_subscriber::filter::LevelFilter,
+    ) -> tracing::dispatcher::DefaultGuard {
+        use tracing_subscriber::util::SubscriberInitExt as _;
+        let writer = self.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish()
+            .set_default()
+    }
+
     /// Everything written so far.
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap_or_else(PoisonError::into_inner)).into_owned()
