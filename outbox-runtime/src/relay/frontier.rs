@@ -18,6 +18,10 @@
 //! than about 1% of a worker's time however much a pin makes them cost. Without a
 //! pin a sweep takes about a millisecond, so expired claims are found within about a
 //! tenth of a second of their lease's end; under a ten-minute pin, within about 25 s.
+//!
+//! A table with an ordering key keeps its frontier at the start of the index
+//! ([`Frontier::at_the_start`]): there, what the claims between sweeps leave to the
+//! sweeps is the expired claims and the setting aside of held events.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -96,8 +100,23 @@ impl Drop for Sweep<'_> {
 
 impl Frontier {
     pub(super) fn new() -> Self {
+        Self::starting(NONE)
+    }
+
+    /// The frontier of a table with an ordering key: the start of the `READY` index,
+    /// for good. An event held back by its key keeps its place in the index, which the
+    /// claims pass, so a frontier that moved on would leave it behind once released.
+    /// What the sweeps add for such a table is the rest of the full claim: expired
+    /// claims, and setting aside the events held behind a waiting one (`parked`), whose
+    /// second walk over the claimed range cost a fifth of the ordered drain at 1,000
+    /// keys, measured. Between sweeps, a held event is stepped over (one probe each).
+    pub(super) fn at_the_start() -> Self {
+        Self::starting(0)
+    }
+
+    fn starting(from: i64) -> Self {
         Self {
-            from: AtomicI64::new(NONE),
+            from: AtomicI64::new(from),
             sweeps: Mutex::new(Sweeps {
                 running: false,
                 due: Instant::now(),
@@ -170,6 +189,24 @@ mod tests {
         frontier.advance(Some(2_000_000));
         frontier.advance(None);
         assert_eq!(frontier.from.load(Ordering::Relaxed), 4_500_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_keyed_tables_claims_between_sweeps_start_at_the_beginning() {
+        let frontier = Frontier::at_the_start();
+        let sweep = frontier.next();
+        assert_eq!(sweep.scope, Scope::All, "the first claim sweeps");
+        assert_eq!(frontier.next().scope, Scope::ReadyFrom(0));
+        tokio::time::advance(Duration::from_millis(2)).await;
+        sweep.done();
+        tokio::time::advance(Duration::from_millis(199)).await;
+        assert_eq!(frontier.next().scope, Scope::ReadyFrom(0));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            frontier.next().scope,
+            Scope::All,
+            "and again after 100 × 2 ms"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -190,7 +190,11 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
         }
         let stop = shutdown.child_token();
         let wakeups = Arc::new(Wakeups::default());
-        let frontier = Arc::new(Frontier::new());
+        let frontier = Arc::new(if T::SPEC.key().is_some() {
+            Frontier::at_the_start()
+        } else {
+            Frontier::new()
+        });
         let outage = Arc::new(Outage::new(T::SPEC.table));
         let listener = tokio::spawn(listen::<T>(
             relay.pool.clone(),
@@ -488,7 +492,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             next.done();
             // An event held back by its key keeps its place in the `READY` index, which
             // the claims pass: released, it lies behind any frontier. A keyed table's
-            // claims have none, and start at the beginning.
+            // frontier stays at the start ([`Frontier::at_the_start`]).
             if T::SPEC.key().is_none() {
                 self.frontier.advance(claimed.reached);
             }

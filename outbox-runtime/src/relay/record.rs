@@ -82,7 +82,8 @@ pub(crate) async fn record_and_claim<T: Outbox>(
         return Ok((claim_on::<T>(conn, scope, limit).await?, no_outcomes()));
     }
     let mut tx = match scope {
-        _ if keyed => conn.begin_with(BEGIN_WITHOUT_JIT).await,
+        Scope::All if keyed => conn.begin_with(BEGIN_WITHOUT_JIT).await,
+        Scope::ReadyFrom(_) if keyed => conn.begin_with(GENERIC_PLANS_WITHOUT_JIT).await,
         Scope::All => conn.begin().await,
         Scope::ReadyFrom(_) => conn.begin_with(GENERIC_PLANS).await,
     }
@@ -105,6 +106,11 @@ pub(crate) async fn record_and_claim<T: Outbox>(
 /// measured. `LOCAL`, so the setting ends with the transaction and never reaches the
 /// pool's other users; one round trip, as a plain `BEGIN`.
 const GENERIC_PLANS: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan";
+
+/// [`GENERIC_PLANS`] and [`BEGIN_WITHOUT_JIT`], for a claim from a position on a table
+/// with an ordering key.
+const GENERIC_PLANS_WITHOUT_JIT: &str =
+    "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL jit = off";
 
 /// Records `outcomes` in one guarded statement.
 async fn record<'e, T: Outbox>(
