@@ -47,6 +47,8 @@ const NONE: i64 = i64::MIN;
 pub(super) struct Frontier {
     /// Microseconds since the Unix epoch, or [`NONE`].
     from: AtomicI64,
+    /// Whether claims move it forward (not at the start, for good).
+    moves: bool,
     sweeps: Mutex<Sweeps>,
 }
 
@@ -100,7 +102,7 @@ impl Drop for Sweep<'_> {
 
 impl Frontier {
     pub(super) fn new() -> Self {
-        Self::starting(NONE)
+        Self::starting(NONE, true)
     }
 
     /// The frontier of a table with an ordering key: the start of the `READY` index,
@@ -111,12 +113,13 @@ impl Frontier {
     /// second walk over the claimed range cost a fifth of the ordered drain at 1,000
     /// keys, measured. Between sweeps, a held event is stepped over (one probe each).
     pub(super) fn at_the_start() -> Self {
-        Self::starting(0)
+        Self::starting(0, false)
     }
 
-    fn starting(from: i64) -> Self {
+    fn starting(from: i64, moves: bool) -> Self {
         Self {
             from: AtomicI64::new(from),
+            moves,
             sweeps: Mutex::new(Sweeps {
                 running: false,
                 due: Instant::now(),
@@ -150,9 +153,10 @@ impl Frontier {
 
     /// A claim got as far as `reached` (the latest `next_attempt_at` it claimed from
     /// `READY`, in microseconds since the Unix epoch): the frontier moves up to
-    /// [`MARGIN`] before it, and never back.
+    /// [`MARGIN`] before it, and never back. One [at the start](Self::at_the_start)
+    /// stays there.
     pub(super) fn advance(&self, reached: Option<i64>) {
-        if let Some(reached) = reached {
+        if let Some(reached) = reached.filter(|_| self.moves) {
             let margin = i64::try_from(MARGIN.as_micros()).unwrap_or(i64::MAX);
             self.from
                 .fetch_max(reached.saturating_sub(margin), Ordering::Relaxed);
@@ -196,7 +200,8 @@ mod tests {
         let frontier = Frontier::at_the_start();
         let sweep = frontier.next();
         assert_eq!(sweep.scope, Scope::All, "the first claim sweeps");
-        assert_eq!(frontier.next().scope, Scope::ReadyFrom(0));
+        frontier.advance(Some(10_000_000));
+        assert_eq!(frontier.next().scope, Scope::ReadyFrom(0), "and stay there");
         tokio::time::advance(Duration::from_millis(2)).await;
         sweep.done();
         tokio::time::advance(Duration::from_millis(199)).await;

@@ -26,7 +26,6 @@ use std::time::Duration;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgListener;
 use sqlx::{PgConnection, PgPool, Postgres};
-
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, sleep_until};
 use tracing::Instrument as _;
@@ -490,12 +489,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         }
         if let Some(next) = next {
             next.done();
-            // An event held back by its key keeps its place in the `READY` index, which
-            // the claims pass: released, it lies behind any frontier. A keyed table's
-            // frontier stays at the start ([`Frontier::at_the_start`]).
-            if T::SPEC.key().is_none() {
-                self.frontier.advance(claimed.reached);
-            }
+            self.frontier.advance(claimed.reached);
         }
         Ok(claimed.claims)
     }
