@@ -470,10 +470,15 @@ fn releasing(
 /// with a row comparison on `(key, id)`: an order only that index has. (With `key =
 /// $1 AND id > $2 ORDER BY id` the planner may walk the primary key from the finished
 /// event onwards instead, to the end of the table when it was its key's last event.)
+/// The key's equality bounds that walk: where the finished event was its key's last,
+/// the scan ends in the index, without fetching the next key's first row.
 ///
-/// The events to wake are found first, then by their ids (`status || ''` keeps the
-/// planner off the `READY` index, whose statistics rarely know of the events set aside,
-/// as [`OWNED`] keeps it off the `INPROGRESS` one).
+/// The events to wake are found first (only those set aside: `READY` and not yet due),
+/// then updated by their ids (`status || ''` keeps the planner off the `READY` index,
+/// whose statistics rarely know of the events set aside, as [`OWNED`] keeps it off the
+/// `INPROGRESS` one). Filtering before the update matters: most finished events have
+/// no successor set aside, and looking each one up again by id cost 8% of a keyed
+/// batch's recording, measured.
 ///
 /// This statement's snapshot sees every such setting aside: a claim sets an event aside
 /// only while it holds a share lock on the event before it, and only while that event is
@@ -488,10 +493,11 @@ fn wake(table: &Table<'_>, released: &str) -> String {
     format!(
         ",\nnext AS (\n\
          \x20   SELECT q.id FROM done AS f CROSS JOIN LATERAL (\n\
-         \x20       SELECT q.id, q.{k} AS key FROM {t} AS q\n\
-         \x20       WHERE (q.{k}, q.id) > (f.outbox_key, f.outbox_id) AND q.status <> '{sent}'{}\n\
+         \x20       SELECT q.id, q.status, q.next_attempt_at FROM {t} AS q\n\
+         \x20       WHERE q.{k} = f.outbox_key AND (q.{k}, q.id) > (f.outbox_key, f.outbox_id)\n\
+         \x20           AND q.status <> '{sent}'{}\n\
          \x20       ORDER BY q.{k}, q.id LIMIT 1) AS q\n\
-         \x20   WHERE {released} AND q.key = f.outbox_key\n\
+         \x20   WHERE {released} AND q.status = '{ready}' AND q.next_attempt_at > statement_timestamp()\n\
          ), woken AS (\n\
          \x20   UPDATE {t} AS w SET next_attempt_at = statement_timestamp()\n\
          \x20   WHERE w.id = ANY(ARRAY(SELECT id FROM next))\n\

@@ -91,10 +91,11 @@ UPDATE "lenient_order_events" SET status = 'SENT', lease_until = NULL, next_atte
     RETURNING id, id AS outbox_id, "order_id" AS outbox_key),
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
-        SELECT q.id, q."order_id" AS key FROM "lenient_order_events" AS q
-        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT' AND q.status <> 'DEAD'
+        SELECT q.id, q.status, q.next_attempt_at FROM "lenient_order_events" AS q
+        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND q.status <> 'SENT' AND q.status <> 'DEAD'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
-    WHERE true AND q.key = f.outbox_key
+    WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
     UPDATE "lenient_order_events" AS w SET next_attempt_at = statement_timestamp()
     WHERE w.id = ANY(ARRAY(SELECT id FROM next))
@@ -114,10 +115,11 @@ WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_unti
     RETURNING status, id AS outbox_id, "order_id" AS outbox_key),
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
-        SELECT q.id, q."order_id" AS key FROM "lenient_order_events" AS q
-        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT' AND q.status <> 'DEAD'
+        SELECT q.id, q.status, q.next_attempt_at FROM "lenient_order_events" AS q
+        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND q.status <> 'SENT' AND q.status <> 'DEAD'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
-    WHERE f.status = 'DEAD' AND q.key = f.outbox_key
+    WHERE f.status = 'DEAD' AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
     UPDATE "lenient_order_events" AS w SET next_attempt_at = statement_timestamp()
     WHERE w.id = ANY(ARRAY(SELECT id FROM next))
@@ -133,10 +135,11 @@ UPDATE "lenient_order_events" SET status = 'DEAD', lease_until = NULL, last_erro
     RETURNING id, id AS outbox_id, "order_id" AS outbox_key),
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
-        SELECT q.id, q."order_id" AS key FROM "lenient_order_events" AS q
-        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT' AND q.status <> 'DEAD'
+        SELECT q.id, q.status, q.next_attempt_at FROM "lenient_order_events" AS q
+        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND q.status <> 'SENT' AND q.status <> 'DEAD'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
-    WHERE true AND q.key = f.outbox_key
+    WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
     UPDATE "lenient_order_events" AS w SET next_attempt_at = statement_timestamp()
     WHERE w.id = ANY(ARRAY(SELECT id FROM next))
@@ -151,10 +154,11 @@ WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generat
     RETURNING o.id, o.id AS outbox_id, o."order_id" AS outbox_key),
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
-        SELECT q.id, q."order_id" AS key FROM "lenient_order_events" AS q
-        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT' AND q.status <> 'DEAD'
+        SELECT q.id, q.status, q.next_attempt_at FROM "lenient_order_events" AS q
+        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND q.status <> 'SENT' AND q.status <> 'DEAD'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
-    WHERE true AND q.key = f.outbox_key
+    WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
     UPDATE "lenient_order_events" AS w SET next_attempt_at = statement_timestamp()
     WHERE w.id = ANY(ARRAY(SELECT id FROM next))
@@ -187,10 +191,11 @@ WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generat
     RETURNING o.id, o.status, o.id AS outbox_id, o."order_id" AS outbox_key),
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
-        SELECT q.id, q."order_id" AS key FROM "lenient_order_events" AS q
-        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT' AND q.status <> 'DEAD'
+        SELECT q.id, q.status, q.next_attempt_at FROM "lenient_order_events" AS q
+        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND q.status <> 'SENT' AND q.status <> 'DEAD'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
-    WHERE f.status IN ('SENT', 'DEAD') AND q.key = f.outbox_key
+    WHERE f.status IN ('SENT', 'DEAD') AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
     UPDATE "lenient_order_events" AS w SET next_attempt_at = statement_timestamp()
     WHERE w.id = ANY(ARRAY(SELECT id FROM next))
@@ -216,10 +221,11 @@ DELETE FROM "lenient_order_events" WHERE status = 'DEAD' AND event_id = ANY($1::
     RETURNING event_id, id AS outbox_id, "order_id" AS outbox_key),
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
-        SELECT q.id, q."order_id" AS key FROM "lenient_order_events" AS q
-        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT' AND q.status <> 'DEAD'
+        SELECT q.id, q.status, q.next_attempt_at FROM "lenient_order_events" AS q
+        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND q.status <> 'SENT' AND q.status <> 'DEAD'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
-    WHERE true AND q.key = f.outbox_key
+    WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
     UPDATE "lenient_order_events" AS w SET next_attempt_at = statement_timestamp()
     WHERE w.id = ANY(ARRAY(SELECT id FROM next))

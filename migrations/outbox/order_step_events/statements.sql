@@ -91,10 +91,11 @@ UPDATE "order_step_events" SET status = 'SENT', lease_until = NULL, next_attempt
     RETURNING id, id AS outbox_id, "order_id" AS outbox_key),
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
-        SELECT q.id, q."order_id" AS key FROM "order_step_events" AS q
-        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT'
+        SELECT q.id, q.status, q.next_attempt_at FROM "order_step_events" AS q
+        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND q.status <> 'SENT'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
-    WHERE true AND q.key = f.outbox_key
+    WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
     UPDATE "order_step_events" AS w SET next_attempt_at = statement_timestamp()
     WHERE w.id = ANY(ARRAY(SELECT id FROM next))
@@ -126,10 +127,11 @@ WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generat
     RETURNING o.id, o.id AS outbox_id, o."order_id" AS outbox_key),
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
-        SELECT q.id, q."order_id" AS key FROM "order_step_events" AS q
-        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT'
+        SELECT q.id, q.status, q.next_attempt_at FROM "order_step_events" AS q
+        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND q.status <> 'SENT'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
-    WHERE true AND q.key = f.outbox_key
+    WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
     UPDATE "order_step_events" AS w SET next_attempt_at = statement_timestamp()
     WHERE w.id = ANY(ARRAY(SELECT id FROM next))
@@ -162,10 +164,11 @@ WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generat
     RETURNING o.id, o.status, o.id AS outbox_id, o."order_id" AS outbox_key),
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
-        SELECT q.id, q."order_id" AS key FROM "order_step_events" AS q
-        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT'
+        SELECT q.id, q.status, q.next_attempt_at FROM "order_step_events" AS q
+        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND q.status <> 'SENT'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
-    WHERE f.status = 'SENT' AND q.key = f.outbox_key
+    WHERE f.status = 'SENT' AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
     UPDATE "order_step_events" AS w SET next_attempt_at = statement_timestamp()
     WHERE w.id = ANY(ARRAY(SELECT id FROM next))
@@ -191,10 +194,11 @@ DELETE FROM "order_step_events" WHERE status = 'DEAD' AND event_id = ANY($1::tex
     RETURNING event_id, id AS outbox_id, "order_id" AS outbox_key),
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
-        SELECT q.id, q."order_id" AS key FROM "order_step_events" AS q
-        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id) AND q.status <> 'SENT'
+        SELECT q.id, q.status, q.next_attempt_at FROM "order_step_events" AS q
+        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND q.status <> 'SENT'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
-    WHERE true AND q.key = f.outbox_key
+    WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
     UPDATE "order_step_events" AS w SET next_attempt_at = statement_timestamp()
     WHERE w.id = ANY(ARRAY(SELECT id FROM next))
