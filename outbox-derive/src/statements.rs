@@ -470,8 +470,11 @@ fn releasing(
 /// with a row comparison on `(key, id)`: an order only that index has. (With `key =
 /// $1 AND id > $2 ORDER BY id` the planner may walk the primary key from the finished
 /// event onwards instead, to the end of the table when it was its key's last event.)
-/// The key's equality bounds that walk: where the finished event was its key's last,
-/// the scan ends in the index, without fetching the next key's first row.
+/// A second row comparison, up to the largest id, keeps the walk within the key: where
+/// the finished event was its key's last, the scan ends in the index, without fetching
+/// the next key's first row. (The key's equality would do the same, and let the planner
+/// walk the primary key again: measured, a 2,000-event table of 10 keys took 6 times
+/// longer to record.)
 ///
 /// The events to wake are found first (only those set aside: `READY` and not yet due),
 /// then updated by their ids (`status || ''` keeps the planner off the `READY` index,
@@ -494,15 +497,16 @@ fn wake(table: &Table<'_>, released: &str) -> String {
         ",\nnext AS (\n\
          \x20   SELECT q.id FROM done AS f CROSS JOIN LATERAL (\n\
          \x20       SELECT q.id, q.status, q.next_attempt_at FROM {t} AS q\n\
-         \x20       WHERE q.{k} = f.outbox_key AND (q.{k}, q.id) > (f.outbox_key, f.outbox_id)\n\
-         \x20           AND q.status <> '{sent}'{}\n\
+         \x20       WHERE (q.{k}, q.id) > (f.outbox_key, f.outbox_id)\n\
+         \x20           AND (q.{k}, q.id) <= (f.outbox_key, {last}) AND q.status <> '{sent}'{}\n\
          \x20       ORDER BY q.{k}, q.id LIMIT 1) AS q\n\
          \x20   WHERE {released} AND q.status = '{ready}' AND q.next_attempt_at > statement_timestamp()\n\
          ), woken AS (\n\
          \x20   UPDATE {t} AS w SET next_attempt_at = statement_timestamp()\n\
          \x20   WHERE w.id = ANY(ARRAY(SELECT id FROM next))\n\
          \x20       AND w.status || '' = '{ready}' AND w.next_attempt_at > statement_timestamp())",
-        blocking(table, "q")
+        blocking(table, "q"),
+        last = i64::MAX,
     )
 }
 

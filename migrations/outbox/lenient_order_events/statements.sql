@@ -92,8 +92,8 @@ UPDATE "lenient_order_events" SET status = 'SENT', lease_until = NULL, next_atte
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
         SELECT q.id, q.status, q.next_attempt_at FROM "lenient_order_events" AS q
-        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
-            AND q.status <> 'SENT' AND q.status <> 'DEAD'
+        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."order_id", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT' AND q.status <> 'DEAD'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
     WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
@@ -116,8 +116,8 @@ WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_unti
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
         SELECT q.id, q.status, q.next_attempt_at FROM "lenient_order_events" AS q
-        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
-            AND q.status <> 'SENT' AND q.status <> 'DEAD'
+        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."order_id", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT' AND q.status <> 'DEAD'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
     WHERE f.status = 'DEAD' AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
@@ -136,8 +136,8 @@ UPDATE "lenient_order_events" SET status = 'DEAD', lease_until = NULL, last_erro
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
         SELECT q.id, q.status, q.next_attempt_at FROM "lenient_order_events" AS q
-        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
-            AND q.status <> 'SENT' AND q.status <> 'DEAD'
+        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."order_id", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT' AND q.status <> 'DEAD'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
     WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
@@ -155,8 +155,8 @@ WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generat
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
         SELECT q.id, q.status, q.next_attempt_at FROM "lenient_order_events" AS q
-        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
-            AND q.status <> 'SENT' AND q.status <> 'DEAD'
+        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."order_id", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT' AND q.status <> 'DEAD'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
     WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
@@ -192,8 +192,8 @@ WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generat
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
         SELECT q.id, q.status, q.next_attempt_at FROM "lenient_order_events" AS q
-        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
-            AND q.status <> 'SENT' AND q.status <> 'DEAD'
+        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."order_id", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT' AND q.status <> 'DEAD'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
     WHERE f.status IN ('SENT', 'DEAD') AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
@@ -222,8 +222,8 @@ DELETE FROM "lenient_order_events" WHERE status = 'DEAD' AND event_id = ANY($1::
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
         SELECT q.id, q.status, q.next_attempt_at FROM "lenient_order_events" AS q
-        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
-            AND q.status <> 'SENT' AND q.status <> 'DEAD'
+        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."order_id", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT' AND q.status <> 'DEAD'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
     WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (

@@ -92,8 +92,8 @@ UPDATE "ordered_chaos_events" SET status = 'SENT', lease_until = NULL, next_atte
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
         SELECT q.id, q.status, q.next_attempt_at FROM "ordered_chaos_events" AS q
-        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
-            AND q.status <> 'SENT'
+        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."order_id", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
     WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
@@ -128,8 +128,8 @@ WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generat
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
         SELECT q.id, q.status, q.next_attempt_at FROM "ordered_chaos_events" AS q
-        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
-            AND q.status <> 'SENT'
+        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."order_id", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
     WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
@@ -165,8 +165,8 @@ WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generat
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
         SELECT q.id, q.status, q.next_attempt_at FROM "ordered_chaos_events" AS q
-        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
-            AND q.status <> 'SENT'
+        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."order_id", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
     WHERE f.status = 'SENT' AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
@@ -195,8 +195,8 @@ DELETE FROM "ordered_chaos_events" WHERE status = 'DEAD' AND event_id = ANY($1::
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
         SELECT q.id, q.status, q.next_attempt_at FROM "ordered_chaos_events" AS q
-        WHERE q."order_id" = f.outbox_key AND (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
-            AND q.status <> 'SENT'
+        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."order_id", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
     WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (

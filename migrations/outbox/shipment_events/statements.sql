@@ -92,8 +92,8 @@ UPDATE "shipment_events" SET status = 'SENT', lease_until = NULL, next_attempt_a
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
         SELECT q.id, q.status, q.next_attempt_at FROM "shipment_events" AS q
-        WHERE q."parcel" = f.outbox_key AND (q."parcel", q.id) > (f.outbox_key, f.outbox_id)
-            AND q.status <> 'SENT'
+        WHERE (q."parcel", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."parcel", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT'
         ORDER BY q."parcel", q.id LIMIT 1) AS q
     WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
@@ -128,8 +128,8 @@ WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generat
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
         SELECT q.id, q.status, q.next_attempt_at FROM "shipment_events" AS q
-        WHERE q."parcel" = f.outbox_key AND (q."parcel", q.id) > (f.outbox_key, f.outbox_id)
-            AND q.status <> 'SENT'
+        WHERE (q."parcel", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."parcel", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT'
         ORDER BY q."parcel", q.id LIMIT 1) AS q
     WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
@@ -165,8 +165,8 @@ WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generat
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
         SELECT q.id, q.status, q.next_attempt_at FROM "shipment_events" AS q
-        WHERE q."parcel" = f.outbox_key AND (q."parcel", q.id) > (f.outbox_key, f.outbox_id)
-            AND q.status <> 'SENT'
+        WHERE (q."parcel", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."parcel", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT'
         ORDER BY q."parcel", q.id LIMIT 1) AS q
     WHERE f.status = 'SENT' AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
@@ -195,8 +195,8 @@ DELETE FROM "shipment_events" WHERE status = 'DEAD' AND event_id = ANY($1::text[
 next AS (
     SELECT q.id FROM done AS f CROSS JOIN LATERAL (
         SELECT q.id, q.status, q.next_attempt_at FROM "shipment_events" AS q
-        WHERE q."parcel" = f.outbox_key AND (q."parcel", q.id) > (f.outbox_key, f.outbox_id)
-            AND q.status <> 'SENT'
+        WHERE (q."parcel", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."parcel", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT'
         ORDER BY q."parcel", q.id LIMIT 1) AS q
     WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
 ), woken AS (
