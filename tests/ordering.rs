@@ -353,6 +353,29 @@ async fn a_backlog_behind_a_waiting_event_is_set_aside_once_and_woken_in_turn() 
     Ok(())
 }
 
+#[tokio::test]
+async fn a_claim_whose_batch_expired_claims_fill_sets_nothing_aside() -> TestResult {
+    let db = schema_with(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    enqueue(pool, &[step("b1", 2)]).await;
+    let stalled = OrderStep::claim(pool).await?.ok_or("b1")?;
+    expire::<OrderStep>(pool, stalled.id()).await?;
+    let backlog: Vec<OrderStep> = (1..=5).map(|n| step(&format!("a{n}"), 1)).collect();
+    OrderStep::enqueue_all(&backlog, pool).await?;
+
+    // The claim of one takes the expired b1 and looks at no due event: it sets none
+    // aside (it once took that for having walked them all, and set aside a2 to a5).
+    let taken_over = OrderStep::claim_batch(pool, 1).await?;
+    assert_eq!(names(&taken_over), ["b1"]);
+    for n in 1..=5 {
+        let row = support::rows::row_of::<OrderStep>(pool, format!("a{n}").as_str()).await;
+        assert!(row.due_in <= 0.0, "a{n} is still due");
+    }
+    assert_eq!(names(&claim_all(pool).await?), ["a1"]);
+    db.drop_schema().await?;
+    Ok(())
+}
+
 /// A few hot keys and several workers: most claims find only events whose key is busy.
 /// Every event must still go out on wake-ups alone, never waiting for the poll (here an
 /// hour): a claim that sets events aside behind another's lock notifies, so a worker

@@ -627,8 +627,9 @@ fn claim(table: &Table<'_>, limit: &str) -> String {
 ///
 /// Only the range the `ready` scan walked is looked at, by `(next_attempt_at, id)` (one
 /// batch enqueued in one statement shares its `next_attempt_at`): up to its last row,
-/// or every due row when it found fewer than it looked for. The rows it claimed are
-/// passed over before any lookup.
+/// every due row when it found fewer than it looked for, and none when expired claims
+/// filled the batch and it looked for nothing. The rows it claimed are passed over
+/// before any lookup.
 fn parking(table: &Table<'_>, limit: &str) -> String {
     let Some(key) = table.model.key() else {
         return String::new();
@@ -645,7 +646,8 @@ fn parking(table: &Table<'_>, limit: &str) -> String {
          \x20   SELECT at, id FROM (\n\
          \x20       SELECT next_attempt_at AS at, id, 0 AS last FROM ready\n\
          \x20       WHERE (SELECT count(*) FROM ready) = {limit} - (SELECT count(*) FROM expired)\n\
-         \x20       UNION ALL SELECT timestamptz 'infinity', 0, 1) AS walked\n\
+         \x20       UNION ALL SELECT timestamptz 'infinity', 0, 1\n\
+         \x20       WHERE (SELECT count(*) FROM expired) < {limit}) AS walked\n\
          \x20   ORDER BY last, at DESC, id DESC LIMIT 1\n\
          ), parked AS (\n\
          \x20   UPDATE {t} AS w\n\

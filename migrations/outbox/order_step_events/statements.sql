@@ -32,7 +32,8 @@ WITH expired AS (
     SELECT at, id FROM (
         SELECT next_attempt_at AS at, id, 0 AS last FROM ready
         WHERE (SELECT count(*) FROM ready) = 100 - (SELECT count(*) FROM expired)
-        UNION ALL SELECT timestamptz 'infinity', 0, 1) AS walked
+        UNION ALL SELECT timestamptz 'infinity', 0, 1
+        WHERE (SELECT count(*) FROM expired) < 100) AS walked
     ORDER BY last, at DESC, id DESC LIMIT 1
 ), parked AS (
     UPDATE "order_step_events" AS w
