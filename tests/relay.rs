@@ -1053,9 +1053,11 @@ async fn a_shutdown_lets_a_send_in_flight_finish_and_records_it() -> TestResult 
     let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     let sink = ScriptSink::new(|_, seen| Plan::after(Wait::For(Duration::from_millis(300)), seen));
+    // Waits as long as it takes: the longest durations a user can ask for are accepted.
     let relay = start(
         fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone()))
-            .shutdown_grace(Duration::from_secs(10)),
+            .shutdown_grace(Duration::MAX)
+            .poll_interval(Duration::MAX),
     );
     budgeted("in-flight").enqueue(pool).await?;
     wait_until("the send started", Duration::from_secs(5), async || {

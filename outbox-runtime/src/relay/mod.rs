@@ -129,16 +129,18 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
         self
     }
 
-    /// How long a shutdown waits for in-flight sends before handing their rows back.
+    /// How long a shutdown waits for in-flight sends before handing their rows back
+    /// (at most [`MAX_INTERVAL`](crate::MAX_INTERVAL): `Duration::MAX` waits for them).
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
-        self.shutdown_grace = grace;
+        self.shutdown_grace = grace.min(crate::MAX_INTERVAL);
         self
     }
 
     /// How often an idle worker looks for due events without a notification (events
-    /// retried with a delay, notifications lost while disconnected).
+    /// retried with a delay, notifications lost while disconnected); from 1 ms to
+    /// [`MAX_INTERVAL`](crate::MAX_INTERVAL) (`Duration::MAX`: notifications alone).
     pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval.max(Duration::from_millis(1));
+        self.poll_interval = interval.clamp(Duration::from_millis(1), crate::MAX_INTERVAL);
         self
     }
 
