@@ -633,6 +633,60 @@ async fn a_missing_exchange_is_dead_with_its_reason_and_the_sink_goes_on_on_a_ne
     Ok(())
 }
 
+#[tokio::test]
+async fn an_exchange_that_refuses_publishers_is_dead_with_its_reason_not_retried_forever()
+-> TestResult {
+    let connection = connect_rabbitmq().await;
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    // An internal exchange takes messages only from other exchanges: the broker answers
+    // a publish with ACCESS_REFUSED and closes the channel, the connection stays open.
+    let exchange = format!("outbox.test.{}.internal", db.name());
+    let admin = connection.create_channel().await?;
+    admin
+        .exchange_declare(
+            exchange.as_str().into(),
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions {
+                internal: true,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let sink = RabbitSink::new(Arc::clone(&connection), exchange.as_str(), ROUTING_KEY).await?;
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink.clone())
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    for n in 1..=2 {
+        let event = ChaosEvent {
+            key: format!("refused-{n}"),
+            order_seq: n,
+        };
+        enqueue(pool, &[event]).await;
+        // Once as the only event of its batch; the second on the channel the sink opens
+        // after the broker closed the first.
+        wait_until("DEAD", Duration::from_secs(30), async || {
+            outbox::stats::<ChaosEvent>(pool).await.unwrap().dead == n
+        })
+        .await;
+        let row = row_of::<ChaosEvent>(pool, format!("refused-{n}").as_str()).await;
+        let error = row.last_error.unwrap_or_default();
+        assert_eq!((row.status.as_str(), row.attempts), ("DEAD", 1), "{error}");
+        assert!(error.contains("ACCESS_REFUSED"), "{error}");
+    }
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+    admin
+        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+        .await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
 /// `url` with its password replaced by `password`.
 fn with_password(url: &str, password: &str) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("amqp", url));

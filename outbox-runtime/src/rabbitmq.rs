@@ -252,30 +252,31 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         }
         let confirm_timeout = self.confirm_timeout;
         let confirmed = join_all(sent.into_iter().map(|sent| async move {
-            let (routing_key, confirm) = sent?;
+            let (message, confirm) = sent?;
             match tokio::time::timeout(confirm_timeout, confirm).await {
-                Ok(Ok(confirmation)) => Ok((routing_key, confirmation)),
-                Ok(Err(error)) => Err(Err((routing_key, error))),
+                Ok(Ok(confirmation)) => Ok((message, confirmation)),
+                Ok(Err(error)) => Err(Err((message, error))),
                 Err(_) => Err(Ok(SinkError::transient(format!(
-                    "publishing with routing key `{routing_key}`: no publisher confirm in {confirm_timeout:?}"
+                    "publishing with routing key `{}`: no publisher confirm in {confirm_timeout:?}",
+                    message.routing_key
                 )))),
             }
         }))
         .await;
-        let connected = channel.status().connected();
+        // The connection, not the channel: a channel the broker closed over one message
+        // says nothing about whether the broker is there.
+        let connected = self.connection.status().connected();
         confirmed
             .into_iter()
             .map(|confirmed| match confirmed {
-                Ok((routing_key, confirmation)) => self.answer(&routing_key, confirmation),
+                Ok((message, confirmation)) => self.answer(&message.routing_key, confirmation),
                 Err(Ok(error)) => Err(error),
-                Err(Err((routing_key, error))) => {
-                    Err(self.classify(&routing_key, &error, connected))
-                }
+                Err(Err((message, error))) => Err(self.classify(&message, &error, connected)),
             })
             .collect()
     }
 
-    /// Hands one delivery's message to the channel; returns its routing key and the
+    /// Hands one delivery's message to the channel; returns what it sent and the
     /// future of its confirm. The outer error is final (the sink's answer), the inner
     /// one is the client's, to classify.
     #[allow(clippy::type_complexity)]
@@ -283,7 +284,7 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         &self,
         channel: &Channel,
         delivery: &Delivery<'_, T>,
-    ) -> Result<(String, PublisherConfirm), Result<SinkError, (String, lapin::Error)>> {
+    ) -> Result<(Sent, PublisherConfirm), Result<SinkError, (Sent, lapin::Error)>> {
         let body = message::body(&self.encoding, delivery).map_err(Ok)?;
         let routing_key = (self.routing_key)(delivery.event());
         let too_long = |what: &str, error| {
@@ -313,12 +314,16 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
+        let sent = Sent {
+            routing_key,
+            size: body.len(),
+        };
         match channel
             .basic_publish(self.exchange.clone(), key, options, &body, properties)
             .await
         {
-            Ok(confirm) => Ok((routing_key, confirm)),
-            Err(error) => Err(Err((routing_key, error))),
+            Ok(confirm) => Ok((sent, confirm)),
+            Err(error) => Err(Err((sent, error))),
         }
     }
 
@@ -349,23 +354,48 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         }
     }
 
-    /// What a failed publish means for its event; `connected`: whether the channel was
-    /// open once the confirms were in.
-    fn classify(&self, routing_key: &str, error: &lapin::Error, connected: bool) -> SinkError {
+    /// What a failed publish means for its event; `connected`: whether the connection
+    /// was open once the confirms were in.
+    ///
+    /// With the connection open, a protocol error is a channel error: the broker closed
+    /// the channel over a message of the batch, and every confirm still awaited fails
+    /// with it. A missing exchange, or one that refuses publishers (internal, or the
+    /// user may not write to it), refuses every message: permanent. A message over the
+    /// broker's size limit is permanent for itself and transient for its batch-mates.
+    /// Anything else the broker closes a channel for is transient: retried, counted,
+    /// and `DEAD` with the broker's reason once the budget is spent, never handed back
+    /// uncounted forever.
+    fn classify(&self, sent: &Sent, error: &lapin::Error, connected: bool) -> SinkError {
+        use lapin::protocol::AMQPSoftError;
         let exchange = &self.exchange;
         let what = format!(
-            "publishing to exchange `{exchange}` with routing key `{routing_key}`: {error}"
+            "publishing to exchange `{exchange}` with routing key `{}`: {error}",
+            sent.routing_key
         );
         match error.kind() {
-            ErrorKind::ProtocolError(amqp)
-                if amqp.get_id() == lapin::protocol::AMQPSoftError::NOTFOUND.get_id() =>
-            {
+            ErrorKind::SerialisationError(_) => SinkError::permanent(what),
+            _ if !connected => SinkError::unavailable(what),
+            ErrorKind::ProtocolError(amqp) if amqp.get_id() == AMQPSoftError::NOTFOUND.get_id() => {
                 SinkError::permanent(format!(
                     "publishing to exchange `{exchange}`: no such exchange ({error})"
                 ))
             }
-            ErrorKind::SerialisationError(_) => SinkError::permanent(what),
-            _ if !connected => SinkError::unavailable(what),
+            ErrorKind::ProtocolError(amqp)
+                if amqp.get_id() == AMQPSoftError::ACCESSREFUSED.get_id() =>
+            {
+                SinkError::permanent(what)
+            }
+            ErrorKind::ProtocolError(amqp)
+                if amqp.get_id() == AMQPSoftError::PRECONDITIONFAILED.get_id()
+                    && max_message_size(amqp.get_message().as_str())
+                        .is_some_and(|max| sent.size > max) =>
+            {
+                SinkError::permanent(format!(
+                    "{what} (this message's body is {} bytes)",
+                    sent.size
+                ))
+            }
+            ErrorKind::ProtocolError(_) => SinkError::transient(what),
             ErrorKind::InvalidChannelState(..)
             | ErrorKind::InvalidConnectionState(_)
             | ErrorKind::InvalidChannel(_)
@@ -374,6 +404,22 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
             _ => SinkError::transient(what),
         }
     }
+}
+
+/// A message handed to the channel, as its errors name it.
+struct Sent {
+    routing_key: String,
+    /// The body's length, to tell which message of a batch was over the size limit.
+    size: usize,
+}
+
+/// The largest message the broker takes, from its refusal of a larger one: RabbitMQ
+/// closes the channel with `PRECONDITION_FAILED - message size N is larger than
+/// configured max size M`.
+fn max_message_size(reason: &str) -> Option<usize> {
+    let (_, after) = reason.split_once("max size ")?;
+    let digits = after.split(|c: char| !c.is_ascii_digit()).next()?;
+    digits.parse().ok()
 }
 
 impl<T: Outbox + Send + Sync, E: Encoding<T>> Sink<T> for RabbitSink<T, E> {
@@ -406,4 +452,19 @@ pub fn event_id(delivery: &lapin::message::Delivery) -> Option<&str> {
             .as_ref()
             .map(ShortString::as_str)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::max_message_size;
+
+    #[test]
+    fn the_size_limit_is_read_from_the_brokers_refusal() {
+        let reason = "PRECONDITION_FAILED - message size 134217729 is larger than configured max size 134217728";
+        assert_eq!(max_message_size(reason), Some(134_217_728));
+        assert_eq!(
+            max_message_size("PRECONDITION_FAILED - inequivalent arg 'durable'"),
+            None
+        );
+    }
 }
