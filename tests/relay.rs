@@ -477,6 +477,56 @@ async fn lease_renewal_keeps_a_slow_send_owned() -> TestResult {
     Ok(())
 }
 
+#[tokio::test]
+async fn a_batch_claimed_ahead_whose_lease_ran_out_behind_a_slow_send_is_not_published()
+-> TestResult {
+    let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;
+    let pool = db.pool();
+    let first = payment(1).enqueue(pool).await?.into_event_id();
+    let second = payment(2).enqueue(pool).await?.into_event_id();
+    // Batches of one: the second event is claimed ahead while the first is in the sink,
+    // whose send takes 2.5 s. Nothing renews the second's lease (one second) meanwhile.
+    let sink = ScriptSink::new(|call, seen| match call {
+        0 => Plan::after(Wait::For(Duration::from_millis(2500)), seen),
+        _ => Plan::ok(seen),
+    });
+    let relay = start(
+        fast(Relay::<PaymentCaptured, _>::new(pool.clone(), sink.clone()))
+            .batch_size(1)
+            .send_timeout(Duration::from_secs(30)),
+    );
+    wait_until(
+        "the second claimed ahead",
+        Duration::from_secs(5),
+        async || status::<PaymentCaptured>(pool, &second).await == "INPROGRESS",
+    )
+    .await;
+    // Its lease runs out, and another publisher takes it over.
+    sleep(Duration::from_millis(1200)).await;
+    let theirs = take_over::<PaymentCaptured>(pool, &second).await;
+
+    wait_until(
+        "the slow send is SENT",
+        Duration::from_secs(10),
+        async || status::<PaymentCaptured>(pool, &first).await == "SENT",
+    )
+    .await;
+    sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        sink.calls(),
+        [[Seen::new(&first, 1, 1)]],
+        "the batch claimed ahead was checked before the sink got it"
+    );
+    let row = row_of::<PaymentCaptured>(pool, &second).await;
+    assert_eq!(
+        (row.status.as_str(), row.generation),
+        ("INPROGRESS", theirs)
+    );
+    relay.stop().await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
 /// Makes the row look claimed by another publisher: a newer generation, a live lease.
 async fn take_over<T: Outbox>(pool: &PgPool, event_id: &EventId) -> i64 {
     sqlx::query_scalar(AssertSqlSafe(format!(

@@ -183,6 +183,12 @@ impl<T: Outbox> Claim<T> {
         row.map(drop).ok_or_else(|| self.stale())
     }
 
+    /// The lease a batch renewal gave this claim (the relay's renewals, one statement
+    /// for a whole batch).
+    pub(crate) fn renewed(&mut self, lease_until: DateTime<Utc>) {
+        self.lease_until = lease_until;
+    }
+
     /// Extends the lease by the type's `lease` from now, for sends that take long.
     ///
     /// Guarded like the outcomes: when it returns [`OutboxError::Stale`] the row is no

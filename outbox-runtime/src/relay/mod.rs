@@ -433,7 +433,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     }
                 }
             } else {
-                std::mem::take(&mut ahead)
+                let ahead = renewal::renew_ahead(&mut conn, std::mem::take(&mut ahead)).await;
+                if ahead.is_empty() {
+                    continue;
+                }
+                ahead
             };
             if claims.len() == self.relay.batch_size as usize {
                 // There may be more: bring in another idle worker, which in turn brings

@@ -1,13 +1,15 @@
 //! Renewing the leases of a batch while the sink has it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
+use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 use super::Connection;
 use super::in_flight::InFlight;
 use super::record::{self, Owned};
+use crate::claim::Claim;
 use crate::spec::Outbox;
 
 /// The lease renewals of one batch in flight: every third of the lease, each bounded by
@@ -100,6 +102,64 @@ impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
             .filter(|row| row.is_owned() && !still.contains(&row.claim().id()))
             .collect()
     }
+}
+
+/// A batch claimed ahead waited while the batch before it was in flight. When that
+/// send took long enough for the batch's first renewal to be due (a third of its lease
+/// gone), its leases are renewed before the sink gets it: rows whose renewal is rejected
+/// were taken over meanwhile (their lease ran out during a slow send) and are not
+/// published, where the send's own first renewal would come only after the sink had
+/// them. A renewal that fails keeps the batch as it is: its renewals go on during the
+/// send.
+pub(super) async fn renew_ahead<T: Outbox>(
+    conn: &mut Connection<'_>,
+    mut ahead: Vec<Claim<T>>,
+) -> Vec<Claim<T>> {
+    let table = T::SPEC.table;
+    let every = T::SPEC.lease / 3;
+    let earliest = deadline(ahead.iter().map(Claim::lease_until));
+    if earliest > Instant::now() + 2 * every {
+        return ahead;
+    }
+    let rows: Vec<Owned> = ahead
+        .iter()
+        .map(|claim| Owned {
+            id: claim.id(),
+            generation: claim.generation().get(),
+        })
+        .collect();
+    let renewal = async { record::renew::<T>(conn.get().await?, &rows).await };
+    let renewed: HashMap<i64, DateTime<Utc>> = match tokio::time::timeout(every, renewal).await {
+        Ok(Ok(renewed)) => renewed.into_iter().collect(),
+        Ok(Err(error)) => {
+            conn.release();
+            tracing::warn!(table, %error, "lease renewal of a batch claimed ahead failed; publishing it");
+            return ahead;
+        }
+        Err(_) => {
+            conn.release();
+            tracing::warn!(
+                table,
+                "lease renewal of a batch claimed ahead timed out; publishing it"
+            );
+            return ahead;
+        }
+    };
+    let before = ahead.len();
+    ahead.retain_mut(|claim| {
+        renewed
+            .get(&claim.id())
+            .map(|until| claim.renewed(*until))
+            .is_some()
+    });
+    if ahead.len() < before {
+        tracing::info!(
+            table,
+            lost = before - ahead.len(),
+            "events claimed ahead were taken over while they waited; not publishing them"
+        );
+    }
+    ahead
 }
 
 /// The tokio instant of the earliest lease end (now, if there is none).
