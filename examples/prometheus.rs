@@ -7,9 +7,9 @@
 //! the alert rules in the README catch.
 //!
 //! ```text
-//! cargo run --example prometheus                    # until Ctrl-C
-//! cargo run --example prometheus -- --seconds 5 --listen 127.0.0.1:9100
-//! curl -s http://127.0.0.1:9000/metrics | grep '^outbox_'
+//! cargo run --example prometheus                    # until Ctrl-C, on 127.0.0.1:9000
+//! curl -s http://127.0.0.1:9000/metrics | grep '^outbox_'   # meanwhile, in another shell
+//! cargo run --example prometheus -- --seconds 5 --listen 127.0.0.1:9100   # 5 s, elsewhere
 //! ```
 //!
 //! It runs in a scratch schema on `DATABASE_URL` (or a throwaway local PostgreSQL),

@@ -228,8 +228,11 @@ pub async fn discard_dead<'e, T: Outbox>(
 }
 
 /// Deletes up to `batch` `SENT` rows enqueued more than `older_than` ago, and returns
-/// how many. The only statement that deletes anything; call it in a loop until it
-/// returns less than `batch` to prune everything due, without one long transaction.
+/// how many. Besides it, only [`discard_dead`] and, for a `delete_sent` type, the
+/// outcome that records an event as published delete outbox rows
+/// ([`Inbox::prune`](crate::inbox::Inbox::prune) deletes a consumer's receipts). Call
+/// it in a loop until it returns less than `batch` to prune everything due, without
+/// one long transaction.
 pub async fn prune_sent<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     older_than: Duration,

@@ -395,7 +395,6 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
                     sent.size
                 ))
             }
-            ErrorKind::ProtocolError(_) => SinkError::transient(what),
             ErrorKind::InvalidChannelState(..)
             | ErrorKind::InvalidConnectionState(_)
             | ErrorKind::InvalidChannel(_)
