@@ -48,10 +48,7 @@ impl<'a, T: Outbox> InFlight<'a, T> {
 
     /// The row, as the guarded statements name it.
     pub(super) fn row(&self) -> Owned {
-        Owned {
-            id: self.claim.id(),
-            generation: self.claim.generation().get(),
-        }
+        Owned::of(self.claim)
     }
 
     /// Whether the relay still owns the row: no renewal was rejected.

@@ -325,13 +325,11 @@ impl Pending {
     /// Hands `claims`, claimed ahead and never given to the sink, back: `READY`, due
     /// now, the attempt not counted.
     fn release<T: Outbox>(&mut self, claims: &[Claim<T>]) {
-        self.outcomes.extend(claims.iter().map(|claim| {
-            let row = Owned {
-                id: claim.id(),
-                generation: claim.generation().get(),
-            };
-            (row, Outcome::Release)
-        }));
+        self.outcomes.extend(
+            claims
+                .iter()
+                .map(|claim| (Owned::of(claim), Outcome::Release)),
+        );
         let earliest = claims.iter().map(Claim::lease_until).min();
         if let Some(earliest) = earliest {
             let end = renewal::deadline(std::iter::once(earliest));

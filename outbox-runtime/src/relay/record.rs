@@ -6,7 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::{Connection as _, PgConnection, PgExecutor};
 
-use crate::claim::{BEGIN_WITHOUT_JIT, ClaimedBatch, Scope, claim_on};
+use crate::claim::{BEGIN_WITHOUT_JIT, Claim, ClaimedBatch, Scope, claim_on};
 use crate::error::{OutboxError, storable_reason};
 use crate::spec::{Outbox, Statement, interval};
 use outbox_internals::{Outcome as Recording, Status};
@@ -29,6 +29,16 @@ pub(crate) enum Outcome {
 pub(crate) struct Owned {
     pub(crate) id: i64,
     pub(crate) generation: i64,
+}
+
+impl Owned {
+    /// The row `claim` owns, as the guarded statements name it.
+    pub(crate) fn of<T: Outbox>(claim: &Claim<T>) -> Self {
+        Self {
+            id: claim.id(),
+            generation: claim.generation().get(),
+        }
+    }
 }
 
 /// What recording a batch's outcomes did to its rows.

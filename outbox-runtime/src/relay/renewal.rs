@@ -121,13 +121,7 @@ pub(super) async fn renew_ahead<T: Outbox>(
     if earliest > Instant::now() + 2 * every {
         return ahead;
     }
-    let rows: Vec<Owned> = ahead
-        .iter()
-        .map(|claim| Owned {
-            id: claim.id(),
-            generation: claim.generation().get(),
-        })
-        .collect();
+    let rows: Vec<Owned> = ahead.iter().map(Owned::of).collect();
     let renewal = async { record::renew::<T>(conn.get().await?, &rows).await };
     let renewed: HashMap<i64, DateTime<Utc>> = match tokio::time::timeout(every, renewal).await {
         Ok(Ok(renewed)) => renewed.into_iter().collect(),
