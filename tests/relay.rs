@@ -17,7 +17,8 @@ use outbox::testing::TestSchema;
 use outbox::{EventId, Outbox, OutboxError};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
-use support::events::Budgeted;
+use support::broker::Proxy;
+use support::events::{Budgeted, ChaosEvent};
 use support::rows::{Row, count, enqueue, row_of, status};
 // Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
 // 3 (`events.rs` checks the random start of production).
@@ -522,6 +523,55 @@ async fn a_batch_claimed_ahead_whose_lease_ran_out_behind_a_slow_send_is_not_pub
         (row.status.as_str(), row.generation),
         ("INPROGRESS", theirs)
     );
+    relay.stop().await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_worker_whose_database_goes_silent_closes_that_connection_and_goes_on() -> TestResult {
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    // The relay reaches PostgreSQL through a proxy that can go silent.
+    let direct: PgConnectOptions = db.url().parse()?;
+    let (host, port) = (direct.get_host(), direct.get_port());
+    let upstream = if host.starts_with('/') {
+        format!("{host}/.s.PGSQL.{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let proxy = Proxy::start(upstream).await?;
+    let through = PgPoolOptions::new()
+        .max_connections(3)
+        .connect_with(direct.host("127.0.0.1").port(proxy.port))
+        .await?;
+    let event = ChaosEvent {
+        key: "silenced".into(),
+        order_seq: 1,
+    };
+    enqueue(pool, std::slice::from_ref(&event)).await;
+    // A send shorter than a third of the lease (2 s): no renewal runs meanwhile.
+    let sink = ScriptSink::new(|call, seen| match call {
+        0 => Plan::after(Wait::For(Duration::from_millis(400)), seen),
+        _ => Plan::ok(seen),
+    });
+    let relay = start(fast(Relay::<ChaosEvent, _>::new(through, sink.clone())));
+    wait_until("the send started", Duration::from_secs(5), async || {
+        !sink.calls().is_empty()
+    })
+    .await;
+    // The server goes silent on the worker's connection (a failover that left it
+    // half-open), which the worker records the outcome on once the send is over. After
+    // 10 s without an answer it closes that connection and goes on with a new one.
+    proxy.freeze();
+    wait_until("SENT", Duration::from_secs(40), async || {
+        status::<ChaosEvent>(pool, "silenced").await == "SENT"
+    })
+    .await;
+    // Its lease had run out meanwhile: the event was claimed and published again.
+    let row = row_of::<ChaosEvent>(pool, "silenced").await;
+    assert_eq!((row.generation, row.attempts), (2, 2));
+    assert_eq!(sink.calls().len(), 2);
     relay.stop().await?;
     db.drop_schema().await?;
     Ok(())

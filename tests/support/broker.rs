@@ -13,6 +13,8 @@ use outbox::relay::{Backoff, CancellationToken, Relay, Sink};
 use sqlx::PgPool;
 use tokio::time::timeout;
 
+pub use super::proxy::Proxy;
+
 use super::counters::Counters;
 use super::events::{ChaosEvent, OrderStep};
 use super::rows::{enqueue, row_of};
@@ -166,54 +168,6 @@ pub async fn ride_out_an_outage(
     }
     assert_eq!(counters.get(outbox::relay::metric::RETRIED, table), 0);
     Ok(())
-}
-
-/// A TCP proxy between clients and a broker: stopping it is, for the clients connected
-/// through it, the broker going away.
-pub struct Proxy {
-    pub port: u16,
-    upstream: String,
-    serving: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Proxy {
-    pub async fn start(upstream: String) -> TestResult<Self> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let port = listener.local_addr()?.port();
-        let serving = Some(tokio::spawn(Self::serve(listener, upstream.clone())));
-        Ok(Self {
-            port,
-            upstream,
-            serving,
-        })
-    }
-
-    /// Closes the listener and every connection through it.
-    pub fn down(&mut self) {
-        if let Some(serving) = self.serving.take() {
-            serving.abort();
-        }
-    }
-
-    /// Listens again, on the same port.
-    pub async fn up(&mut self) -> TestResult {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await?;
-        self.serving = Some(tokio::spawn(Self::serve(listener, self.upstream.clone())));
-        Ok(())
-    }
-
-    async fn serve(listener: tokio::net::TcpListener, upstream: String) {
-        // Dropped with this task: aborts every connection.
-        let mut connections = tokio::task::JoinSet::new();
-        while let Ok((mut client, _)) = listener.accept().await {
-            let upstream = upstream.clone();
-            connections.spawn(async move {
-                if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                }
-            });
-        }
-    }
 }
 
 /// The first relay of a broker-level redelivery test: the child reported on its protocol

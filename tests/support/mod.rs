@@ -8,7 +8,8 @@
 //!   `examples/common`);
 //! - [`counters`]: a `metrics` recorder that counts;
 //! - [`logs`]: the relay's log lines, captured;
-//! - [`broker`]: what the broker sinks' tests share (a proxy to cut, a consumer's effect);
+//! - [`broker`]: what the broker sinks' tests share (a consumer's effect, an outage);
+//! - [`proxy`]: a TCP proxy between clients and a server, to cut or to silence;
 //! - [`nats_server`]: a NATS server of the test's own, to restart or to start with
 //!   credentials.
 //! - [`tansu`]: a Kafka-protocol broker of the test's own (the benchmark includes it too).
@@ -25,6 +26,7 @@ pub mod counters;
 pub mod events;
 pub mod logs;
 pub mod nats_server;
+pub mod proxy;
 pub mod rows;
 pub mod schema;
 pub mod tansu;

@@ -366,6 +366,24 @@ impl Connection<'_> {
     fn release(&mut self) {
         self.held = None;
     }
+
+    /// Closes the connection instead of giving it back: it was cut off mid-statement
+    /// and its server may never answer again.
+    fn discard(&mut self) {
+        if let Some(held) = self.held.take() {
+            drop(held.detach());
+        }
+    }
+}
+
+/// How long a batch's transaction may take before its worker gives up on the
+/// connection: the lease (past it, neither the outcomes nor the claim hold), at least
+/// 10 s, so that a merely slow database is waited for. A connection whose server went
+/// silent (a failover that left it half-open) would otherwise hold the worker, its
+/// renewals and its shutdown until the kernel gives up on it: a quarter of an hour on
+/// Linux.
+fn transaction_limit(lease: Duration) -> Duration {
+    lease.max(Duration::from_secs(10))
 }
 
 impl<T: Outbox, S: Sink<T>> Worker<T, S> {
@@ -484,9 +502,22 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             .as_ref()
             .map_or((Scope::All, 0), |next| (next.scope, self.relay.batch_size));
         let claiming = next.is_some().then(|| self.wakeups.claiming());
-        let (claimed, recorded) =
-            record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, scope, limit)
-                .await?;
+        let limit_time = transaction_limit(T::SPEC.lease);
+        let transaction = async {
+            record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, scope, limit).await
+        };
+        let Ok(done) = tokio::time::timeout(limit_time, transaction).await else {
+            conn.discard();
+            let silent = std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer from the database in {limit_time:?}; the connection is closed"),
+            );
+            return Err(OutboxError::Database {
+                table: T::SPEC.table,
+                source: sqlx::Error::Io(silent),
+            });
+        };
+        let (claimed, recorded) = done?;
         account::<T>(&pending.outcomes, &recorded);
         if let Some(claiming) = claiming {
             claiming.answered(claimed.claims.len() >= self.relay.batch_size as usize);

@@ -79,18 +79,17 @@ impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
         // Bounded, so an unreachable database cannot hold up the send timeout or the
         // shutdown grace for long.
         let renewal = async { record::renew::<T>(conn.get().await?, &rows).await };
-        let renewal = tokio::time::timeout(self.every, renewal).await;
-        if !matches!(renewal, Ok(Ok(_))) {
-            // Possibly cut off mid-statement: not worth keeping.
-            conn.release();
-        }
-        let renewed = match renewal {
+        let renewed = match tokio::time::timeout(self.every, renewal).await {
             Ok(Ok(renewed)) => renewed,
             Ok(Err(error)) => {
+                // The pool tests it, and closes it if it is broken.
+                conn.release();
                 tracing::warn!(table, %error, "lease renewal failed; trying again");
                 return Vec::new();
             }
             Err(_) => {
+                // Cut off mid-statement: its server may never answer again.
+                conn.discard();
                 tracing::warn!(table, "lease renewal timed out; trying again");
                 return Vec::new();
             }
@@ -131,7 +130,7 @@ pub(super) async fn renew_ahead<T: Outbox>(
             return ahead;
         }
         Err(_) => {
-            conn.release();
+            conn.discard();
             tracing::warn!(
                 table,
                 "lease renewal of a batch claimed ahead timed out; publishing it"
