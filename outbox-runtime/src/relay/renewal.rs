@@ -68,7 +68,6 @@ impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
     ///
     /// [`lose`]: InFlight::lose
     pub(super) async fn renew(&mut self, conn: &mut Connection<'_>) -> Vec<&'r InFlight<'a, T>> {
-        let table = T::SPEC.table;
         self.next += self.every;
         let rows: Vec<Owned> = self
             .rows
@@ -76,23 +75,8 @@ impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
             .filter(|row| row.is_owned())
             .map(InFlight::row)
             .collect();
-        // Bounded, so an unreachable database cannot hold up the send timeout or the
-        // shutdown grace for long.
-        let renewal = async { record::renew::<T>(conn.get().await?, &rows).await };
-        let renewed = match tokio::time::timeout(self.every, renewal).await {
-            Ok(Ok(renewed)) => renewed,
-            Ok(Err(error)) => {
-                // The pool tests it, and closes it if it is broken.
-                conn.release();
-                tracing::warn!(table, %error, "lease renewal failed; trying again");
-                return Vec::new();
-            }
-            Err(_) => {
-                // Cut off mid-statement: its server may never answer again.
-                conn.discard();
-                tracing::warn!(table, "lease renewal timed out; trying again");
-                return Vec::new();
-            }
+        let Some(renewed) = renew_within::<T>(conn, &rows, self.every, "trying again").await else {
+            return Vec::new();
         };
         let still: HashSet<i64> = renewed.iter().map(|(id, _)| *id).collect();
         self.lease_deadline = deadline(renewed.into_iter().map(|(_, until)| until.into()));
@@ -121,23 +105,12 @@ pub(super) async fn renew_ahead<T: Outbox>(
         return ahead;
     }
     let rows: Vec<Owned> = ahead.iter().map(Owned::of).collect();
-    let renewal = async { record::renew::<T>(conn.get().await?, &rows).await };
-    let renewed: HashMap<i64, DateTime<Utc>> = match tokio::time::timeout(every, renewal).await {
-        Ok(Ok(renewed)) => renewed.into_iter().collect(),
-        Ok(Err(error)) => {
-            conn.release();
-            tracing::warn!(table, %error, "lease renewal of a batch claimed ahead failed; publishing it");
-            return ahead;
-        }
-        Err(_) => {
-            conn.discard();
-            tracing::warn!(
-                table,
-                "lease renewal of a batch claimed ahead timed out; publishing it"
-            );
-            return ahead;
-        }
+    let Some(renewed) =
+        renew_within::<T>(conn, &rows, every, "publishing the batch claimed ahead").await
+    else {
+        return ahead;
     };
+    let renewed: HashMap<i64, DateTime<Utc>> = renewed.into_iter().collect();
     let before = ahead.len();
     ahead.retain_mut(|claim| {
         renewed
@@ -153,6 +126,35 @@ pub(super) async fn renew_ahead<T: Outbox>(
         );
     }
     ahead
+}
+
+/// Renews the leases of `rows` within `limit` (so an unreachable database cannot hold
+/// up the send timeout or the shutdown grace for long): the rows renewed, with their
+/// new lease, or `None` when the renewal failed or timed out, logged with `then` (what
+/// the caller does instead).
+async fn renew_within<T: Outbox>(
+    conn: &mut Connection<'_>,
+    rows: &[Owned],
+    limit: Duration,
+    then: &str,
+) -> Option<Vec<(i64, DateTime<Utc>)>> {
+    let table = T::SPEC.table;
+    let renewal = async { record::renew::<T>(conn.get().await?, rows).await };
+    match tokio::time::timeout(limit, renewal).await {
+        Ok(Ok(renewed)) => Some(renewed),
+        Ok(Err(error)) => {
+            // The pool tests it, and closes it if it is broken.
+            conn.release();
+            tracing::warn!(table, %error, "lease renewal failed; {then}");
+            None
+        }
+        Err(_) => {
+            // Cut off mid-statement: its server may never answer again.
+            conn.discard();
+            tracing::warn!(table, "lease renewal timed out; {then}");
+            None
+        }
+    }
 }
 
 /// The tokio instant of the earliest lease end (now, if there is none).
