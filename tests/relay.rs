@@ -17,8 +17,8 @@ use outbox::testing::TestSchema;
 use outbox::{EventId, Outbox, OutboxError};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
-use support::broker::Proxy;
 use support::events::{Budgeted, ChaosEvent};
+use support::proxy::Proxy;
 use support::rows::{Row, count, enqueue, row_of, status};
 // Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
 // 3 (`events.rs` checks the random start of production).

@@ -13,10 +13,9 @@ use outbox::relay::{Backoff, CancellationToken, Relay, Sink};
 use sqlx::PgPool;
 use tokio::time::timeout;
 
-pub use super::proxy::Proxy;
-
 use super::counters::Counters;
 use super::events::{ChaosEvent, OrderStep};
+use super::proxy::Proxy;
 use super::rows::{enqueue, row_of};
 use super::{TestResult, wait_until};
 

@@ -4,7 +4,7 @@
 //!
 //! tansu keeps its topics in memory here, so a restart would lose every record: the
 //! outage is every relay's and consumer's connection cut instead, as for RabbitMQ. tansu
-//! advertises a proxy (`support::broker::Proxy`) as its address, so every client
+//! advertises a proxy (`support::proxy::Proxy`) as its address, so every client
 //! connection, the bootstrap's and the partition leader's, goes through it; the driver
 //! takes the proxy down and up. librdkafka reconnects by itself.
 //!
@@ -42,9 +42,9 @@ use tokio::time::{Instant, sleep, timeout};
 
 use super::{BrokerConfig, BrokerReport, Consumer};
 use crate::chaos::say;
-use crate::support::broker::Proxy;
 use crate::support::child;
 use crate::support::events::ChaosEvent;
+use crate::support::proxy::Proxy;
 use crate::support::tansu::{Tansu, free_port};
 
 /// The consumers' group: where their offsets are committed (no member ever joins it).
