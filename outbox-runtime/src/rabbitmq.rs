@@ -2,11 +2,11 @@
 //!
 //! The sink takes the application's own lapin [`Connection`] (with its TLS, credentials
 //! and recovery settings), opens a channel on it in confirm mode (`confirm.select`),
-//! and publishes each event to an exchange with a routing key of its choosing: `mandatory` (a message no queue takes
-//! comes back, and is an error, not a silent drop), persistent (delivery mode 2), and
-//! `message_id` = the event id. RabbitMQ has no deduplication: a redelivered event is a
-//! second copy in the queue, which a consumer recognises by its event id with an
-//! [`Inbox`](crate::inbox::Inbox).
+//! and publishes each event to an exchange with a routing key of its choosing:
+//! `mandatory` (a message no queue takes comes back, and is an error, not a silent
+//! drop), persistent (delivery mode 2), and `message_id` = the event id. RabbitMQ has
+//! no deduplication: a redelivered event is a second copy in the queue, which a
+//! consumer recognises by its event id with an [`Inbox`](crate::inbox::Inbox).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -41,7 +41,8 @@ type RoutingKeyOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// | a confirm (`basic.ack`) | `Ok` (`SENT`) |
 /// | the connection is closed (before the batch, or while confirms are awaited) | [`SinkError::Unavailable`]: handed back, no attempt counted |
 /// | a negative confirm (`basic.nack`); no confirm in time ([`RabbitSink::confirm_timeout`], 5 s by default) | [`SinkError::Transient`] |
-/// | the event does not encode; the message is returned (no queue is bound for its routing key); the exchange does not exist; a routing key or event id over 255 bytes | [`SinkError::Permanent`] (`DEAD`) |
+/// | the event does not encode; the message is returned (no queue is bound for its routing key); the exchange does not exist or refuses publishers (`ACCESS_REFUSED`); the message is over the broker's `max_message_size`; a routing key or event id over 255 bytes | [`SinkError::Permanent`] (`DEAD`) |
+/// | the broker closes the channel for any other reason, the connection open | [`SinkError::Transient`] |
 ///
 /// To survive a broker restart, open the connection with lapin's automatic recovery
 /// ([`ConnectionProperties::enable_auto_recover`](lapin::ConnectionProperties::enable_auto_recover)):
