@@ -16,7 +16,7 @@ use outbox::relay::{CancellationToken, Delivery, Relay, Sink, SinkError};
 use outbox::{Claim, Outbox};
 use sqlx::PgPool;
 use support::events::{LenientStep, OrderStep, Shipment, ShipmentBeforeKey};
-use support::rows::{enqueue, expire, status};
+use support::rows::{due_in, enqueue, expire, status};
 use support::schema::{schema_from_zero, schema_with};
 use support::{TestResult, wait_until};
 
@@ -34,6 +34,13 @@ fn names<T: Outbox>(claims: &[Claim<T>]) -> Vec<&str> {
 
 async fn claim_all(pool: &PgPool) -> TestResult<Vec<Claim<OrderStep>>> {
     Ok(OrderStep::claim_batch(pool, 100).await?)
+}
+
+/// [`claim_all`] within a transaction, which holds what the claim locked.
+async fn claim_batch(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+) -> TestResult<Vec<Claim<OrderStep>>> {
+    Ok(OrderStep::claim_batch(&mut **tx, 100).await?)
 }
 
 #[tokio::test]
@@ -164,6 +171,87 @@ async fn with_dead_releases_key_a_dead_event_lets_its_key_go_on() -> TestResult 
     let a2 = LenientStep::claim(pool).await?.ok_or("a2")?;
     assert_eq!(a2.event_id().as_str(), "a2");
     assert_eq!(outbox::stats::<LenientStep>(pool).await?.held_keys, 0);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn with_dead_releases_key_a_claim_that_moves_an_event_to_dead_wakes_the_one_set_aside_behind_it()
+-> TestResult {
+    let db = schema_with(&[LenientStep::migrations()]).await?;
+    let pool = db.pool();
+    let order = uuid::Uuid::now_v7();
+    let lenient = |name: &str| LenientStep {
+        name: name.into(),
+        order_id: order,
+    };
+    enqueue(pool, &[lenient("a1"), lenient("a2")]).await;
+    let set_aside = async |name: &str| {
+        support::rows::row_of::<LenientStep>(pool, name)
+            .await
+            .due_in
+            > 0.0
+    };
+
+    // a1 waits (as if for a retry's delay): a claim sets a2 aside behind it.
+    due_in::<LenientStep>(pool, "a1", 3600.0).await;
+    assert!(LenientStep::claim(pool).await?.is_none());
+    assert!(set_aside("a2").await);
+
+    // a1's publisher takes its one claim and dies. The claim that finds its lease
+    // expired moves it to DEAD, which lets a2 go: a2 is woken, and claimed at once by
+    // the same call, which claims again for the event it did not get (not after the
+    // lease a2 was set aside for).
+    due_in::<LenientStep>(pool, "a1", 0.0).await;
+    let stalled = LenientStep::claim(pool).await?.ok_or("a1")?;
+    expire::<LenientStep>(pool, stalled.id()).await?;
+    let a2 = LenientStep::claim(pool).await?.ok_or("a2 goes at once")?;
+    assert_eq!(a2.event_id().as_str(), "a2");
+    assert_eq!(status::<LenientStep>(pool, "a1").await, "DEAD");
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn discarding_a_dead_event_wakes_the_event_a_claim_set_aside_behind_it_meanwhile()
+-> TestResult {
+    let db = schema_with(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    enqueue(pool, &[step("a1", 1), step("a2", 1)]).await;
+    let a1 = OrderStep::claim(pool).await?.ok_or("a1")?;
+    a1.fail(pool, "the broker refuses it").await?;
+
+    // A claim sets a2 aside behind the DEAD a1, holding a1 share-locked until it
+    // commits; the operator's discard of a1 waits for that lock meanwhile.
+    let mut claim = pool.begin().await?;
+    let claimer: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *claim)
+        .await?;
+    assert!(claim_batch(&mut claim).await?.is_empty());
+    let discard = tokio::spawn({
+        let pool = pool.clone();
+        async move { outbox::discard_dead::<OrderStep>(&pool, &["a1"]).await }
+    });
+    wait_until(
+        "the discard waits for the claim",
+        Duration::from_secs(10),
+        async || {
+            sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)))",
+        )
+        .bind(claimer)
+        .fetch_one(pool)
+        .await
+        .expect("pg_stat_activity")
+        },
+    )
+    .await;
+    claim.commit().await?;
+
+    // The discard went on after the claim committed, on a snapshot from before it: a2
+    // is woken all the same, and goes now, not after the lease it was set aside for.
+    assert_eq!(discard.await??, [outbox::EventId::from("a1")]);
+    assert_eq!(names(&claim_all(pool).await?), ["a2"]);
     db.drop_schema().await?;
     Ok(())
 }

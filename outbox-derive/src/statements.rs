@@ -308,7 +308,7 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                     } else {
                         format!(
                             ",\ndone AS (SELECT * FROM sent UNION ALL SELECT * FROM other){}",
-                            wake(table, &released)
+                            wake(table, FINISHED, &released, Successor::SetAside)
                         )
                     }
                 ),
@@ -348,7 +348,14 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
         Statement::DiscardDead => {
             let sql =
                 format!("DELETE FROM {t} WHERE status = '{dead}' AND event_id = ANY($1::text[])");
-            let sql = releasing(table, &sql, "", &["event_id"], Some("true"));
+            let sql = releasing_as(
+                table,
+                &sql,
+                "",
+                &["event_id"],
+                Some("true"),
+                Successor::Latest,
+            );
             let checked = quote!(::sqlx::query!(#sql, #texts).fetch_all(pool).await?;);
             Definition { sql, checked }
         }
@@ -417,8 +424,11 @@ fn dead_releases(table: &Table<'_>) -> bool {
     table.model.key().is_some() && table.model.dead == Dead::ReleasesKey
 }
 
+/// The finished row's id and key, as [`key_returning`] names them, for [`wake`].
+const FINISHED: (&str, &str) = ("f.outbox_id", "f.outbox_key");
+
 /// The extra columns a finishing statement returns on a keyed table, for [`wake`]: the
-/// row id and its key, as `outbox_id` and `outbox_key`.
+/// row id and its key, as `outbox_id` and `outbox_key` ([`FINISHED`]).
 fn key_returning(table: &Table<'_>, prefix: &str) -> String {
     table.model.key().map_or_else(String::new, |key| {
         format!(
@@ -440,6 +450,25 @@ fn releasing(
     returning: &[&str],
     released: Option<&str>,
 ) -> String {
+    releasing_as(
+        table,
+        body,
+        prefix,
+        returning,
+        released,
+        Successor::SetAside,
+    )
+}
+
+/// [`releasing`], waking the successors that `successor` says.
+fn releasing_as(
+    table: &Table<'_>,
+    body: &str,
+    prefix: &str,
+    returning: &[&str],
+    released: Option<&str>,
+    successor: Successor,
+) -> String {
     let columns = |prefix: &str| {
         returning
             .iter()
@@ -452,7 +481,7 @@ fn releasing(
             "WITH done AS (\n{body}\n    RETURNING {}{}){}\nSELECT {} FROM done",
             columns(prefix),
             key_returning(table, prefix),
-            wake(table, released),
+            wake(table, FINISHED, released, successor),
             columns("")
         ),
         _ => {
@@ -462,9 +491,20 @@ fn releasing(
     }
 }
 
-/// The `woken` CTE of a statement whose `done` CTE returns finished rows (with
-/// [`key_returning`]'s columns): for each row `f` for which `released` holds, the next
-/// event of its key, if a claim set it aside ([`parking`]), is due again now.
+/// Which successors of the finished events [`wake`] makes due.
+#[derive(Clone, Copy)]
+enum Successor {
+    /// Those the statement's snapshot sees set aside: where every setting aside the
+    /// finished events could have caused committed before the statement began.
+    SetAside,
+    /// Each `READY` successor, as its latest version says, whatever the snapshot saw:
+    /// for `DEAD` events, which a claim may be setting aside behind right now.
+    Latest,
+}
+
+/// The `woken` CTE of a statement whose `done` CTE returns finished rows `f`, with
+/// their id and key as `finished` names them: for each row for which `released` holds,
+/// the next event of its key, if a claim set it aside ([`parking`]), is due again now.
 ///
 /// The next event is the first entry after the finished one in the key's index, found
 /// with a row comparison on `(key, id)`: an order only that index has. (With `key =
@@ -476,35 +516,57 @@ fn releasing(
 /// walk the primary key again: measured, a 2,000-event table of 10 keys took 6 times
 /// longer to record.)
 ///
-/// The events to wake are found first (only those set aside: `READY` and not yet due),
-/// then updated by their ids (`status || ''` keeps the planner off the `READY` index,
-/// whose statistics rarely know of the events set aside, as [`OWNED`] keeps it off the
-/// `INPROGRESS` one). Filtering before the update matters: most finished events have
-/// no successor set aside, and looking each one up again by id cost 8% of a keyed
-/// batch's recording, measured.
+/// [`Successor::SetAside`]: the events to wake are found first (only those set aside:
+/// `READY` and not yet due), then updated by their ids (`status || ''` keeps the planner
+/// off the `READY` index, whose statistics rarely know of the events set aside, as
+/// [`OWNED`] keeps it off the `INPROGRESS` one). Filtering before the update matters:
+/// most finished events have no successor set aside, and looking each one up again by
+/// id cost 8% of a keyed batch's recording, measured. This statement's snapshot sees
+/// every such setting aside when the finished events were claimed: a claim sets an
+/// event aside only while it holds a share lock on the event before it, and only while
+/// that event is `READY` or `DEAD`, so before finishing here it was claimed, by a claim
+/// that had to wait for that lock (or skip the row) and so began after the setting
+/// aside committed.
 ///
-/// This statement's snapshot sees every such setting aside: a claim sets an event aside
-/// only while it holds a share lock on the event before it, and only while that event is
-/// `READY` or `DEAD`, so before finishing here it was claimed, by a claim that had to
-/// wait for that lock (or skip the row) and so began after the setting aside committed.
-fn wake(table: &Table<'_>, released: &str) -> String {
+/// [`Successor::Latest`]: a `DEAD` event that is deleted was never claimed since it
+/// died, and a claim may set its successor aside after this statement's snapshot was
+/// taken (the delete waits for the claim's share lock, then goes on with the snapshot
+/// it had). So every successor is updated, by id, to be due no later than now: an
+/// update reads the latest version of a row that changed after its snapshot, waiting
+/// for a claim that holds it, where a plain read sees what the snapshot saw. A claim
+/// that comes after the update cannot set the successor aside: the event before it is
+/// locked, then gone.
+fn wake(table: &Table<'_>, finished: (&str, &str), released: &str, successor: Successor) -> String {
     let Some(key) = table.model.key() else {
         return String::new();
     };
+    let (id, key_of) = finished;
     let (t, k) = (&table.name, quoted(&key.column));
     let (ready, sent) = (Status::Ready.as_sql(), Status::Sent.as_sql());
+    let (set_aside, due, recheck) = match successor {
+        Successor::SetAside => (
+            format!(" AND q.status = '{ready}' AND q.next_attempt_at > statement_timestamp()"),
+            "statement_timestamp()",
+            " AND w.next_attempt_at > statement_timestamp()",
+        ),
+        Successor::Latest => (
+            String::new(),
+            "least(w.next_attempt_at, statement_timestamp())",
+            "",
+        ),
+    };
     format!(
         ",\nnext AS (\n\
          \x20   SELECT q.id FROM done AS f CROSS JOIN LATERAL (\n\
          \x20       SELECT q.id, q.status, q.next_attempt_at FROM {t} AS q\n\
-         \x20       WHERE (q.{k}, q.id) > (f.outbox_key, f.outbox_id)\n\
-         \x20           AND (q.{k}, q.id) <= (f.outbox_key, {last}) AND q.status <> '{sent}'{}\n\
+         \x20       WHERE (q.{k}, q.id) > ({key_of}, {id})\n\
+         \x20           AND (q.{k}, q.id) <= ({key_of}, {last}) AND q.status <> '{sent}'{}\n\
          \x20       ORDER BY q.{k}, q.id LIMIT 1) AS q\n\
-         \x20   WHERE {released} AND q.status = '{ready}' AND q.next_attempt_at > statement_timestamp()\n\
+         \x20   WHERE {released}{set_aside}\n\
          ), woken AS (\n\
-         \x20   UPDATE {t} AS w SET next_attempt_at = statement_timestamp()\n\
+         \x20   UPDATE {t} AS w SET next_attempt_at = {due}\n\
          \x20   WHERE w.id = ANY(ARRAY(SELECT id FROM next))\n\
-         \x20       AND w.status || '' = '{ready}' AND w.next_attempt_at > statement_timestamp())",
+         \x20       AND w.status || '' = '{ready}'{recheck})",
         blocking(table, "q"),
         last = i64::MAX,
     )
@@ -588,8 +650,7 @@ fn claim(table: &Table<'_>, limit: &str) -> String {
          \x20   SELECT ctid{reached} FROM {t}{c}\n\
          \x20   WHERE status = '{ready}' AND next_attempt_at <= statement_timestamp(){in_turn}\n\
          \x20   ORDER BY next_attempt_at, id LIMIT {limit} - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED\n\
-         ){parking}\n\
-         {}",
+         ){parking}{}",
         take(
             table,
             "SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready",
@@ -717,8 +778,7 @@ fn claim_from(table: &Table<'_>, limit: &str) -> String {
          \x20       AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'\n\
          \x20       AND next_attempt_at <= statement_timestamp(){in_turn}\n\
          \x20   ORDER BY next_attempt_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED\n\
-         )\n\
-         {}",
+         ){}",
         take(table, "SELECT ctid FROM ready", "false")
     )
 }
@@ -737,6 +797,11 @@ fn claim_from(table: &Table<'_>, limit: &str) -> String {
 /// The rows are locked, so their `ctid`s hold until the update. (A row that another
 /// transaction updated after this statement's snapshot yet left due would be locked
 /// and left unclaimed, where a join on `id` would claim it; none of ours does that.)
+///
+/// The text ends the claim's `WITH` list: the update itself or, on a keyed table whose
+/// `DEAD` events release their key, a `done` CTE with the update, the [`wake`] of the
+/// events after the rows it moved to `DEAD` (set aside while such a row still waited,
+/// before the claim that let its lease expire), and the select of the claim's columns.
 fn take(table: &Table<'_>, candidates: &str, reclaimed: &str) -> String {
     let (t, max, lease) = (&table.name, table.model.max_attempts, &table.lease);
     let (in_progress, dead) = (Status::InProgress.as_sql(), Status::Dead.as_sql());
@@ -757,7 +822,7 @@ fn take(table: &Table<'_>, candidates: &str, reclaimed: &str) -> String {
         }))
         .collect::<Vec<_>>()
         .join(", ");
-    format!(
+    let update = format!(
         "UPDATE {t} AS o SET\n\
          \x20   status = CASE WHEN o.attempts >= {max} THEN '{dead}' ELSE '{in_progress}' END,\n\
          \x20   generation = CASE WHEN o.attempts >= {max} THEN o.generation ELSE o.generation + 1 END,\n\
@@ -771,7 +836,20 @@ fn take(table: &Table<'_>, candidates: &str, reclaimed: &str) -> String {
          \x20           || coalesce('; the last error: ' || o.last_error, '') END\n\
          WHERE o.ctid = ANY(ARRAY({candidates}))\n\
          RETURNING {returning}"
-    )
+    );
+    match table.model.key() {
+        // The key is a payload column too: `done` returns it as it is, for `wake`.
+        Some(key) if dead_releases(table) => format!(
+            ",\ndone AS (\n{update}){}\nSELECT * FROM done",
+            wake(
+                table,
+                ("f.id", &format!("f.{}", quoted(&key.column))),
+                "f.lease_until IS NULL",
+                Successor::SetAside
+            ),
+        ),
+        _ => format!("\n{update}"),
+    }
 }
 
 /// The `enqueue` arguments of the `checked` form: each field as its column's type.

@@ -130,3 +130,19 @@ pub async fn expire<T: Outbox>(pool: &PgPool, id: i64) -> Result<(), sqlx::Error
         .await
         .map(drop)
 }
+
+/// Makes the event `event_id` of `T`'s table due `seconds` from now (in the past when
+/// negative), as if a retry were waiting out its delay, or that delay were over.
+pub async fn due_in<T: Outbox>(pool: &PgPool, event_id: &str, seconds: f64) {
+    let sql = format!(
+        "UPDATE {} SET next_attempt_at = statement_timestamp() + $2 * interval '1 second' \
+         WHERE event_id = $1",
+        T::SPEC.table()
+    );
+    sqlx::query(AssertSqlSafe(sql))
+        .bind(event_id)
+        .bind(seconds)
+        .execute(pool)
+        .await
+        .unwrap();
+}

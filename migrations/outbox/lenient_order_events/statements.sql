@@ -47,7 +47,8 @@ WITH expired AS (
                 WHERE p."order_id" = c."order_id" AND p.id < c.id AND p.status IN ('READY')
                     AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready))
                 FOR SHARE SKIP LOCKED)
-        ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED) AS waiting)))
+        ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED) AS waiting))),
+done AS (
 UPDATE "lenient_order_events" AS o SET
     status = CASE WHEN o.attempts >= 1 THEN 'DEAD' ELSE 'INPROGRESS' END,
     generation = CASE WHEN o.attempts >= 1 THEN o.generation ELSE o.generation + 1 END,
@@ -60,7 +61,19 @@ UPDATE "lenient_order_events" AS o SET
         ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 1'
             || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."order_id", o."order_id"::text AS outbox_key;
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."order_id", o."order_id"::text AS outbox_key),
+next AS (
+    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
+        SELECT q.id, q.status, q.next_attempt_at FROM "lenient_order_events" AS q
+        WHERE (q."order_id", q.id) > (f."order_id", f.id)
+            AND (q."order_id", q.id) <= (f."order_id", 9223372036854775807) AND q.status <> 'SENT' AND q.status <> 'DEAD'
+        ORDER BY q."order_id", q.id LIMIT 1) AS q
+    WHERE f.lease_until IS NULL AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
+), woken AS (
+    UPDATE "lenient_order_events" AS w SET next_attempt_at = statement_timestamp()
+    WHERE w.id = ANY(ARRAY(SELECT id FROM next))
+        AND w.status || '' = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT * FROM done;
 
 -- claim_from
 WITH ready AS (
@@ -71,7 +84,8 @@ WITH ready AS (
         AND NOT EXISTS (SELECT FROM "lenient_order_events" AS p
             WHERE p."order_id" = c."order_id" AND p.id < c.id AND p.status <> 'SENT' AND p.status <> 'DEAD')
     ORDER BY next_attempt_at, id LIMIT 100 FOR UPDATE SKIP LOCKED
-)
+),
+done AS (
 UPDATE "lenient_order_events" AS o SET
     status = CASE WHEN o.attempts >= 1 THEN 'DEAD' ELSE 'INPROGRESS' END,
     generation = CASE WHEN o.attempts >= 1 THEN o.generation ELSE o.generation + 1 END,
@@ -84,7 +98,19 @@ UPDATE "lenient_order_events" AS o SET
         ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 1'
             || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed, o."order_id", o."order_id"::text AS outbox_key;
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed, o."order_id", o."order_id"::text AS outbox_key),
+next AS (
+    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
+        SELECT q.id, q.status, q.next_attempt_at FROM "lenient_order_events" AS q
+        WHERE (q."order_id", q.id) > (f."order_id", f.id)
+            AND (q."order_id", q.id) <= (f."order_id", 9223372036854775807) AND q.status <> 'SENT' AND q.status <> 'DEAD'
+        ORDER BY q."order_id", q.id LIMIT 1) AS q
+    WHERE f.lease_until IS NULL AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
+), woken AS (
+    UPDATE "lenient_order_events" AS w SET next_attempt_at = statement_timestamp()
+    WHERE w.id = ANY(ARRAY(SELECT id FROM next))
+        AND w.status || '' = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT * FROM done;
 
 -- complete
 WITH done AS (
@@ -226,11 +252,11 @@ next AS (
         WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
             AND (q."order_id", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT' AND q.status <> 'DEAD'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
-    WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
+    WHERE true
 ), woken AS (
-    UPDATE "lenient_order_events" AS w SET next_attempt_at = statement_timestamp()
+    UPDATE "lenient_order_events" AS w SET next_attempt_at = least(w.next_attempt_at, statement_timestamp())
     WHERE w.id = ANY(ARRAY(SELECT id FROM next))
-        AND w.status || '' = 'READY' AND w.next_attempt_at > statement_timestamp())
+        AND w.status || '' = 'READY')
 SELECT event_id FROM done;
 
 -- prune_sent

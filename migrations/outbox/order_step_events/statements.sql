@@ -199,11 +199,11 @@ next AS (
         WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
             AND (q."order_id", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT'
         ORDER BY q."order_id", q.id LIMIT 1) AS q
-    WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
+    WHERE true
 ), woken AS (
-    UPDATE "order_step_events" AS w SET next_attempt_at = statement_timestamp()
+    UPDATE "order_step_events" AS w SET next_attempt_at = least(w.next_attempt_at, statement_timestamp())
     WHERE w.id = ANY(ARRAY(SELECT id FROM next))
-        AND w.status || '' = 'READY' AND w.next_attempt_at > statement_timestamp())
+        AND w.status || '' = 'READY')
 SELECT event_id FROM done;
 
 -- prune_sent
