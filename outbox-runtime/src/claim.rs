@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{Acquire, Connection as _, PgConnection, PgExecutor, Postgres, Row};
+use tokio::time::Instant;
 
 use crate::error::{OutboxError, storable_reason};
 use crate::id::{EventId, Generation};
@@ -30,12 +31,41 @@ pub struct Claim<T: Outbox> {
     event_id: EventId,
     generation: Generation,
     attempt: i32,
-    lease_until: DateTime<Utc>,
+    lease: Lease,
     created_at: DateTime<Utc>,
     reclaimed: bool,
     /// The ordering key as text, for a type with `#[outbox(key)]` (NULL keys are `None`).
     key: Option<String>,
     event: T,
+}
+
+/// A lease, by both clocks: its end by the database's clock, which the guards compare,
+/// and by this process's monotonic clock, which the relay schedules by (its renewals,
+/// whether an outcome can still be recorded). The second is the instant the statement
+/// that granted the lease was sent, plus the lease: the database starts a lease when it
+/// starts the statement, never earlier, so by then the lease is live whatever the two
+/// hosts' wall clocks say (a relay whose clock is behind the database's would otherwise
+/// renew late, and one ahead of it give up early).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Lease {
+    until: DateTime<Utc>,
+    deadline: Instant,
+}
+
+impl Lease {
+    /// The lease of `T`, ending at `until` by the database's clock, granted by a
+    /// statement sent at `sent`.
+    pub(crate) fn granted<T: Outbox>(until: DateTime<Utc>, sent: Instant) -> Self {
+        Self {
+            until,
+            deadline: sent + T::SPEC.lease,
+        }
+    }
+
+    /// When the lease ends, by this process's monotonic clock, at the latest.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.deadline
+    }
 }
 
 /// Where a [`Claim::retry`] left the event.
@@ -77,9 +107,15 @@ impl<T: Outbox> Claim<T> {
         self.reclaimed
     }
 
-    /// When the lease ends, as last granted by the database.
+    /// When the lease ends, as last granted by the database: by the database's clock,
+    /// which this host's need not agree with.
     pub fn lease_until(&self) -> SystemTime {
-        self.lease_until.into()
+        self.lease.until.into()
+    }
+
+    /// When the lease ends by this process's monotonic clock, at the latest ([`Lease`]).
+    pub(crate) fn lease_deadline(&self) -> Instant {
+        self.lease.deadline()
     }
 
     /// When the event was enqueued (its row's `created_at`, the database's clock).
@@ -185,8 +221,8 @@ impl<T: Outbox> Claim<T> {
 
     /// The lease a batch renewal gave this claim (the relay's renewals, one statement
     /// for a whole batch).
-    pub(crate) fn renewed(&mut self, lease_until: DateTime<Utc>) {
-        self.lease_until = lease_until;
+    pub(crate) fn renewed(&mut self, lease: Lease) {
+        self.lease = lease;
     }
 
     /// Extends the lease by the type's `lease` from now, for sends that take long.
@@ -195,13 +231,15 @@ impl<T: Outbox> Claim<T> {
     /// longer this claim's, and the caller should stop publishing it if it can.
     pub async fn renew<'e>(&mut self, executor: impl PgExecutor<'e>) -> Result<(), OutboxError> {
         let spec = T::SPEC;
+        let sent = Instant::now();
         let lease_until: Option<DateTime<Utc>> = sqlx::query_scalar(spec.sql.get(Statement::Renew))
             .bind(self.id)
             .bind(self.generation.get())
             .fetch_optional(executor)
             .await
             .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
-        self.lease_until = lease_until.ok_or_else(|| self.stale())?;
+        let until = lease_until.ok_or_else(|| self.stale())?;
+        self.lease = Lease::granted::<T>(until, sent);
         Ok(())
     }
 
@@ -310,6 +348,7 @@ pub(crate) async fn claim_on<T: Outbox>(
     let mut reached = None;
     loop {
         let wanted = limit.saturating_sub(u32::try_from(claims.len()).unwrap_or(u32::MAX));
+        let sent = Instant::now();
         let rows = match scope {
             Scope::All => {
                 sqlx::query(sqlx::AssertSqlSafe(spec.sql.claim_limited(wanted)))
@@ -326,7 +365,7 @@ pub(crate) async fn claim_on<T: Outbox>(
         .map_err(db)?;
         let mut exhausted = false;
         for row in &rows {
-            let (claimed, due) = decode_claim(row).map_err(db)?;
+            let (claimed, due) = decode_claim(row, sent).map_err(db)?;
             match claimed {
                 Claimed::Claim(claim) => claims.push(claim),
                 Claimed::Undecodable(bad) => undecodable.push(bad),
@@ -381,11 +420,12 @@ pub(crate) async fn dead_letter<T: Outbox>(
     })
 }
 
-/// Decodes a row returned by a claim statement; an error is a broken header (drift).
-/// With it, the row's `next_attempt_at` (microseconds since the Unix epoch) when it was
-/// claimed from `READY`.
+/// Decodes a row returned by a claim statement sent at `sent`; an error is a broken
+/// header (drift). With it, the row's `next_attempt_at` (microseconds since the Unix
+/// epoch) when it was claimed from `READY`.
 pub(crate) fn decode_claim<T: Outbox>(
     row: &PgRow,
+    sent: Instant,
 ) -> Result<(Claimed<T>, Option<i64>), sqlx::Error> {
     let id: i64 = row.try_get(header::ID)?;
     let event_id: String = row.try_get(header::EVENT_ID)?;
@@ -413,7 +453,7 @@ pub(crate) fn decode_claim<T: Outbox>(
             event_id: EventId::from_column(event_id),
             generation: Generation::new(generation),
             attempt,
-            lease_until,
+            lease: Lease::granted::<T>(lease_until, sent),
             created_at,
             reclaimed,
             key,

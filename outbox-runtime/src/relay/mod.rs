@@ -330,9 +330,7 @@ impl Pending {
                 .iter()
                 .map(|claim| (Owned::of(claim), Outcome::Release)),
         );
-        let earliest = claims.iter().map(Claim::lease_until).min();
-        if let Some(earliest) = earliest {
-            let end = renewal::deadline(std::iter::once(earliest));
+        if let Some(end) = claims.iter().map(Claim::lease_deadline).min() {
             self.lease_deadline = Some(self.lease_deadline.map_or(end, |d| d.min(end)));
         }
     }

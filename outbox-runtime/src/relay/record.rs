@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::{Connection as _, PgConnection, PgExecutor};
+use tokio::time::Instant;
 
-use crate::claim::{BEGIN_WITHOUT_JIT, Claim, ClaimedBatch, Scope, claim_on};
+use crate::claim::{BEGIN_WITHOUT_JIT, Claim, ClaimedBatch, Lease, Scope, claim_on};
 use crate::error::{OutboxError, storable_reason};
 use crate::spec::{Outbox, Statement, interval};
 use outbox_internals::{Outcome as Recording, Status};
@@ -178,15 +179,20 @@ async fn record<'e, T: Outbox>(
 pub(crate) async fn renew<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     rows: &[Owned],
-) -> Result<Vec<(i64, DateTime<Utc>)>, OutboxError> {
+) -> Result<Vec<(i64, Lease)>, OutboxError> {
     let spec = T::SPEC;
     let (ids, generations) = columns(rows);
-    sqlx::query_as(spec.sql.get(Statement::RenewBatch))
+    let sent = Instant::now();
+    let renewed: Vec<(i64, DateTime<Utc>)> = sqlx::query_as(spec.sql.get(Statement::RenewBatch))
         .bind(ids)
         .bind(generations)
         .fetch_all(executor)
         .await
-        .map_err(|e| OutboxError::from_sqlx(spec.table, e))
+        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+    Ok(renewed
+        .into_iter()
+        .map(|(id, until)| (id, Lease::granted::<T>(until, sent)))
+        .collect())
 }
 
 /// The id and generation arrays every guarded batch statement binds first.

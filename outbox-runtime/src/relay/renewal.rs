@@ -1,15 +1,14 @@
 //! Renewing the leases of a batch while the sink has it.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 use super::Connection;
 use super::in_flight::InFlight;
 use super::record::{self, Owned};
-use crate::claim::Claim;
+use crate::claim::{Claim, Lease};
 use crate::spec::Outbox;
 
 /// The lease renewals of one batch in flight: every third of the lease, each bounded by
@@ -30,7 +29,7 @@ pub(super) struct Renewal<'r, 'a, T: Outbox> {
 impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
     /// The renewals of `rows`, whose send started at `started`.
     pub(super) fn new(rows: &'r [InFlight<'a, T>], started: Instant) -> Self {
-        let lease_deadline = deadline(rows.iter().map(|row| row.claim().lease_until()));
+        let lease_deadline = deadline(rows.iter().map(|row| row.claim().lease_deadline()));
         let every = T::SPEC.lease / 3;
         // A third of the lease after the claim: a batch claimed ahead, while the one
         // before was in flight, is renewed as soon as it is due, not a third after its
@@ -79,7 +78,7 @@ impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
             return Vec::new();
         };
         let still: HashSet<i64> = renewed.iter().map(|(id, _)| *id).collect();
-        self.lease_deadline = deadline(renewed.into_iter().map(|(_, until)| until.into()));
+        self.lease_deadline = deadline(renewed.iter().map(|(_, lease)| lease.deadline()));
         self.rows
             .iter()
             .filter(|row| row.is_owned() && !still.contains(&row.claim().id()))
@@ -100,7 +99,7 @@ pub(super) async fn renew_ahead<T: Outbox>(
 ) -> Vec<Claim<T>> {
     let table = T::SPEC.table;
     let every = T::SPEC.lease / 3;
-    let earliest = deadline(ahead.iter().map(Claim::lease_until));
+    let earliest = deadline(ahead.iter().map(Claim::lease_deadline));
     if earliest > Instant::now() + 2 * every {
         return ahead;
     }
@@ -110,12 +109,12 @@ pub(super) async fn renew_ahead<T: Outbox>(
     else {
         return ahead;
     };
-    let renewed: HashMap<i64, DateTime<Utc>> = renewed.into_iter().collect();
+    let renewed: HashMap<i64, Lease> = renewed.into_iter().collect();
     let before = ahead.len();
     ahead.retain_mut(|claim| {
         renewed
             .get(&claim.id())
-            .map(|until| claim.renewed(*until))
+            .map(|lease| claim.renewed(*lease))
             .is_some()
     });
     if ahead.len() < before {
@@ -137,7 +136,7 @@ async fn renew_within<T: Outbox>(
     rows: &[Owned],
     limit: Duration,
     then: &str,
-) -> Option<Vec<(i64, DateTime<Utc>)>> {
+) -> Option<Vec<(i64, Lease)>> {
     let table = T::SPEC.table;
     let renewal = async { record::renew::<T>(conn.get().await?, rows).await };
     match tokio::time::timeout(limit, renewal).await {
@@ -157,9 +156,7 @@ async fn renew_within<T: Outbox>(
     }
 }
 
-/// The tokio instant of the earliest lease end (now, if there is none).
-pub(super) fn deadline(leases: impl Iterator<Item = SystemTime>) -> Instant {
-    let now = SystemTime::now();
-    let earliest = leases.min().unwrap_or(now);
-    Instant::now() + earliest.duration_since(now).unwrap_or_default()
+/// The earliest of the lease deadlines (now, if there is none).
+pub(super) fn deadline(leases: impl Iterator<Item = Instant>) -> Instant {
+    leases.min().unwrap_or_else(Instant::now)
 }
