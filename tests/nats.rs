@@ -497,7 +497,15 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
     })
     .await?;
     let large = "x".repeat(900);
-    let names = ["ok-1", "unencodable", "nowhere", large.as_str(), "ok-2"];
+    let names = [
+        "ok-1",
+        "unencodable",
+        "nowhere",
+        large.as_str(),
+        "invalid-subject",
+        "line\nbreak",
+        "ok-2",
+    ];
     let events: Vec<ChaosEvent> = names
         .iter()
         .map(|name| ChaosEvent {
@@ -508,10 +516,11 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
     enqueue(pool, &events).await;
     let sink = JetStreamSink::new(js.clone(), subject.clone())
         .subject_from(move |event: &ChaosEvent| {
-            if event.key == "nowhere" {
-                nowhere.clone()
-            } else {
-                subject.clone()
+            match event.key.as_str() {
+                "nowhere" => nowhere.clone(),
+                // An empty token: the client sends it, and no stream can take it.
+                "invalid-subject" => format!("{subject}."),
+                _ => subject.clone(),
             }
         })
         .encoding(RefuseUnencodable);
@@ -521,9 +530,9 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
             .poll_interval(Duration::from_millis(50))
             .run(shutdown.clone()),
     );
-    wait_until("2 SENT and 3 DEAD", Duration::from_secs(30), async || {
+    wait_until("2 SENT and 5 DEAD", Duration::from_secs(30), async || {
         let stats = outbox::stats::<ChaosEvent>(pool).await.unwrap();
-        (stats.sent, stats.dead) == (2, 3)
+        (stats.sent, stats.dead) == (2, 5)
     })
     .await;
     shutdown.cancel();
@@ -536,6 +545,11 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
         ),
         ("nowhere", "no JetStream stream takes this subject"),
         (large.as_str(), "message size exceeds maximum allowed"),
+        ("invalid-subject", "not a valid subject"),
+        (
+            "line\nbreak",
+            "the `Outbox-Event-Id` header cannot carry this value",
+        ),
     ] {
         let row = row_of::<ChaosEvent>(pool, name).await;
         let error = row.last_error.unwrap_or_default();

@@ -45,7 +45,7 @@ type SubjectOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// | an acknowledgement, a duplicate's included | `Ok` (`SENT`) |
 /// | the client is not connected (before the batch, or when an acknowledgement is lost); no responders for a subject that a stream takes (JetStream stopping or starting, a leader election) | [`SinkError::Unavailable`]: handed back, no attempt counted |
 /// | no acknowledgement in time, connected (the context's timeout, 5 s by default) | [`SinkError::Transient`] |
-/// | the event does not encode; no stream takes the subject (no responders, and JetStream's stream list has none for it); the message is over the server's or the stream's size limit; an invalid subject | [`SinkError::Permanent`] (`DEAD`) |
+/// | the event does not encode; no stream takes the subject (no responders, and JetStream's stream list has none for it); the message is over the server's or the stream's size limit; an invalid subject (empty, with whitespace, or with an empty token), checked before it is sent; an event id or key with a line break, which no NATS header can carry | [`SinkError::Permanent`] (`DEAD`) |
 /// | any other error from the server (storage full, no leader) | [`SinkError::Transient`] |
 ///
 /// ```no_run
@@ -213,7 +213,12 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
                 "stream `{stream}` takes it, and did not answer (JetStream stopping or \
                  starting, a leader being elected)"
             )),
-            Err(error) if error.kind() == GetStreamByNameErrorKind::NotFound => {
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    GetStreamByNameErrorKind::NotFound | GetStreamByNameErrorKind::InvalidSubject
+                ) =>
+            {
                 Responders::NoStream
             }
             Err(error) => Responders::NotAnswering(format!(
@@ -232,10 +237,30 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
     ) -> Result<(String, PublishAckFuture), Result<SinkError, Failure>> {
         let body = message::body(&self.encoding, delivery).map_err(Ok)?;
         let subject = (self.subject)(delivery.event());
+        // The client takes some invalid subjects, which the server then routes nowhere
+        // (no responders, and the stream list refuses to say why: taken for an outage,
+        // the event would be handed back forever), and panics on a header value with a
+        // line break. Both are the event's, for good.
+        if async_nats::Subject::validated(&subject).is_err() {
+            return Err(Ok(SinkError::permanent(format!(
+                "publishing to `{subject}`: not a valid subject (empty, with whitespace, \
+                 or with an empty token: a leading, trailing or doubled dot)"
+            ))));
+        }
+        let headers: Vec<(&str, String)> = message::headers(delivery).collect();
+        if let Some((name, _)) = headers
+            .iter()
+            .find(|(_, value)| value.parse::<async_nats::HeaderValue>().is_err())
+        {
+            return Err(Ok(SinkError::permanent(format!(
+                "publishing to `{subject}`: the `{name}` header cannot carry this value \
+                 (a NATS header value holds no line break)"
+            ))));
+        }
         let mut message = PublishMessage::build()
             .payload(body.into())
             .message_id(delivery.event_id().as_str());
-        for (name, value) in message::headers(delivery) {
+        for (name, value) in headers {
             message = message.header(name, value);
         }
         if let Some(content_type) = self.encoding.content_type() {
