@@ -351,6 +351,18 @@ async fn mistakes_get_clear_errors() -> TestResult {
         "error: no outbox table `orders` in the catalog of this schema; it lists budget_events\n"
     );
 
+    let too_often = outbox(&db, &["status", "--watch", "0s"]).await?;
+    assert_eq!(
+        too_often.status.code(),
+        Some(2),
+        "a usage error, not a panic"
+    );
+    assert!(
+        stderr(&too_often).contains("at least 100ms"),
+        "{}",
+        stderr(&too_often)
+    );
+
     let bad_url = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
         .args(["--database-url", "mysql://nope", "status"])
         .output()
@@ -488,7 +500,7 @@ async fn status_watch_refreshes_until_interrupted() -> TestResult {
     let db = schema_with(&[Budgeted::migrations()]).await?;
     enqueue(&db, &["a"]).await?;
     let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .args(["--database-url", &db.url(), "status", "--watch", "50ms"])
+        .args(["--database-url", &db.url(), "status", "--watch", "100ms"])
         .stdout(std::process::Stdio::piped())
         .spawn()?;
     let mut stdout = tokio::io::BufReader::new(watch.stdout.take().ok_or("stdout")?);

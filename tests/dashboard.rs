@@ -483,10 +483,17 @@ async fn a_write_needs_the_token_of_the_page_a_json_body_and_the_same_origin() -
     assert_eq!(done.status, 200, "{}", done.body);
     assert_eq!(done.json()["event_ids"], json!(["doomed"]));
     assert_eq!(status::<Budgeted>(db.pool(), "doomed").await, "READY");
+    // The same page behind a proxy that terminates TLS names an https origin.
+    let behind_tls = format!("https://{}", dashboard.address);
     let again = dashboard
-        .post("/api/requeue", &headers, &requeue)
-        .await?
-        .json();
+        .post(
+            "/api/requeue",
+            &[with_token, ("Origin", behind_tls.as_str())],
+            &requeue,
+        )
+        .await?;
+    assert_eq!(again.status, 200, "{}", again.body);
+    let again = again.json();
     assert_eq!(
         (&again["requeued"], &again["left_alone"]),
         (&json!(0), &json!(["doomed"]))

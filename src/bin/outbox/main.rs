@@ -114,6 +114,16 @@ impl std::fmt::Display for Message {
 
 impl std::error::Error for Message {}
 
+/// An interval between repeated reads of every table (`status --watch`, `serve
+/// --sample-every`): at least 100ms, since each read counts every table.
+fn parse_every(text: &str) -> Result<Duration, String> {
+    let interval = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if interval < Duration::from_millis(100) {
+        return Err("at least 100ms: every read counts every table".to_owned());
+    }
+    Ok(interval)
+}
+
 fn fail(message: impl Into<String>) -> Failure {
     Failure::from(Message(message.into()))
 }

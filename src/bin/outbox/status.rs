@@ -17,7 +17,7 @@ pub(crate) struct Args {
     json: bool,
     /// Refresh in place every INTERVAL (default 2s) until interrupted.
     #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s",
-          value_parser = humantime::parse_duration)]
+          value_parser = crate::parse_every)]
     watch: Option<Duration>,
     /// Exit with 3 when a table's oldest eligible event is older than this (e.g. 5m).
     #[arg(long, value_name = "AGE", value_parser = humantime::parse_duration)]

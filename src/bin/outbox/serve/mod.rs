@@ -62,16 +62,8 @@ pub(crate) struct Args {
     allow_host: Vec<String>,
     /// How often to read every table's counts for the throughput chart.
     #[arg(long, default_value = "10s", value_name = "INTERVAL",
-          value_parser = parse_sample_interval)]
+          value_parser = crate::parse_every)]
     sample_every: Duration,
-}
-
-fn parse_sample_interval(text: &str) -> Result<Duration, String> {
-    let interval = humantime::parse_duration(text).map_err(|e| e.to_string())?;
-    if interval < Duration::from_millis(100) {
-        return Err("at least 100ms: every sample counts every table".to_owned());
-    }
-    Ok(interval)
 }
 
 /// What every handler shares.
@@ -371,11 +363,18 @@ fn check_write(dashboard: &Dashboard, headers: &HeaderMap) -> Result<(), ApiErro
              dashboard's page",
         ));
     }
-    // A browser names the page a request comes from; it must be this server's.
+    // A browser names the page a request comes from; it must be this server's, served
+    // as it is or through a proxy that terminates TLS in front of it.
     if let Some(origin) = headers.get(header::ORIGIN) {
         let host = headers.get(header::HOST).map(HeaderValue::as_bytes);
-        let expected = host.map(|h| [b"http://".as_slice(), h].concat());
-        if expected.is_none_or(|e| !origin.as_bytes().eq_ignore_ascii_case(&e)) {
+        let same = host.is_some_and(|host| {
+            [b"http://".as_slice(), b"https://"].iter().any(|scheme| {
+                origin
+                    .as_bytes()
+                    .eq_ignore_ascii_case(&[*scheme, host].concat())
+            })
+        });
+        if !same {
             return Err(ApiError::forbidden("cross-site request refused"));
         }
     }
