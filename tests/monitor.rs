@@ -450,3 +450,46 @@ async fn a_lost_connection_or_a_cancelled_sample_is_logged_once_and_sampling_res
     db.drop_schema().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_table_that_cannot_be_read_leaves_the_gauges_of_the_others_moving() -> TestResult {
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
+    let db = schema_with(&[OrderStep::migrations(), Receipt::migrations()]).await?;
+    let pool = db.pool();
+    let monitor = start(pool, &[OrderStep::migrations(), Receipt::migrations()]);
+    wait_until("a first sample", Duration::from_secs(10), async || {
+        counters.gauge(metric::READY, RECEIPTS) == Some(0.0)
+    })
+    .await;
+
+    // The first table is locked for longer than a sample may take: each sample's read
+    // of it is cancelled, and the table after it is read all the same.
+    let mut migration = pool.begin().await?;
+    sqlx::query("LOCK TABLE order_step_events IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *migration)
+        .await?;
+    enqueue(pool, &[receipt("r1"), receipt("r2")]).await;
+    wait_until(
+        "the receipts' gauges move while the steps cannot be read",
+        Duration::from_secs(10),
+        async || counters.gauge(metric::READY, RECEIPTS) == Some(2.0),
+    )
+    .await;
+    assert!(
+        !monitor.handle.is_finished(),
+        "a cancelled read is transient"
+    );
+
+    migration.rollback().await?;
+    enqueue(pool, &[step("s1", 1)]).await;
+    wait_until(
+        "the steps' gauges move again",
+        Duration::from_secs(10),
+        async || counters.gauge(metric::READY, STEPS) == Some(1.0),
+    )
+    .await;
+    monitor.stop().await?;
+    db.drop_schema().await?;
+    Ok(())
+}

@@ -158,28 +158,41 @@ impl Monitor {
         }
     }
 
-    /// Reads every table's stats and sets its gauges; stops at the first failure (the
-    /// next tables would most likely fail the same way).
+    /// Reads every table's stats and sets its gauges.
     ///
     /// Each table is read in a read-only transaction whose statements the server
     /// cancels after the interval (at least a second): a table grown too large to count
     /// in that time costs one warning a minute and stale gauges, not a core of the
-    /// application's database busy counting it again and again.
+    /// application's database busy counting it again and again. A table whose read
+    /// fails transiently (that timeout, a lock held past it) keeps its gauges, and the
+    /// tables after it are read all the same; the first such failure is returned once
+    /// every table was tried. A failure that is not transient, or no connection at
+    /// all, returns at once: the next tables would fail the same way.
     async fn sample(&self, gauges: &[TableGauges]) -> Result<(), OutboxError> {
         let timeout = self.interval.max(MIN_TIMEOUT).as_millis();
         let begin = format!("BEGIN READ ONLY; SET LOCAL statement_timeout = {timeout}");
+        let mut first_failure = None;
         for (spec, gauges) in self.tables.iter().zip(gauges) {
-            let db = |e| OutboxError::from_sqlx(spec.table, e);
             let mut conn = crate::connect::acquire(&self.pool, spec.table).await?;
-            let mut tx = conn
-                .begin_with(sqlx::AssertSqlSafe(begin.clone()))
-                .await
-                .map_err(db)?;
-            let stats = Operations::of_spec(spec).stats(&mut *tx).await?;
-            tx.commit().await.map_err(db)?;
-            gauges.set(&stats);
+            let read = async {
+                let db = |e| OutboxError::from_sqlx(spec.table, e);
+                let mut tx = conn
+                    .begin_with(sqlx::AssertSqlSafe(begin.clone()))
+                    .await
+                    .map_err(db)?;
+                let stats = Operations::of_spec(spec).stats(&mut *tx).await?;
+                tx.commit().await.map_err(db)?;
+                Ok::<_, OutboxError>(stats)
+            };
+            match read.await {
+                Ok(stats) => gauges.set(&stats),
+                Err(error) if error.is_transient() => {
+                    first_failure.get_or_insert(error);
+                }
+                Err(error) => return Err(error),
+            }
         }
-        Ok(())
+        first_failure.map_or(Ok(()), Err)
     }
 }
 
