@@ -386,6 +386,11 @@ fn flyway_names_follow_the_versions_flyway_already_has() -> TestResult {
         dir.path().join("V1.1__create_orders.sql"),
         "CREATE TABLE orders ();",
     )?;
+    // Flyway reads an underscore in a version as a dot: version 2.1.
+    std::fs::write(
+        dir.path().join("V2_1__index_orders.sql"),
+        "CREATE INDEX ON orders ((1));",
+    )?;
     std::fs::write(
         dir.path().join("R__views.sql"),
         "CREATE VIEW v AS SELECT 1;",
@@ -394,8 +399,8 @@ fn flyway_names_follow_the_versions_flyway_already_has() -> TestResult {
     assert_eq!(
         file_names(&written),
         [
-            "V0002__outbox_outbox_catalog_v1.sql",
-            "V0003__outbox_receipt_events_v1.sql"
+            "V0003__outbox_outbox_catalog_v1.sql",
+            "V0004__outbox_receipt_events_v1.sql"
         ]
     );
     check_migrations(dir.path(), &[Receipt::migrations()], FileNames::Flyway)?;

@@ -79,15 +79,16 @@ impl FileNames {
     }
 
     /// The version and description of a migration file in this convention; `None` for
-    /// any other file. A dotted Flyway version (`V1.2__`) counts by its first part, which
-    /// is what orders it.
+    /// any other file. A Flyway version of several parts (`V1.2__`, or `V1_2__`: Flyway
+    /// reads an underscore in a version as a dot) counts by its first part, which is
+    /// what orders it.
     fn parse(self, file_name: &str) -> Option<(i64, &str)> {
         let stem = file_name.strip_suffix(".sql")?;
         let (version, description) = match self {
             Self::Sqlx => stem.split_once('_')?,
             Self::Flyway => stem.strip_prefix('V')?.split_once("__")?,
         };
-        let major = version.split('.').next()?;
+        let major = version.split(['.', '_']).next()?;
         Some((major.parse().ok()?, description))
     }
 }

@@ -94,6 +94,12 @@ impl Inbox {
     /// The inbox of `consumer`: a stable name for one logical consumer (a service, or
     /// one of its handlers), the same in all its replicas. Consumers with different
     /// names see every event each.
+    ///
+    /// Event ids are unique within one outbox table. A consumer of several tables whose
+    /// ids can coincide (ids the application chooses, such as an order id two event
+    /// types carry) keeps one inbox per table, e.g. named `billing/order_events` after
+    /// the message's [`Outbox-Table`](crate::message::header::TABLE) header: in one
+    /// inbox, the second table's event would read [`Received::Duplicate`].
     pub fn new(consumer: impl Into<String>) -> Self {
         Self {
             consumer: consumer.into(),
