@@ -56,8 +56,9 @@ use tokio::time::timeout;
 const ROLE: &str = "kafka-relay";
 /// Marks the child's protocol lines.
 const MARK: &str = "KAFKA-CHILD";
-/// The producer's `message.timeout.ms` in these tests: below `ChaosEvent`'s 2 s lease.
-const MESSAGE_TIMEOUT_MS: &str = "1500";
+/// The producer's `message.timeout.ms` in these tests: below two thirds of
+/// `ChaosEvent`'s 2 s lease.
+const MESSAGE_TIMEOUT_MS: &str = "1200";
 
 /// The producer configuration of these tests: the broker, and a message timeout below
 /// the lease of `ChaosEvent`.
@@ -752,8 +753,16 @@ fn kafka_a_producer_that_is_not_idempotent_or_unbounded_is_refused() {
         ("acks", "1", "must be `all` (or -1)"),
         ("request.required.acks", "0", "must be `all` (or -1)"),
         ("transactional.id", "outbox", "must be unset"),
-        ("message.timeout.ms", "0", "shorter than the lease"),
-        ("delivery.timeout.ms", "2000", "shorter than the lease"),
+        (
+            "message.timeout.ms",
+            "0",
+            "shorter than two thirds of the lease",
+        ),
+        (
+            "delivery.timeout.ms",
+            "1400",
+            "shorter than two thirds of the lease",
+        ),
         ("message.timeout.ms", "soon", "a number of milliseconds"),
     ] {
         let error = refused(property, value);

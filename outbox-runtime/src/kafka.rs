@@ -59,11 +59,12 @@ pub enum ConfigError {
         required: &'static str,
     },
     /// `message.timeout.ms` (or `delivery.timeout.ms`) is not a bounded time shorter than
-    /// the event type's lease.
+    /// two thirds of the event type's lease.
     #[error(
         "`{property}={value}` must be a number of milliseconds, at least 1 and shorter than \
-         the lease of `{table}` ({lease:?}): a record still queued in librdkafka once the \
-         lease is over could be published after another relay's copy"
+         two thirds of the lease of `{table}` ({lease:?}): a batch goes to the sink with two \
+         thirds of its lease left, and a record still queued in librdkafka once the lease \
+         is over could be published after another relay's copy"
     )]
     MessageTimeout {
         /// The property, as given.
@@ -338,7 +339,7 @@ fn producer_config(
     for property in ["message.timeout.ms", "delivery.timeout.ms"] {
         if let Some(value) = config.get(property) {
             match value.trim().parse::<u64>() {
-                Ok(ms) if ms > 0 && Duration::from_millis(ms) < lease => timeout = true,
+                Ok(ms) if ms > 0 && Duration::from_millis(ms) < lease * 2 / 3 => timeout = true,
                 _ => {
                     return Err(ConfigError::MessageTimeout {
                         property,
@@ -700,24 +701,25 @@ mod tests {
             Duration::from_secs(30),
             &[
                 ("request.required.acks", "-1"),
-                ("delivery.timeout.ms", "20000"),
+                ("delivery.timeout.ms", "19000"),
             ],
         )
         .unwrap();
         assert_eq!(config.get("acks"), None);
         assert_eq!(config.get("request.required.acks"), Some("-1"));
         assert_eq!(config.get("message.timeout.ms"), None);
-        assert_eq!(config.get("delivery.timeout.ms"), Some("20000"));
+        assert_eq!(config.get("delivery.timeout.ms"), Some("19000"));
     }
 
     #[test]
-    fn a_message_timeout_not_below_the_lease_is_refused() {
+    fn a_message_timeout_not_below_two_thirds_of_the_lease_is_refused() {
         let error =
-            configured(Duration::from_secs(30), &[("message.timeout.ms", "30000")]).unwrap_err();
+            configured(Duration::from_secs(30), &[("message.timeout.ms", "20000")]).unwrap_err();
         assert!(
             matches!(&error, ConfigError::MessageTimeout { property: "message.timeout.ms", value, table: "orders", lease }
-                if value == "30000" && *lease == Duration::from_secs(30)),
+                if value == "20000" && *lease == Duration::from_secs(30)),
             "{error}"
         );
+        configured(Duration::from_secs(30), &[("message.timeout.ms", "19999")]).unwrap();
     }
 }
