@@ -740,6 +740,23 @@ async fn a_missing_table_is_a_typed_error() -> TestResult {
 }
 
 #[tokio::test]
+async fn a_transaction_the_server_ends_for_idling_is_a_transient_error() -> TestResult {
+    let db = schema_with(&[OrderPlaced::migrations()]).await?;
+    let mut tx = db.pool().begin().await?;
+    sqlx::query("SET LOCAL idle_in_transaction_session_timeout = '50ms'")
+        .execute(&mut *tx)
+        .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The server ended the session (SQLSTATE 25P03): a relay retries on another
+    // connection, as after any lost connection, rather than stopping.
+    let err = OrderPlaced::claim(&mut *tx).await.unwrap_err();
+    assert!(err.is_transient(), "{err:?}");
+    drop(tx);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_bad_database_url_is_a_typed_error() {
     let pool = sqlx::postgres::PgPoolOptions::new()
         .acquire_timeout(Duration::from_secs(2))

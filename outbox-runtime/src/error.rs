@@ -18,7 +18,7 @@ use crate::id::Generation;
 /// |---|---|
 /// | connection refused, reset or lost; pool timed out | authentication failed, unknown role or database ([`Connect`](Self::Connect)) |
 /// | SQLSTATE class `08` (connection), `40` (serialization failure, deadlock), `53` (too many connections, out of memory or disk), `57` (server shut down, query cancelled; not `57P04` database dropped), `58` (I/O error) | [`PermissionDenied`](Self::PermissionDenied), [`MissingTable`](Self::MissingTable), [`Drift`](Self::Drift) (an undefined or retyped column) |
-/// | `55P03` lock not available, `25006` read-only transaction (a failover in progress) | every other SQLSTATE: a constraint, a trigger raising, a syntax or data error would fail the same way again |
+/// | `55P03` lock not available, `25006` read-only transaction (a failover in progress), `25P03` idle-in-transaction timeout, `25P04` transaction timeout (PostgreSQL 17) | every other SQLSTATE: a constraint, a trigger raising, a syntax or data error would fail the same way again |
 /// | | TLS, configuration, a closed pool; encoding errors; migration errors |
 ///
 /// [`Stale`](Self::Stale) is neither: it is the answer, not a failure (the claim is no
@@ -278,7 +278,7 @@ pub(crate) fn is_transient(error: &sqlx::Error) -> bool {
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
             let class = code.get(..2).unwrap_or_default();
             (matches!(class, "08" | "40" | "53" | "57" | "58") && code != "57P04")
-                || matches!(code.as_ref(), "55P03" | "25006")
+                || matches!(code.as_ref(), "55P03" | "25006" | "25P03" | "25P04")
         }),
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut
