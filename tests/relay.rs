@@ -251,6 +251,41 @@ fn fast<T: Outbox, S: Sink<T>>(relay: Relay<T, S>) -> Relay<T, S> {
 }
 
 #[tokio::test]
+async fn a_backlog_with_undecodable_rows_drains_without_waiting_for_the_poll() -> TestResult {
+    let db = schema_from_zero(&[OrderPlaced::migrations()]).await?;
+    let pool = db.pool();
+    // 100 orders written behind the outbox's back (no notification), every tenth of
+    // them with an id that no longer decodes: each batch of 10 holds one.
+    sqlx::query(
+        "INSERT INTO order_events (event_id, customer, total_cents, lines)
+         SELECT CASE WHEN n % 10 = 0 THEN 'not-a-uuid-' || n ELSE gen_random_uuid()::text END,
+                'ada', 1, '[]'
+         FROM generate_series(1, 100) AS n ORDER BY n",
+    )
+    .execute(pool)
+    .await?;
+    let sink = MemorySink::new();
+    let relay = start(
+        Relay::<OrderPlaced, _>::new(pool.clone(), sink.clone())
+            .batch_size(10)
+            .poll_interval(Duration::from_hours(1)),
+    );
+
+    // A batch of 9 claims is short only because its claim found a row it moved to DEAD:
+    // the worker goes on at once, where it took the batch for the end of the backlog
+    // and waited for the poll.
+    wait_until("90 SENT and 10 DEAD", Duration::from_secs(10), async || {
+        let stats = outbox::stats::<OrderPlaced>(pool).await.unwrap();
+        (stats.sent, stats.dead) == (90, 10)
+    })
+    .await;
+    relay.stop().await?;
+    assert_eq!(sink.published().len(), 90);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn every_enqueued_event_is_published_exactly_once_and_ends_sent() -> TestResult {
     let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();

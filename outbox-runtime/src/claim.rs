@@ -288,6 +288,9 @@ pub(crate) struct ClaimedBatch<T: Outbox> {
     /// The latest `next_attempt_at` among the `READY` rows claimed (microseconds since
     /// the Unix epoch): how far into the `READY` index the claim got.
     pub(crate) reached: Option<i64>,
+    /// Whether the claim found all it looked for (the rows that do not decode count):
+    /// more may be due.
+    pub(crate) full: bool,
 }
 
 impl<T: Outbox> Default for ClaimedBatch<T> {
@@ -296,6 +299,7 @@ impl<T: Outbox> Default for ClaimedBatch<T> {
             claims: Vec::new(),
             undecodable: Vec::new(),
             reached: None,
+            full: false,
         }
     }
 }
@@ -377,6 +381,8 @@ pub(crate) async fn claim_on<T: Outbox>(
             break;
         }
     }
+    let found = claims.len() + undecodable.len();
+    let full = limit > 0 && found >= usize::try_from(limit).unwrap_or(usize::MAX);
     let mut errors = Vec::with_capacity(undecodable.len());
     for bad in undecodable {
         errors.push(dead_letter::<T>(conn, bad).await?);
@@ -387,6 +393,7 @@ pub(crate) async fn claim_on<T: Outbox>(
         claims,
         undecodable: errors,
         reached,
+        full,
     })
 }
 

@@ -338,7 +338,29 @@ impl Pending {
 
 /// What the database did beside a send: the outcomes of the batch before recorded and
 /// the batch after claimed, or why not.
-type Ahead<T> = Result<Vec<Claim<T>>, OutboxError>;
+type Ahead<T> = Result<Batch<T>, OutboxError>;
+
+/// A claimed batch, and whether its claim found as many rows as it looked for. Rows it
+/// could not hand out count (a payload that does not decode, moved to `DEAD`; a row
+/// taken over while the batch waited): a full claim says more may be due, however many
+/// of its rows are left to publish.
+struct Batch<T: Outbox> {
+    claims: Vec<Claim<T>>,
+    full: bool,
+}
+
+impl<T: Outbox> Batch<T> {
+    fn empty() -> Self {
+        Self {
+            claims: Vec::new(),
+            full: false,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.claims.is_empty()
+    }
+}
 
 /// The worker's connection: acquired when there is work, kept while there is. Each
 /// pass through the pool costs two round trips (sqlx pings a connection when it is
@@ -401,25 +423,25 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let mut held_back = 0;
         let mut pending = Pending::default();
         // A batch claimed while the one before was in flight.
-        let mut ahead: Vec<Claim<T>> = Vec::new();
+        let mut ahead = Batch::empty();
         loop {
             let stopping = self.stop.is_cancelled();
             if stopping && !ahead.is_empty() {
-                pending.release(&std::mem::take(&mut ahead));
+                pending.release(&std::mem::replace(&mut ahead, Batch::empty()).claims);
             }
             if stopping && pending.outcomes.is_empty() {
                 return Ok(());
             }
-            let claims = if ahead.is_empty() {
+            let batch = if ahead.is_empty() {
                 // After a batch that drained what was due, claiming again would find
                 // nothing (at a steady trickle, every other claim did): record it alone,
                 // and wait for a wake-up. Whatever was enqueued meanwhile has sent one.
                 let claim_next = !stopping && !pending.drained && !pending.unavailable;
                 match self.record_and_claim(&mut conn, &pending, claim_next).await {
-                    Ok(claims) => {
+                    Ok(batch) => {
                         failures = 0;
                         let unavailable = std::mem::take(&mut pending).unavailable;
-                        if claims.is_empty() {
+                        if batch.is_empty() {
                             // Idle: the connection goes back to the pool until there is work.
                             conn.release();
                             if claim_next {
@@ -435,7 +457,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                             }
                             continue;
                         }
-                        claims
+                        batch
                     }
                     Err(error) if !error.is_transient() => return Err(error),
                     Err(error) => {
@@ -447,19 +469,20 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     }
                 }
             } else {
-                let ahead = renewal::renew_ahead(&mut conn, std::mem::take(&mut ahead)).await;
-                if ahead.is_empty() {
+                let Batch { claims, full } = std::mem::replace(&mut ahead, Batch::empty());
+                let claims = renewal::renew_ahead(&mut conn, claims).await;
+                if claims.is_empty() {
                     continue;
                 }
-                ahead
+                Batch { claims, full }
             };
-            if claims.len() == self.relay.batch_size as usize {
+            if batch.full {
                 // There may be more: bring in another idle worker, which in turn brings
                 // in the next while it finds full batches.
                 self.wakeups.more();
             }
             let earlier = std::mem::take(&mut pending);
-            let (published, beside) = self.publish(claims, &mut conn, &earlier).await;
+            let (published, beside) = self.publish(batch, &mut conn, &earlier).await;
             pending = published;
             match beside {
                 None => pending = pending.after(earlier),
@@ -476,7 +499,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             }
             if pending.unavailable && !ahead.is_empty() {
                 // The destination is down: the batch claimed ahead goes back untouched.
-                pending.release(&std::mem::take(&mut ahead));
+                pending.release(&std::mem::replace(&mut ahead, Batch::empty()).claims);
             }
             held_back = if pending.unavailable {
                 held_back.saturating_add(1)
@@ -494,7 +517,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         conn: &mut Connection<'_>,
         pending: &Pending,
         claim_next: bool,
-    ) -> Result<Vec<Claim<T>>, OutboxError> {
+    ) -> Result<Batch<T>, OutboxError> {
         let next = claim_next.then(|| self.frontier.next());
         let (scope, limit) = next
             .as_ref()
@@ -518,13 +541,16 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let (claimed, recorded) = done?;
         account::<T>(&pending.outcomes, &recorded);
         if let Some(claiming) = claiming {
-            claiming.answered(claimed.claims.len() >= self.relay.batch_size as usize);
+            claiming.answered(claimed.full);
         }
         if let Some(next) = next {
             next.done();
             self.frontier.advance(claimed.reached);
         }
-        Ok(claimed.claims)
+        Ok(Batch {
+            claims: claimed.claims,
+            full: claimed.full,
+        })
     }
 
     /// Waits for a wake-up, the poll interval or shutdown.
@@ -579,10 +605,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// claims the next one: `None` when there was nothing to do beside the send.
     async fn publish(
         &self,
-        claims: Vec<Claim<T>>,
+        batch: Batch<T>,
         conn: &mut Connection<'_>,
         earlier: &Pending,
     ) -> (Pending, Option<Ahead<T>>) {
+        let Batch { claims, full } = batch;
         let table = T::SPEC.table;
         let span = tracing::info_span!(
             "outbox.batch",
@@ -594,7 +621,6 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             count_claimed(&claims);
             let deliveries: Vec<Delivery<'_, T>> = claims.iter().map(InFlight::delivery).collect();
             let rows = InFlight::pair(&claims, &deliveries);
-            let full = claims.len() == self.relay.batch_size as usize;
             let claim_next = full && !self.stop.is_cancelled();
             let beside = (claim_next || !earlier.outcomes.is_empty()).then(|| {
                 // The connection moves to the transaction, and comes back with its result.
