@@ -514,14 +514,49 @@ async fn lease_renewal_keeps_a_slow_send_owned() -> TestResult {
 }
 
 #[tokio::test]
-async fn a_batch_claimed_ahead_whose_lease_ran_out_behind_a_slow_send_is_not_published()
--> TestResult {
+async fn a_batch_claimed_ahead_keeps_its_lease_behind_a_send_longer_than_the_lease() -> TestResult {
     let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;
     let pool = db.pool();
     let first = payment(1).enqueue(pool).await?.into_event_id();
     let second = payment(2).enqueue(pool).await?.into_event_id();
     // Batches of one: the second event is claimed ahead while the first is in the sink,
-    // whose send takes 2.5 s. Nothing renews the second's lease (one second) meanwhile.
+    // whose send takes 2.5 s, two and a half of the one-second lease.
+    let sink = ScriptSink::new(|call, seen| match call {
+        0 => Plan::after(Wait::For(Duration::from_millis(2500)), seen),
+        _ => Plan::ok(seen),
+    });
+    let relay = start(
+        fast(Relay::<PaymentCaptured, _>::new(pool.clone(), sink.clone()))
+            .batch_size(1)
+            .send_timeout(Duration::from_secs(30)),
+    );
+    wait_until("both SENT", Duration::from_secs(10), async || {
+        outbox::stats::<PaymentCaptured>(pool).await.unwrap().sent == 2
+    })
+    .await;
+    relay.stop().await?;
+
+    // The second's lease was renewed with the first's while it waited: it went out on
+    // its first claim, where it used to expire and spend an attempt unsent.
+    assert_eq!(
+        sink.calls(),
+        [[Seen::new(&first, 1, 1)], [Seen::new(&second, 1, 1)]]
+    );
+    let row = row_of::<PaymentCaptured>(pool, &second).await;
+    assert_eq!((row.generation, row.attempts), (1, 1));
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_batch_claimed_ahead_that_was_taken_over_while_it_waited_is_not_published() -> TestResult
+{
+    let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;
+    let pool = db.pool();
+    let first = payment(1).enqueue(pool).await?.into_event_id();
+    let second = payment(2).enqueue(pool).await?.into_event_id();
+    // Batches of one: the second event is claimed ahead while the first is in the sink,
+    // whose send takes 2.5 s.
     let sink = ScriptSink::new(|call, seen| match call {
         0 => Plan::after(Wait::For(Duration::from_millis(2500)), seen),
         _ => Plan::ok(seen),
@@ -537,8 +572,8 @@ async fn a_batch_claimed_ahead_whose_lease_ran_out_behind_a_slow_send_is_not_pub
         async || status::<PaymentCaptured>(pool, &second).await == "INPROGRESS",
     )
     .await;
-    // Its lease runs out, and another publisher takes it over.
-    sleep(Duration::from_millis(1200)).await;
+    // Another publisher takes it over meanwhile (as after a pause of this relay's past
+    // the lease).
     let theirs = take_over::<PaymentCaptured>(pool, &second).await;
 
     wait_until(

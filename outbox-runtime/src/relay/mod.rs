@@ -722,6 +722,10 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     if renewal.lost_all() {
                         break None;
                     }
+                    // The batch claimed ahead waits for this send: renewed too, once due.
+                    if let Some(Ok(next)) = &mut ahead {
+                        next.claims = renewal::renew_ahead(conn, std::mem::take(&mut next.claims)).await;
+                    }
                 }
                 () = self.stop.cancelled(), if grace.is_none() => {
                     grace = Some(Instant::now() + relay.shutdown_grace);

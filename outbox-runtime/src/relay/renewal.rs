@@ -86,13 +86,15 @@ impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
     }
 }
 
-/// A batch claimed ahead waited while the batch before it was in flight. When that
-/// send took long enough for the batch's first renewal to be due (a third of its lease
-/// gone), its leases are renewed before the sink gets it: rows whose renewal is rejected
-/// were taken over meanwhile (their lease ran out during a slow send) and are not
-/// published, where the send's own first renewal would come only after the sink had
-/// them. A renewal that fails keeps the batch as it is: its renewals go on during the
-/// send.
+/// Renews the leases of a batch claimed ahead once its first renewal is due (a third of
+/// its lease gone): while the batch before it is in flight, at each of that batch's
+/// renewals, and before the sink gets it. A send can outlast a lease (`send_timeout`
+/// is at least the lease), and a batch that waited unrenewed behind it would expire:
+/// each of its events would spend an attempt without being sent. Rows whose renewal is
+/// rejected were taken over meanwhile and are not published. A renewal that fails
+/// keeps the rows whose lease is still live by this process's clock (their renewals go
+/// on during their send) and drops the others, which could no longer be recorded and
+/// may be another relay's by now.
 pub(super) async fn renew_ahead<T: Outbox>(
     conn: &mut Connection<'_>,
     mut ahead: Vec<Claim<T>>,
@@ -100,17 +102,24 @@ pub(super) async fn renew_ahead<T: Outbox>(
     let table = T::SPEC.table;
     let every = T::SPEC.lease / 3;
     let earliest = deadline(ahead.iter().map(Claim::lease_deadline));
-    if earliest > Instant::now() + 2 * every {
+    if ahead.is_empty() || earliest > Instant::now() + 2 * every {
         return ahead;
     }
     let rows: Vec<Owned> = ahead.iter().map(Owned::of).collect();
-    let Some(renewed) =
-        renew_within::<T>(conn, &rows, every, "publishing the batch claimed ahead").await
-    else {
+    let before = ahead.len();
+    let Some(renewed) = renew_within::<T>(conn, &rows, every, "renewing again later").await else {
+        let now = Instant::now();
+        ahead.retain(|claim| claim.lease_deadline() > now);
+        if ahead.len() < before {
+            tracing::warn!(
+                table,
+                lost = before - ahead.len(),
+                "events claimed ahead outlived their lease unrenewed; not publishing them"
+            );
+        }
         return ahead;
     };
     let renewed: HashMap<i64, Lease> = renewed.into_iter().collect();
-    let before = ahead.len();
     ahead.retain_mut(|claim| {
         renewed
             .get(&claim.id())
