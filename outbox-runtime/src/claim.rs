@@ -291,6 +291,8 @@ pub(crate) struct ClaimedBatch<T: Outbox> {
     /// Whether the claim found all it looked for (the rows that do not decode count):
     /// more may be due.
     pub(crate) full: bool,
+    /// How long its claim statements took.
+    pub(crate) took: Duration,
 }
 
 impl<T: Outbox> Default for ClaimedBatch<T> {
@@ -300,6 +302,7 @@ impl<T: Outbox> Default for ClaimedBatch<T> {
             undecodable: Vec::new(),
             reached: None,
             full: false,
+            took: Duration::ZERO,
         }
     }
 }
@@ -350,6 +353,7 @@ pub(crate) async fn claim_on<T: Outbox>(
     let mut claims = Vec::new();
     let mut undecodable = Vec::new();
     let mut reached = None;
+    let mut took = Duration::ZERO;
     loop {
         let wanted = limit.saturating_sub(u32::try_from(claims.len()).unwrap_or(u32::MAX));
         let sent = Instant::now();
@@ -367,6 +371,7 @@ pub(crate) async fn claim_on<T: Outbox>(
             }
         }
         .map_err(db)?;
+        took += sent.elapsed();
         let mut exhausted = false;
         for row in &rows {
             let (claimed, due) = decode_claim(row, sent).map_err(db)?;
@@ -394,6 +399,7 @@ pub(crate) async fn claim_on<T: Outbox>(
         undecodable: errors,
         reached,
         full,
+        took,
     })
 }
 

@@ -14,10 +14,14 @@
 //! claim (a sweep, [`Scope::All`]): an expired claim, a row whose enqueuing transaction
 //! committed more than [`MARGIN`] after its `INSERT` began, a row a rolled-back claim
 //! left locked while a claim passed it. Sweeps are spaced by their own cost: after a
-//! sweep that took `d`, the next waits `SWEEP_SPACING × d`, so they never take more
-//! than about 1% of a worker's time however much a pin makes them cost. Without a
-//! pin a sweep takes about a millisecond, so expired claims are found within about a
-//! tenth of a second of their lease's end; under a ten-minute pin, within about 25 s.
+//! sweep whose claim took `d`, the next waits `SWEEP_SPACING × d`, so they never take
+//! more than about 1% of a worker's time however much a pin makes them cost, and at
+//! most [`MAX_SPACING`]. Without a pin a sweep takes about a millisecond, so expired
+//! claims are found within about a tenth of a second of their lease's end; at the end
+//! of a ten-minute pin at 1,000 events/s (a sweep costs ~1.8 s by then), within a
+//! minute. Only the claim statement counts: waiting for a
+//! connection or recording outcomes says nothing of what a sweep costs (a 20 s wait
+//! for the pool once spaced the next sweep half an hour later).
 //!
 //! A table with an ordering key keeps its frontier at the start of the index
 //! ([`Frontier::at_the_start`]): there, what the claims between sweeps leave to the
@@ -36,8 +40,12 @@ use crate::claim::Scope;
 /// by this much. (A later commit is found by the next sweep.)
 const MARGIN: Duration = Duration::from_millis(500);
 
-/// A sweep that took `d` is followed by the next one `SWEEP_SPACING × d` later.
+/// A sweep whose claim took `d` is followed by the next one `SWEEP_SPACING × d` later.
 const SWEEP_SPACING: u32 = 100;
+
+/// The longest wait between sweeps, whatever they cost: how late an expired claim may
+/// be found at worst.
+const MAX_SPACING: Duration = Duration::from_secs(60);
 
 /// No frontier yet: the relay's first claim sweeps.
 const NONE: i64 = i64::MIN;
@@ -68,10 +76,11 @@ pub(super) struct NextClaim<'f> {
 }
 
 impl NextClaim<'_> {
-    /// The claim succeeded: a sweep schedules the next one after its own duration.
-    pub(super) fn done(mut self) {
+    /// The claim succeeded, its statements having taken `took`: a sweep schedules the
+    /// next one after its own cost.
+    pub(super) fn done(mut self, took: Duration) {
         if let Some(sweep) = &mut self.sweep {
-            sweep.done = true;
+            sweep.took = Some(took);
         }
     }
 }
@@ -81,8 +90,8 @@ impl NextClaim<'_> {
 #[derive(Debug)]
 struct Sweep<'f> {
     sweeps: &'f Mutex<Sweeps>,
-    started: Instant,
-    done: bool,
+    /// How long its claim took, once it succeeded.
+    took: Option<Duration>,
 }
 
 impl Drop for Sweep<'_> {
@@ -90,12 +99,12 @@ impl Drop for Sweep<'_> {
         let now = Instant::now();
         let mut sweeps = self.sweeps.lock().unwrap_or_else(PoisonError::into_inner);
         sweeps.running = false;
-        sweeps.due = if self.done {
-            let took = now - self.started;
-            tracing::trace!(?took, "swept");
-            now + took * SWEEP_SPACING
-        } else {
-            now
+        sweeps.due = match self.took {
+            Some(took) => {
+                tracing::trace!(?took, "swept");
+                now + took.saturating_mul(SWEEP_SPACING).min(MAX_SPACING)
+            }
+            None => now,
         };
     }
 }
@@ -138,8 +147,7 @@ impl Frontier {
                 scope: Scope::All,
                 sweep: Some(Sweep {
                     sweeps: &self.sweeps,
-                    started: Instant::now(),
-                    done: false,
+                    took: None,
                 }),
             };
         }
@@ -180,9 +188,8 @@ mod tests {
         assert!(second.sweep.is_none());
         frontier.advance(Some(10_000_000));
         assert_eq!(frontier.next().scope, Scope::ReadyFrom(9_500_000));
-        tokio::time::advance(Duration::from_millis(1)).await;
-        first.done();
-        second.done();
+        first.done(Duration::from_millis(1));
+        second.done(Duration::from_millis(1));
         assert_eq!(frontier.next().scope, Scope::ReadyFrom(9_500_000));
     }
 
@@ -202,8 +209,7 @@ mod tests {
         assert_eq!(sweep.scope, Scope::All, "the first claim sweeps");
         frontier.advance(Some(10_000_000));
         assert_eq!(frontier.next().scope, Scope::ReadyFrom(0), "and stay there");
-        tokio::time::advance(Duration::from_millis(2)).await;
-        sweep.done();
+        sweep.done(Duration::from_millis(2));
         tokio::time::advance(Duration::from_millis(199)).await;
         assert_eq!(frontier.next().scope, Scope::ReadyFrom(0));
         tokio::time::advance(Duration::from_millis(1)).await;
@@ -220,8 +226,7 @@ mod tests {
         frontier.advance(Some(1_000_000));
         let sweep = frontier.next();
         assert_eq!(sweep.scope, Scope::All);
-        tokio::time::advance(Duration::from_millis(10)).await;
-        sweep.done();
+        sweep.done(Duration::from_millis(10));
         // Due again after 100 × 10 ms.
         tokio::time::advance(Duration::from_millis(999)).await;
         assert_eq!(frontier.next().scope, Scope::ReadyFrom(500_000));
@@ -229,6 +234,17 @@ mod tests {
         let failed = frontier.next();
         assert_eq!(failed.scope, Scope::All);
         drop(failed);
+        assert_eq!(frontier.next().scope, Scope::All);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn however_long_a_sweep_took_the_next_is_due_within_a_minute() {
+        let frontier = Frontier::new();
+        frontier.advance(Some(1_000_000));
+        frontier.next().done(Duration::from_secs(20));
+        tokio::time::advance(Duration::from_secs(59)).await;
+        assert_eq!(frontier.next().scope, Scope::ReadyFrom(500_000));
+        tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(frontier.next().scope, Scope::All);
     }
 }

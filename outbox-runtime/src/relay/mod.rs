@@ -544,7 +544,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             claiming.answered(claimed.full);
         }
         if let Some(next) = next {
-            next.done();
+            next.done(claimed.took);
             self.frontier.advance(claimed.reached);
         }
         Ok(Batch {
