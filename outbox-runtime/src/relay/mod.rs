@@ -296,12 +296,15 @@ struct Worker<T, S> {
     stop: CancellationToken,
 }
 
-/// The outcomes of a published batch, recorded together with the next claim.
+/// The outcomes of a published batch, recorded together with the next claim (and those
+/// of earlier batches that could not be recorded yet).
 #[derive(Default)]
 struct Pending {
     outcomes: Vec<(Owned, Outcome)>,
-    /// When the earliest of their leases ends: recording after that cannot succeed.
-    lease_deadline: Option<Instant>,
+    /// The outcomes' batches, in order: `(end, deadline)` for the outcomes from the
+    /// previous batch's `end` up to this one's, whose earliest lease ends at `deadline`
+    /// (recording them after that cannot succeed).
+    batches: Vec<(usize, Instant)>,
     /// The batch was smaller than the batch size: nothing else was due when it was
     /// claimed.
     drained: bool,
@@ -311,28 +314,63 @@ struct Pending {
 }
 
 impl Pending {
+    /// The outcomes of a batch whose earliest lease ends at `deadline`.
+    fn of(outcomes: Vec<(Owned, Outcome)>, deadline: Instant) -> Self {
+        Self {
+            batches: vec![(outcomes.len(), deadline)],
+            outcomes,
+            ..Self::default()
+        }
+    }
+
     /// `self`, the outcomes of the batch just published, with those of the batch before
     /// that could not be recorded: to record together.
     fn after(mut self, earlier: Self) -> Self {
+        let offset = self.outcomes.len();
         self.outcomes.extend(earlier.outcomes);
-        self.lease_deadline = match (self.lease_deadline, earlier.lease_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        self.batches.extend(
+            earlier
+                .batches
+                .into_iter()
+                .map(|(end, deadline)| (offset + end, deadline)),
+        );
         self
     }
 
     /// Hands `claims`, claimed ahead and never given to the sink, back: `READY`, due
     /// now, the attempt not counted.
     fn release<T: Outbox>(&mut self, claims: &[Claim<T>]) {
-        self.outcomes.extend(
-            claims
-                .iter()
-                .map(|claim| (Owned::of(claim), Outcome::Release)),
-        );
-        if let Some(end) = claims.iter().map(Claim::lease_deadline).min() {
-            self.lease_deadline = Some(self.lease_deadline.map_or(end, |d| d.min(end)));
+        if let Some(deadline) = claims.iter().map(Claim::lease_deadline).min() {
+            self.outcomes.extend(
+                claims
+                    .iter()
+                    .map(|claim| (Owned::of(claim), Outcome::Release)),
+            );
+            self.batches.push((self.outcomes.len(), deadline));
         }
+    }
+
+    /// Gives up on the outcomes of the batches whose leases end before `by`, and
+    /// returns how many; the others are kept, to record.
+    fn give_up_before(&mut self, by: Instant) -> usize {
+        let mut kept = Vec::with_capacity(self.outcomes.len());
+        let mut batches = Vec::with_capacity(self.batches.len());
+        let mut outcomes = std::mem::take(&mut self.outcomes).into_iter();
+        let mut start = 0;
+        for (end, deadline) in std::mem::take(&mut self.batches) {
+            let batch = outcomes.by_ref().take(end - start);
+            if deadline > by {
+                kept.extend(batch);
+                batches.push((kept.len(), deadline));
+            } else {
+                batch.for_each(drop);
+            }
+            start = end;
+        }
+        let given_up = start - kept.len();
+        self.outcomes = kept;
+        self.batches = batches;
+        given_up
     }
 }
 
@@ -573,17 +611,16 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     async fn back_off(&self, error: &OutboxError, failures: u32, pending: &mut Pending) {
         let table = T::SPEC.table;
         let delay = Backoff::new(Duration::from_millis(50), Duration::from_secs(5)).delay(failures);
-        let hopeless = pending
-            .lease_deadline
-            .is_some_and(|end| Instant::now() + delay >= end);
-        if pending.outcomes.is_empty() {
-            tracing::warn!(table, %error, "claim failed; backing off");
-        } else if hopeless {
-            tracing::error!(table, %error, rows = pending.outcomes.len(),
-                "cannot record outcomes before the leases end; the events will be claimed and published again");
-            *pending = Pending::default();
-        } else {
+        let waiting = !pending.outcomes.is_empty();
+        let given_up = pending.give_up_before(Instant::now() + delay);
+        if given_up > 0 {
+            tracing::error!(table, %error, rows = given_up,
+                "cannot record outcomes before their leases end; the events will be claimed and published again");
+        }
+        if !pending.outcomes.is_empty() {
             tracing::warn!(table, %error, "recording outcomes failed; retrying");
+        } else if !waiting {
+            tracing::warn!(table, %error, "claim failed; backing off");
         }
         if pending.outcomes.is_empty() {
             self.pause(delay).await;
@@ -656,13 +693,15 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                 metrics::counter!(metric::IDLE_CLAIMS, "table" => table).increment(1);
             }
             let pending = Pending {
-                outcomes: in_flight::outcomes(&rows, results, &self.relay.retry),
-                lease_deadline: Some(lease_deadline),
                 // With an ordering key, recording a batch lets the next event of each of
                 // its keys go, and nobody is notified: the claim that follows the
                 // recording in its transaction finds them.
                 drained: (!full || found_nothing) && T::SPEC.key().is_none(),
                 unavailable: unavailable.is_some(),
+                ..Pending::of(
+                    in_flight::outcomes(&rows, results, &self.relay.retry),
+                    lease_deadline,
+                )
             };
             (pending, ahead)
         }
@@ -806,5 +845,27 @@ fn account<T: Outbox>(outcomes: &[(Owned, Outcome)], recorded: &Recorded) {
         if value > 0 {
             metrics::counter!(name, "table" => table).increment(value);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sent(ids: std::ops::Range<i64>) -> Vec<(Owned, Outcome)> {
+        ids.map(|id| (Owned { id, generation: 1 }, Outcome::Sent))
+            .collect()
+    }
+
+    #[test]
+    fn giving_up_on_a_batch_whose_leases_ended_keeps_the_outcomes_of_a_live_one() {
+        let now = Instant::now();
+        let earlier = Pending::of(sent(0..3), now + Duration::from_secs(1));
+        let mut pending = Pending::of(sent(3..5), now + Duration::from_secs(30)).after(earlier);
+        assert_eq!(pending.give_up_before(now + Duration::from_secs(2)), 3);
+        let ids: Vec<i64> = pending.outcomes.iter().map(|(row, _)| row.id).collect();
+        assert_eq!(ids, [3, 4], "the batch just published is still recorded");
+        assert_eq!(pending.give_up_before(now + Duration::from_secs(31)), 2);
+        assert!(pending.outcomes.is_empty() && pending.batches.is_empty());
     }
 }
