@@ -83,8 +83,8 @@ use syn::{DeriveInput, parse_macro_input};
 /// | attribute | meaning |
 /// |---|---|
 /// | `event_id` | This field is the event's stable id, the one consumers deduplicate on: stored (as text) in the `event_id` column rather than a column of its own. Its type is `String`, `uuid::Uuid`, `i64` or `i32`. At most one field; it combines with no other attribute. Without one, a UUIDv7 is generated at enqueue. |
-/// | `key` | This field is the ordering key, an aggregate id (`String`, `uuid::Uuid`, `i64`, `i32`, or an `Option` of one with `since`): the events of one key are claimed one at a time, in the order of their row ids, each only once every earlier one is `SENT` (or `DEAD`, with `dead_releases_key`). Stored in the field's column, with an index on it. At most one field. |
-/// | `json` | Stores the field, of any type implementing serde's `Serialize` and `Deserialize`, as `jsonb`. |
+/// | `key` | This field is the ordering key, an aggregate id (`String`, `uuid::Uuid`, `i64`, `i32`, or an `Option` of one, as a key added with `since` must be): the events of one key are claimed one at a time, in the order of their row ids, each only once every earlier one is `SENT` (or `DEAD`, with `dead_releases_key`). An event whose key is `None` has no order: it never waits, nor holds anything back. Stored in the field's column, with an index on it. At most one field. |
+/// | `json` | Stores the field, of any type implementing serde's `Serialize` and `Deserialize`, as `jsonb`. What JSON cannot hold does not come back: serde_json writes a NaN or infinite float as `null`, which then fails to decode when the event is claimed (moved to `DEAD`, the reason in `last_error`), and `jsonb` refuses a string with a NUL character (the enqueue fails, with its transaction). |
 /// | `column = "name"` | The field's column (a plain lowercase identifier, as for `table`); default: the field's name. The outbox's own columns (`id`, `event_id`, `status`, `generation`, `attempts`, `lease_until`, `next_attempt_at`, `last_error`, `created_at`), `outbox_reclaimed`, `outbox_key` and PostgreSQL's system columns are reserved. |
 /// | `since = 2` | The migration version of the table that adds this column (2 or more; version 1 creates the table). The field must be an `Option`: rows written before it have no value. Fields with the same `since` are added by one migration. |
 ///
@@ -101,13 +101,14 @@ use syn::{DeriveInput, parse_macro_input};
 /// | `chrono::NaiveDate`, `time::Date` | `date` |
 /// | `chrono::NaiveTime`, `time::Time` | `time` |
 /// | `chrono::NaiveDateTime`, `time::PrimitiveDateTime` | `timestamp` |
-/// | `chrono::DateTime<Utc>`, `time::OffsetDateTime` | `timestamptz` |
+/// | `chrono::DateTime<Utc>`, `time::OffsetDateTime` | `timestamptz` (an instant: a `time::OffsetDateTime` comes back at offset zero) |
 /// | `serde_json::Value` | `jsonb` |
 /// | any serde type, with `#[outbox(json)]` | `jsonb` |
 /// | `Option<T>` of any of these | the same type, nullable (every other column is `NOT NULL`) |
 ///
 /// Any other type is a compile error that suggests `#[outbox(json)]`; so are unsigned,
-/// 8-bit and 128-bit integers, which PostgreSQL has no column type for.
+/// 8-bit and 128-bit integers, which PostgreSQL has no column type for. Date and time
+/// values are stored to the microsecond, PostgreSQL's precision: finer digits are cut.
 ///
 /// # What it generates
 ///
@@ -121,8 +122,8 @@ use syn::{DeriveInput, parse_macro_input};
 ///
 /// | method | what it does |
 /// |---|---|
-/// | `event.enqueue(&mut *tx)` | Writes the event through an executor (pass the business transaction, so both commit together); returns its `EventId`. |
-/// | `T::enqueue_all(&events, &mut *tx)` | Writes a slice of events in one statement; returns their ids in order. |
+/// | `event.enqueue(&mut *tx)` | Writes the event through an executor (pass the business transaction, so both commit together); returns an `Enqueued`: `New(id)`, or `Duplicate(id)` when its id was already in the table (nothing written). |
+/// | `T::enqueue_all(&events, &mut *tx)` | Writes a slice of events in one statement; returns one `Enqueued` per event, in order. |
 /// | `T::claim(&pool)` | Claims the next due event, if any, under a fresh lease and generation: `Option<Claim<T>>`. |
 /// | `T::claim_batch(&pool, limit)` | Claims up to `limit` due events in one statement: `Vec<Claim<T>>`. |
 /// | `T::migrations()` | The table's migrations, for `outbox::migrate(&pool, &[T::migrations()])` at startup. |
@@ -140,7 +141,10 @@ use syn::{DeriveInput, parse_macro_input};
 ///   than the table's latest version;
 /// - **never remove, rename, retype or reorder** a field, nor change its `column` or
 ///   `json`: that edits migration V1 (or the version that added it), which is refused
-///   at startup;
+///   at startup. A change the migration does not show is not refused, and is as
+///   harmful: the `event_id` field's type, the Rust type inside a `json` column (both
+///   stay `text` or `jsonb`); the events enqueued before it that no longer decode are
+///   moved to `DEAD` when claimed;
 /// - **to change an event's shape**, define a new event type with its own table, publish
 ///   the new one, and retire the old type once its relay has drained its table.
 #[proc_macro_derive(Outbox, attributes(outbox))]

@@ -222,9 +222,10 @@ impl TableSpec {
 ///
 /// Implemented only by `#[derive(Outbox)]`; its SQL is generated and guarded. Every
 /// outcome a [`Claim`](crate::Claim) records is guarded by the claim's lease and
-/// generation in that SQL, so the trait cannot be implemented by hand: [`TableSpec`]
-/// cannot be built outside the derive, and the trait has a hidden required item that
-/// only the derive writes. The derive also adds the inherent methods `enqueue`,
+/// generation in that SQL, so the trait is not to be implemented by hand: the trait has
+/// a hidden required item that only the derive writes, and [`TableSpec`] is built only
+/// through hidden functions of the derive's (`outbox::__private`, which is not API:
+/// code that calls it gets no guarantee, and may break with any release). The derive also adds the inherent methods `enqueue`,
 /// `enqueue_all`, `claim`, `claim_batch` and `migrations` that delegate to this crate's
 /// generic functions.
 pub trait Outbox: Sized + Send + Sync + Unpin + 'static {
