@@ -501,6 +501,70 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
     Ok(())
 }
 
+/// Routed and unroutable messages interleaved, by four workers: the broker confirms a
+/// run of a channel's messages at once, and a returned message must be matched to its
+/// own event, not to whichever confirm of the run came first.
+#[tokio::test]
+async fn each_returned_message_is_its_own_events_among_routed_ones() -> TestResult {
+    let connection = connect_rabbitmq().await;
+    let channel = connection.create_channel().await?;
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let topology = Topology::declare(&channel, &db).await?;
+    let events: Vec<ChaosEvent> = (0..400)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n:03}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let sink = RabbitSink::new(
+        Arc::clone(&connection),
+        topology.exchange.clone(),
+        ROUTING_KEY,
+    )
+    .await?
+    .routing_key_from(|event: &ChaosEvent| {
+        if event.order_seq % 3 == 0 {
+            "nowhere".to_owned()
+        } else {
+            ROUTING_KEY.to_owned()
+        }
+    });
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .concurrency(4)
+            .batch_size(10)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    wait_until(
+        "every event SENT or DEAD",
+        Duration::from_secs(60),
+        async || {
+            let stats = outbox::stats::<ChaosEvent>(pool).await.unwrap();
+            stats.sent + stats.dead == 400
+        },
+    )
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    // Every third event had no queue: DEAD, and only those; the queue holds the rest.
+    let wrong: Vec<(String, String)> = sqlx::query_as(
+        "SELECT event_id, status FROM chaos_events
+         WHERE (order_seq % 3 = 0) <> (status = 'DEAD') ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await?;
+    assert!(wrong.is_empty(), "misattributed: {wrong:?}");
+    assert_eq!(topology.messages(&channel).await?, 266);
+    topology.delete(&channel).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_ordering_key_is_a_header_and_each_keys_messages_are_queued_in_order() -> TestResult {
     let connection = connect_rabbitmq().await;

@@ -1,18 +1,20 @@
 //! Publishing to RabbitMQ (cargo feature `rabbitmq`): [`RabbitSink`].
 //!
 //! The sink takes the application's own lapin [`Connection`] (with its TLS, credentials
-//! and recovery settings), opens a channel on it in confirm mode (`confirm.select`),
-//! and publishes each event to an exchange with a routing key of its choosing:
+//! and recovery settings), opens channels on it in confirm mode (`confirm.select`), one
+//! for each batch in flight, and publishes each event to an exchange with a routing key of its choosing:
 //! `mandatory` (a message no queue takes comes back, and is an error, not a silent
 //! drop), persistent (delivery mode 2), and `message_id` = the event id. RabbitMQ has
 //! no deduplication: a redelivered event is a second copy in the queue, which a
 //! consumer recognises by its event id with an [`Inbox`](crate::inbox::Inbox).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::future::join_all;
 pub use lapin;
+use lapin::message::BasicReturnMessage;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ErrorKind, PublisherConfirm};
@@ -39,15 +41,15 @@ type RoutingKeyOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// | RabbitMQ's answer | the result |
 /// |---|---|
 /// | a confirm (`basic.ack`) | `Ok` (`SENT`) |
-/// | the connection is closed (before the batch, or while confirms are awaited) | [`SinkError::Unavailable`]: handed back, no attempt counted |
-/// | a negative confirm (`basic.nack`); no confirm in time ([`RabbitSink::confirm_timeout`], 5 s by default) | [`SinkError::Transient`] |
-/// | the event does not encode; the message is returned (no queue is bound for its routing key); the exchange does not exist or refuses publishers (`ACCESS_REFUSED`); the message is over the broker's `max_message_size`; a routing key or event id over 255 bytes | [`SinkError::Permanent`] (`DEAD`) |
+/// | the connection is closed (before the batch, or while confirms are awaited, or by the broker: `CONNECTION_FORCED`) | [`SinkError::Unavailable`]: handed back, no attempt counted |
+/// | a negative confirm (`basic.nack`); no confirm in time ([`RabbitSink::confirm_timeout`], 5 s by default), the connection open | [`SinkError::Transient`] |
+/// | the event does not encode; the message is returned (no queue is bound for its routing key; matched by its `message_id`); the exchange does not exist or refuses publishers (`ACCESS_REFUSED`; a topic permission refuses the message whose routing key it names, its batch-mates are transient); the message is over the broker's `max_message_size`; a routing key or event id over 255 bytes | [`SinkError::Permanent`] (`DEAD`) |
 /// | the broker closes the channel for any other reason, the connection open | [`SinkError::Transient`] |
 ///
 /// To survive a broker restart, open the connection with lapin's automatic recovery
 /// ([`ConnectionProperties::enable_auto_recover`](lapin::ConnectionProperties::enable_auto_recover)):
-/// while it reconnects the batches are unavailable, and once it has reopened the channel
-/// (in confirm mode again) the sink publishes on it. Without recovery, a connection that
+/// while it reconnects the batches are unavailable, and once it has reopened the channels
+/// (in confirm mode again) the sink publishes on them. Without recovery, a connection that
 /// closed stays closed, and so unavailable. In AMQP a publish to an exchange that does
 /// not exist closes the channel, not the connection: the event is `DEAD` (declare the
 /// exchange before the relay starts), and the next batch opens a new channel.
@@ -85,10 +87,8 @@ type RoutingKeyOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// ```
 pub struct RabbitSink<T, E = Json> {
     connection: Arc<Connection>,
-    /// The channel the sink publishes on, replaced when the broker closed it.
-    channel: Arc<Mutex<Channel>>,
-    /// Held while a closed channel is replaced, so that one replacement is opened.
-    reopening: Arc<tokio::sync::Mutex<()>>,
+    /// The sink's channels, in confirm mode.
+    channels: Arc<Mutex<Channels>>,
     exchange: ShortString,
     routing_key: RoutingKeyOf<T>,
     encoding: E,
@@ -99,8 +99,7 @@ impl<T, E: Clone> Clone for RabbitSink<T, E> {
     fn clone(&self) -> Self {
         Self {
             connection: Arc::clone(&self.connection),
-            channel: Arc::clone(&self.channel),
-            reopening: Arc::clone(&self.reopening),
+            channels: Arc::clone(&self.channels),
             exchange: self.exchange.clone(),
             routing_key: Arc::clone(&self.routing_key),
             encoding: self.encoding.clone(),
@@ -120,10 +119,11 @@ impl<T, E: std::fmt::Debug> std::fmt::Debug for RabbitSink<T, E> {
 }
 
 impl<T> RabbitSink<T, Json> {
-    /// A sink publishing every event as JSON to `exchange` with `routing_key`, on a
-    /// channel of its own that it opens on `connection` in confirm mode
-    /// (`confirm.select`), and opens again when the broker closes it. Fails if the
-    /// channel cannot be opened, or if `exchange` is over 255 bytes.
+    /// A sink publishing every event as JSON to `exchange` with `routing_key`, on
+    /// channels of its own that it opens on `connection` in confirm mode
+    /// (`confirm.select`): the first now, more as batches go out side by side, and a new
+    /// one for each the broker closes. Fails if the first channel cannot be opened, or
+    /// if `exchange` is over 255 bytes.
     pub async fn new(
         connection: Arc<Connection>,
         exchange: impl Into<String>,
@@ -135,8 +135,10 @@ impl<T> RabbitSink<T, Json> {
         let routing_key = routing_key.into();
         Ok(Self {
             connection,
-            channel: Arc::new(Mutex::new(channel)),
-            reopening: Arc::new(tokio::sync::Mutex::new(())),
+            channels: Arc::new(Mutex::new(Channels {
+                idle: vec![channel.clone()],
+                latest: channel,
+            })),
             exchange,
             routing_key: Arc::new(move |_: &T| routing_key.clone()),
             encoding: Json,
@@ -169,8 +171,7 @@ impl<T, E> RabbitSink<T, E> {
     pub fn encoding<E2: Encoding<T>>(self, encoding: E2) -> RabbitSink<T, E2> {
         RabbitSink {
             connection: self.connection,
-            channel: self.channel,
-            reopening: self.reopening,
+            channels: self.channels,
             exchange: self.exchange,
             routing_key: self.routing_key,
             encoding,
@@ -178,36 +179,41 @@ impl<T, E> RabbitSink<T, E> {
         }
     }
 
-    /// The channel the sink publishes on now.
+    /// The channel the sink opened last (each batch is published on a channel of its
+    /// own, taken from those the sink keeps).
     pub fn channel(&self) -> Channel {
-        self.channel
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.channels().latest.clone()
     }
 
-    /// The channel to publish a batch on: the sink's, or a new one in its place when
-    /// the broker closed it (a channel error, such as a publish to a missing exchange,
-    /// closes the channel and leaves the connection open). `None` while the connection
-    /// is not open (lapin's recovery, if enabled, reopens the channel itself).
-    async fn open_channel(&self) -> Option<Channel> {
-        let current = self.channel();
-        if current.status().connected() {
-            return Some(current);
-        }
+    fn channels(&self) -> std::sync::MutexGuard<'_, Channels> {
+        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A channel for one batch, which no other batch uses until it is given back: one
+    /// of the sink's, or a new one. A channel the broker closed (a channel error, such as
+    /// a publish to a missing exchange, closes the channel and leaves the connection
+    /// open) is let go. `None` while the connection is not open (lapin's recovery, if
+    /// enabled, reopens the channels itself).
+    async fn take_channel(&self) -> Option<Channel> {
         if !self.connection.status().connected() {
             return None;
         }
-        let _one_at_a_time = self.reopening.lock().await;
-        let current = self.channel();
-        if current.status().connected() {
-            // Another worker replaced it meanwhile.
-            return Some(current);
+        let mut closed = false;
+        loop {
+            let Some(channel) = self.channels().idle.pop() else {
+                break;
+            };
+            if channel.status().connected() {
+                return Some(channel);
+            }
+            closed = true;
         }
         match confirming_channel(&self.connection).await {
             Ok(fresh) => {
-                tracing::info!(exchange = %self.exchange, "the RabbitMQ channel was closed; publishing on a new one");
-                *self.channel.lock().unwrap_or_else(PoisonError::into_inner) = fresh.clone();
+                if closed {
+                    tracing::info!(exchange = %self.exchange, "a RabbitMQ channel was closed; publishing on a new one");
+                }
+                self.channels().latest = fresh.clone();
                 Some(fresh)
             }
             Err(error) => {
@@ -216,6 +222,28 @@ impl<T, E> RabbitSink<T, E> {
             }
         }
     }
+
+    /// Gives back the channel of a batch, unless the broker closed it.
+    fn give_back(&self, channel: Channel) {
+        let closed = self.connection.status().connected() && !channel.status().connected();
+        if !closed {
+            self.channels().idle.push(channel);
+        }
+    }
+}
+
+/// The channels of a sink.
+///
+/// A batch has a channel to itself: the broker confirms a run of a channel's messages
+/// at once (`multiple`), and lapin hands each returned (unroutable) message to whichever
+/// confirm of that run it settles first, so on a shared channel one batch could take
+/// another's returned message for its own, and a message no queue took be recorded
+/// `SENT`. Within its batch, each returned message is matched by its `message_id`.
+struct Channels {
+    /// Those no batch is publishing on.
+    idle: Vec<Channel>,
+    /// The one opened last.
+    latest: Channel,
 }
 
 /// A channel on `connection`, in confirm mode.
@@ -235,7 +263,7 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         &self,
         batch: &[Delivery<'_, T>],
     ) -> Vec<Result<Confirmation, SinkError>> {
-        let Some(channel) = self.open_channel().await else {
+        let Some(channel) = self.take_channel().await else {
             return batch
                 .iter()
                 .map(|_| {
@@ -245,34 +273,63 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
                 })
                 .collect();
         };
+        let confirmed = self.publish_on(&channel, batch).await;
+        self.give_back(channel);
+        confirmed
+    }
+
+    async fn publish_on(
+        &self,
+        channel: &Channel,
+        batch: &[Delivery<'_, T>],
+    ) -> Vec<Result<Confirmation, SinkError>> {
         // Every message goes out before any confirm is awaited: the batch costs about
         // one round trip, not one per event.
         let mut sent = Vec::with_capacity(batch.len());
         for delivery in batch {
-            sent.push(self.send(&channel, delivery).await);
+            sent.push(self.send(channel, delivery).await);
         }
         let confirm_timeout = self.confirm_timeout;
         let confirmed = join_all(sent.into_iter().map(|sent| async move {
-            let (message, confirm) = sent?;
+            let (message, confirm) = match sent {
+                Ok(sent) => sent,
+                Err(Ok(answer)) => return Confirmed::Answered(answer),
+                Err(Err((message, error))) => return Confirmed::Failed(message, error),
+            };
             match tokio::time::timeout(confirm_timeout, confirm).await {
-                Ok(Ok(confirmation)) => Ok((message, confirmation)),
-                Ok(Err(error)) => Err(Err((message, error))),
-                Err(_) => Err(Ok(SinkError::transient(format!(
-                    "publishing with routing key `{}`: no publisher confirm in {confirm_timeout:?}",
-                    message.routing_key
-                )))),
+                Ok(Ok(confirmation)) => Confirmed::Confirmed(message, confirmation),
+                Ok(Err(error)) => Confirmed::Failed(message, error),
+                Err(_) => Confirmed::TimedOut(message),
             }
         }))
         .await;
         // The connection, not the channel: a channel the broker closed over one message
         // says nothing about whether the broker is there.
         let connected = self.connection.status().connected();
-        confirmed
-            .into_iter()
-            .map(|confirmed| match confirmed {
-                Ok((message, confirmation)) => self.answer(&message.routing_key, confirmation),
-                Err(Ok(error)) => Err(error),
-                Err(Err((message, error))) => Err(self.classify(&message, &error, connected)),
+        let mut returned = returned_messages(&confirmed);
+        batch
+            .iter()
+            .zip(confirmed)
+            .map(|(delivery, confirmed)| match confirmed {
+                Confirmed::Answered(answer) => Err(answer),
+                Confirmed::Confirmed(message, confirmation) => {
+                    let own = returned.remove(delivery.event_id().as_str());
+                    self.answer(&message.routing_key, confirmation, own)
+                }
+                Confirmed::TimedOut(message) => {
+                    let what = format!(
+                        "publishing with routing key `{}`: no publisher confirm in {confirm_timeout:?}",
+                        message.routing_key
+                    );
+                    Err(if connected {
+                        SinkError::transient(what)
+                    } else {
+                        SinkError::unavailable(what)
+                    })
+                }
+                Confirmed::Failed(message, error) => {
+                    Err(self.classify(&message, &error, connected))
+                }
             })
             .collect()
     }
@@ -328,22 +385,23 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         }
     }
 
-    /// What the broker's confirm means for its event.
+    /// What the broker's confirm means for its event, `returned` the message the
+    /// broker returned for it, if any (whichever confirm lapin attached it to).
     fn answer(
         &self,
         routing_key: &str,
         confirmation: Confirmation,
+        returned: Option<(u16, String)>,
     ) -> Result<Confirmation, SinkError> {
         let exchange = &self.exchange;
+        if let Some((reply_code, reply_text)) = returned {
+            return Err(SinkError::permanent(format!(
+                "publishing to exchange `{exchange}` with routing key `{routing_key}`: \
+                 returned unroutable ({reply_code} {reply_text}): no queue is bound for it"
+            )));
+        }
         match confirmation {
-            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
-                Err(SinkError::permanent(format!(
-                    "publishing to exchange `{exchange}` with routing key `{routing_key}`: \
-                     returned unroutable ({} {}): no queue is bound for it",
-                    returned.reply_code, returned.reply_text
-                )))
-            }
-            Confirmation::Nack(None) => Err(SinkError::transient(format!(
+            Confirmation::Nack(_) => Err(SinkError::transient(format!(
                 "publishing to exchange `{exchange}` with routing key `{routing_key}`: \
                  the broker refused the message (basic.nack)"
             ))),
@@ -351,7 +409,8 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
                 "publishing to exchange `{exchange}`: the channel is not in confirm mode \
                  (was it recovered without confirm.select?)"
             ))),
-            confirmation @ Confirmation::Ack(None) => Ok(confirmation),
+            // Another message's return, which is not this one's fate.
+            Confirmation::Ack(_) => Ok(Confirmation::Ack(None)),
         }
     }
 
@@ -376,6 +435,11 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         match error.kind() {
             ErrorKind::SerialisationError(_) => SinkError::permanent(what),
             _ if !connected => SinkError::unavailable(what),
+            // The broker closed the connection (shutting down, an operator's doing):
+            // lapin's recovery, once it reconnected, fails the confirms it left pending.
+            ErrorKind::ProtocolError(amqp) if amqp.get_id() == CONNECTION_FORCED => {
+                SinkError::unavailable(what)
+            }
             ErrorKind::ProtocolError(amqp) if amqp.get_id() == AMQPSoftError::NOTFOUND.get_id() => {
                 SinkError::permanent(format!(
                     "publishing to exchange `{exchange}`: no such exchange ({error})"
@@ -384,7 +448,13 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
             ErrorKind::ProtocolError(amqp)
                 if amqp.get_id() == AMQPSoftError::ACCESSREFUSED.get_id() =>
             {
-                SinkError::permanent(what)
+                // A topic permission refuses one routing key, and the channel's close
+                // fails every confirm still pending on it: only the message whose key it
+                // names is refused for good.
+                match refused_topic(amqp.get_message().as_str()) {
+                    Some(topic) if topic != sent.routing_key => SinkError::transient(what),
+                    _ => SinkError::permanent(what),
+                }
             }
             ErrorKind::ProtocolError(amqp)
                 if amqp.get_id() == AMQPSoftError::PRECONDITIONFAILED.get_id()
@@ -404,6 +474,50 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
             _ => SinkError::transient(what),
         }
     }
+}
+
+/// AMQP's `CONNECTION_FORCED`: the broker closed the connection.
+const CONNECTION_FORCED: u16 = 320;
+
+/// What became of one message of a batch.
+enum Confirmed {
+    /// The sink's own answer, before the message was sent (it does not encode...).
+    Answered(SinkError),
+    /// The broker's confirm.
+    Confirmed(Sent, Confirmation),
+    /// No confirm in time.
+    TimedOut(Sent),
+    /// The client's error, to classify.
+    Failed(Sent, lapin::Error),
+}
+
+/// The messages the broker returned to a batch, by `message_id` (the event id), with
+/// the broker's reply: whichever confirm of the batch lapin attached each to.
+fn returned_messages(confirmed: &[Confirmed]) -> HashMap<String, (u16, String)> {
+    confirmed
+        .iter()
+        .filter_map(|confirmed| match confirmed {
+            Confirmed::Confirmed(
+                _,
+                Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)),
+            ) => Some(returned),
+            _ => None,
+        })
+        .filter_map(|returned: &BasicReturnMessage| {
+            let id = returned.delivery.properties.message_id().as_ref()?;
+            Some((
+                id.as_str().to_owned(),
+                (returned.reply_code, returned.reply_text.as_str().to_owned()),
+            ))
+        })
+        .collect()
+}
+
+/// The routing key a topic permission refused, from the broker's reason:
+/// `ACCESS_REFUSED - access to topic 'k' in exchange 'x' in vhost '/' refused for user 'u'`.
+fn refused_topic(reason: &str) -> Option<&str> {
+    let (_, after) = reason.split_once("access to topic '")?;
+    after.split('\'').next()
 }
 
 /// A message handed to the channel, as its errors name it.
@@ -456,7 +570,16 @@ pub fn event_id(delivery: &lapin::message::Delivery) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
-    use super::max_message_size;
+    use super::{max_message_size, refused_topic};
+
+    #[test]
+    fn a_topic_refusal_names_the_routing_key() {
+        let reason = "ACCESS_REFUSED - access to topic 'orders.secret' in exchange 'orders' in vhost '/' refused for user 'relay'";
+        assert_eq!(refused_topic(reason), Some("orders.secret"));
+        let exchange =
+            "ACCESS_REFUSED - access to exchange 'orders' in vhost '/' refused for user 'relay'";
+        assert_eq!(refused_topic(exchange), None);
+    }
 
     #[test]
     fn the_size_limit_is_read_from_the_brokers_refusal() {
