@@ -11,10 +11,19 @@ mod lab;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-fn main() {
+fn main() -> std::process::ExitCode {
     // Scenario 1 re-executes this binary as the publisher it kills.
     lab::child_main_if_requested();
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     let rows = runtime.block_on(lab::matrix(&support::child::ChildCommand::binary()));
     print!("{}", lab::render(&rows));
+    // Any other matrix is a failure (CI runs this example), a database that cannot be
+    // reached among them.
+    match lab::verdict(&rows) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(differs) => {
+            eprintln!("error: {differs}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

@@ -422,6 +422,32 @@ pub async fn matrix(command: &ChildCommand) -> Vec<(&'static Scenario, Outcome, 
     rows
 }
 
+/// The scenarios the unsafe baseline fails, as the article reports them.
+pub const BASELINE_FAILS: [u8; 4] = [1, 3, 4, 6];
+
+/// Whether the matrix came out as the article says: the leased protocol passes every
+/// scenario, the baseline fails exactly [`BASELINE_FAILS`]; otherwise, what differs.
+pub fn verdict(rows: &[(&'static Scenario, Outcome, Outcome)]) -> Result<(), String> {
+    let leased_failures: Vec<u8> = rows
+        .iter()
+        .filter(|r| r.1.is_err())
+        .map(|r| r.0.number)
+        .collect();
+    let baseline_failures: Vec<u8> = rows
+        .iter()
+        .filter(|r| r.2.is_err())
+        .map(|r| r.0.number)
+        .collect();
+    if leased_failures.is_empty() && baseline_failures == BASELINE_FAILS {
+        Ok(())
+    } else {
+        Err(format!(
+            "the leased protocol failed scenarios {leased_failures:?} (expected none), \
+             the baseline {baseline_failures:?} (expected {BASELINE_FAILS:?})"
+        ))
+    }
+}
+
 /// The matrix as a table, like the article reports it.
 pub fn render(rows: &[(&'static Scenario, Outcome, Outcome)]) -> String {
     let cell = |o: &Outcome| match o {
