@@ -277,6 +277,8 @@ pub struct Cluster {
     bindir: PathBuf,
     dir: PathBuf,
     owner: Option<User>,
+    /// The password of the superuser `postgres`: any local user can reach 127.0.0.1.
+    password: String,
     port: u16,
     url: String,
     postmaster: Option<Postmaster>,
@@ -287,6 +289,32 @@ pub struct Cluster {
 struct Postmaster {
     pid: Pid,
     exited: oneshot::Receiver<ExitStatus>,
+}
+
+/// Writes `contents` to a new file at `path` that only its owner may read, handed to
+/// `owner` when there is one.
+fn write_private(
+    path: &Path,
+    contents: &str,
+    owner: Option<&User>,
+) -> Result<(), TestSupportError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let what = || format!("writing {}", path.display());
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(TestSupportError::io(what()))?;
+    file.write_all(contents.as_bytes())
+        .map_err(TestSupportError::io(what()))?;
+    if let Some(owner) = owner {
+        chown(path, Some(owner.uid.as_raw()), Some(owner.gid.as_raw())).map_err(
+            TestSupportError::io(format!("handing {} to user {}", path.display(), owner.name)),
+        )?;
+    }
+    Ok(())
 }
 
 impl Cluster {
@@ -311,6 +339,9 @@ impl Cluster {
             bindir,
             dir,
             owner,
+            // Random (the random bits of two UUIDs, from the operating system's
+            // generator), never written down but in the URL this process hands out.
+            password: format!("{}{}", Uuid::now_v7().simple(), Uuid::now_v7().simple()),
             port: 0,
             url: String::new(),
             postmaster: None,
@@ -330,11 +361,11 @@ impl Cluster {
                 Err(error) => return Err(error.into()),
             }
         }
-        tracing::debug!(url = %cluster.url, dir = %cluster.dir.display(), "started throwaway PostgreSQL");
+        tracing::debug!(port = cluster.port, dir = %cluster.dir.display(), "started throwaway PostgreSQL");
         Ok(cluster)
     }
 
-    /// The server's base URL (user `postgres`, database `postgres`, trust authentication).
+    /// The server's base URL (user `postgres` with its password, database `postgres`).
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -489,17 +520,26 @@ impl Cluster {
             )?;
         }
         let data = self.data();
+        // The password for initdb to read, readable by the server's user alone, and gone
+        // once the cluster exists.
+        let pwfile = dir.join("pwfile");
+        write_private(&pwfile, &self.password, owner)?;
         let mut initdb = server_command(&bindir.join("initdb"), dir, owner);
-        initdb.arg("-D").arg(&data).args([
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "-E",
-            "UTF8",
-            // Valid with UTF8 whatever the environment's locale is, and deterministic.
-            "--locale=C",
-            "--no-sync",
-        ]);
+        initdb
+            .arg("-D")
+            .arg(&data)
+            .arg("--pwfile")
+            .arg(&pwfile)
+            .args([
+                "-U",
+                "postgres",
+                "--auth=scram-sha-256",
+                "-E",
+                "UTF8",
+                // Valid with UTF8 whatever the environment's locale is, and deterministic.
+                "--locale=C",
+                "--no-sync",
+            ]);
         let output = tokio::process::Command::from(initdb)
             .output()
             .await
@@ -507,6 +547,7 @@ impl Cluster {
                 "running {}",
                 bindir.join("initdb").display()
             )))?;
+        let _ = fs::remove_file(&pwfile);
         if !output.status.success() {
             return Err(TestSupportError::cluster(format!(
                 "initdb {} ({}):\n{}{}",
@@ -555,7 +596,10 @@ impl Cluster {
             .stdout(log)
             .stderr(log_err);
         die_with_parent(&mut postgres);
-        let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+        let url = format!(
+            "postgres://postgres:{}@127.0.0.1:{port}/postgres",
+            self.password
+        );
         let (pid, mut exited) = spawn_postmaster(postgres, &self.dir)?;
         match wait_until_ready(&url, &mut exited).await {
             Startup::Ready => {
