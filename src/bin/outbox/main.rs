@@ -48,7 +48,8 @@ Exit codes:
   1  an error (the database, a table, a refused change)
   2  a usage error
   3  `status` only: a table needs attention (dead rows, an oldest eligible event
-     older than --max-age, or a catalog entry that does not match its table)";
+     older than --max-age, or a catalog entry that does not match its table); a
+     `status --watch` ends with 0 on Ctrl-C, its attention lines on stdout";
 
 #[derive(Debug, Subcommand)]
 enum Command {

@@ -79,7 +79,18 @@ pub(crate) async fn requeue(pool: &PgPool, args: RequeueArgs) -> Result<(), Fail
             &format!("Requeue all {count} dead event(s) of {table}?"),
             args.yes,
         )?;
-        let requeued = entry.requeue_all_dead(pool).await?;
+        // Only what was confirmed: events that died while the operator read the question
+        // were not in it.
+        let mut tx = pool.begin().await?;
+        let requeued = entry.requeue_all_dead(&mut *tx).await?;
+        if requeued != count {
+            tx.rollback().await?;
+            return Err(fail(format!(
+                "{table} has {requeued} dead event(s) now, not the {count} confirmed; nothing \
+                 was requeued: run the command again"
+            )));
+        }
+        tx.commit().await?;
         println!("requeued {requeued} dead event(s) of {table}");
         return Ok(());
     }
@@ -176,7 +187,8 @@ pub(crate) async fn prune(pool: &PgPool, args: PruneArgs) -> Result<(), Failure>
         if progress {
             eprint!("\rdeleted {total} of about {due}");
         }
-        if pruned < u64::from(args.batch) {
+        // Not on a short batch: rows another prune holds are skipped, not waited for.
+        if pruned == 0 {
             break;
         }
     }
