@@ -36,6 +36,15 @@ async fn claim_all(pool: &PgPool) -> TestResult<Vec<Claim<OrderStep>>> {
     Ok(OrderStep::claim_batch(pool, 100).await?)
 }
 
+/// Events a1 and a2 of one order, of the type whose `DEAD` events release their key.
+fn lenient_pair() -> [LenientStep; 2] {
+    let order = uuid::Uuid::now_v7();
+    ["a1", "a2"].map(|name| LenientStep {
+        name: name.into(),
+        order_id: order,
+    })
+}
+
 /// [`claim_all`] within a transaction, which holds what the claim locked.
 async fn claim_batch(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
@@ -155,12 +164,7 @@ async fn a_dead_event_holds_its_key_until_it_is_requeued_or_discarded() -> TestR
 async fn with_dead_releases_key_a_dead_event_lets_its_key_go_on() -> TestResult {
     let db = schema_with(&[LenientStep::migrations()]).await?;
     let pool = db.pool();
-    let order = uuid::Uuid::now_v7();
-    let lenient = |name: &str| LenientStep {
-        name: name.into(),
-        order_id: order,
-    };
-    enqueue(pool, &[lenient("a1"), lenient("a2")]).await;
+    enqueue(pool, &lenient_pair()).await;
     let a1 = LenientStep::claim(pool).await?.ok_or("a1")?;
     assert!(
         LenientStep::claim(pool).await?.is_none(),
@@ -180,12 +184,7 @@ async fn with_dead_releases_key_a_claim_that_moves_an_event_to_dead_wakes_the_on
 -> TestResult {
     let db = schema_with(&[LenientStep::migrations()]).await?;
     let pool = db.pool();
-    let order = uuid::Uuid::now_v7();
-    let lenient = |name: &str| LenientStep {
-        name: name.into(),
-        order_id: order,
-    };
-    enqueue(pool, &[lenient("a1"), lenient("a2")]).await;
+    enqueue(pool, &lenient_pair()).await;
     let set_aside = async |name: &str| {
         support::rows::row_of::<LenientStep>(pool, name)
             .await

@@ -513,14 +513,11 @@ async fn lease_renewal_keeps_a_slow_send_owned() -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn a_batch_claimed_ahead_keeps_its_lease_behind_a_send_longer_than_the_lease() -> TestResult {
-    let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;
-    let pool = db.pool();
+/// Two payments and a relay of batches of one, whose sink takes 2.5 s (two and a half
+/// of the one-second lease) over the first: the second is claimed ahead meanwhile.
+async fn behind_a_slow_send(pool: &PgPool) -> TestResult<(EventId, EventId, ScriptSink, Running)> {
     let first = payment(1).enqueue(pool).await?.into_event_id();
     let second = payment(2).enqueue(pool).await?.into_event_id();
-    // Batches of one: the second event is claimed ahead while the first is in the sink,
-    // whose send takes 2.5 s, two and a half of the one-second lease.
     let sink = ScriptSink::new(|call, seen| match call {
         0 => Plan::after(Wait::For(Duration::from_millis(2500)), seen),
         _ => Plan::ok(seen),
@@ -530,6 +527,14 @@ async fn a_batch_claimed_ahead_keeps_its_lease_behind_a_send_longer_than_the_lea
             .batch_size(1)
             .send_timeout(Duration::from_secs(30)),
     );
+    Ok((first, second, sink, relay))
+}
+
+#[tokio::test]
+async fn a_batch_claimed_ahead_keeps_its_lease_behind_a_send_longer_than_the_lease() -> TestResult {
+    let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;
+    let pool = db.pool();
+    let (first, second, sink, relay) = behind_a_slow_send(pool).await?;
     wait_until("both SENT", Duration::from_secs(10), async || {
         outbox::stats::<PaymentCaptured>(pool).await.unwrap().sent == 2
     })
@@ -553,19 +558,7 @@ async fn a_batch_claimed_ahead_that_was_taken_over_while_it_waited_is_not_publis
 {
     let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;
     let pool = db.pool();
-    let first = payment(1).enqueue(pool).await?.into_event_id();
-    let second = payment(2).enqueue(pool).await?.into_event_id();
-    // Batches of one: the second event is claimed ahead while the first is in the sink,
-    // whose send takes 2.5 s.
-    let sink = ScriptSink::new(|call, seen| match call {
-        0 => Plan::after(Wait::For(Duration::from_millis(2500)), seen),
-        _ => Plan::ok(seen),
-    });
-    let relay = start(
-        fast(Relay::<PaymentCaptured, _>::new(pool.clone(), sink.clone()))
-            .batch_size(1)
-            .send_timeout(Duration::from_secs(30)),
-    );
+    let (first, second, sink, relay) = behind_a_slow_send(pool).await?;
     wait_until(
         "the second claimed ahead",
         Duration::from_secs(5),
