@@ -541,7 +541,7 @@ async fn each_returned_message_is_its_own_events_among_routed_ones() -> TestResu
     );
     wait_until(
         "every event SENT or DEAD",
-        Duration::from_secs(60),
+        Duration::from_mins(1),
         async || {
             let stats = outbox::stats::<ChaosEvent>(pool).await.unwrap();
             stats.sent + stats.dead == 400

@@ -293,13 +293,13 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         let confirmed = join_all(sent.into_iter().map(|sent| async move {
             let (message, confirm) = match sent {
                 Ok(sent) => sent,
-                Err(Ok(answer)) => return Confirmed::Answered(answer),
-                Err(Err((message, error))) => return Confirmed::Failed(message, error),
+                Err(Ok(answer)) => return Settled::Answered(answer),
+                Err(Err((message, error))) => return Settled::Failed(message, error),
             };
             match tokio::time::timeout(confirm_timeout, confirm).await {
-                Ok(Ok(confirmation)) => Confirmed::Confirmed(message, confirmation),
-                Ok(Err(error)) => Confirmed::Failed(message, error),
-                Err(_) => Confirmed::TimedOut(message),
+                Ok(Ok(confirmation)) => Settled::Confirmed(message, Box::new(confirmation)),
+                Ok(Err(error)) => Settled::Failed(message, error),
+                Err(_) => Settled::TimedOut(message),
             }
         }))
         .await;
@@ -311,12 +311,12 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
             .iter()
             .zip(confirmed)
             .map(|(delivery, confirmed)| match confirmed {
-                Confirmed::Answered(answer) => Err(answer),
-                Confirmed::Confirmed(message, confirmation) => {
+                Settled::Answered(answer) => Err(answer),
+                Settled::Confirmed(message, confirmation) => {
                     let own = returned.remove(delivery.event_id().as_str());
-                    self.answer(&message.routing_key, confirmation, own)
+                    self.answer(&message.routing_key, &confirmation, own)
                 }
-                Confirmed::TimedOut(message) => {
+                Settled::TimedOut(message) => {
                     let what = format!(
                         "publishing with routing key `{}`: no publisher confirm in {confirm_timeout:?}",
                         message.routing_key
@@ -327,7 +327,7 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
                         SinkError::unavailable(what)
                     })
                 }
-                Confirmed::Failed(message, error) => {
+                Settled::Failed(message, error) => {
                     Err(self.classify(&message, &error, connected))
                 }
             })
@@ -390,7 +390,7 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
     fn answer(
         &self,
         routing_key: &str,
-        confirmation: Confirmation,
+        confirmation: &Confirmation,
         returned: Option<(u16, String)>,
     ) -> Result<Confirmation, SinkError> {
         let exchange = &self.exchange;
@@ -480,11 +480,11 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
 const CONNECTION_FORCED: u16 = 320;
 
 /// What became of one message of a batch.
-enum Confirmed {
+enum Settled {
     /// The sink's own answer, before the message was sent (it does not encode...).
     Answered(SinkError),
-    /// The broker's confirm.
-    Confirmed(Sent, Confirmation),
+    /// The broker's confirm (boxed: a returned message rides in it).
+    Confirmed(Sent, Box<Confirmation>),
     /// No confirm in time.
     TimedOut(Sent),
     /// The client's error, to classify.
@@ -493,14 +493,16 @@ enum Confirmed {
 
 /// The messages the broker returned to a batch, by `message_id` (the event id), with
 /// the broker's reply: whichever confirm of the batch lapin attached each to.
-fn returned_messages(confirmed: &[Confirmed]) -> HashMap<String, (u16, String)> {
+fn returned_messages(confirmed: &[Settled]) -> HashMap<String, (u16, String)> {
     confirmed
         .iter()
         .filter_map(|confirmed| match confirmed {
-            Confirmed::Confirmed(
-                _,
-                Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)),
-            ) => Some(returned),
+            Settled::Confirmed(_, confirmation) => match confirmation.as_ref() {
+                Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                    Some(returned)
+                }
+                _ => None,
+            },
             _ => None,
         })
         .filter_map(|returned: &BasicReturnMessage| {

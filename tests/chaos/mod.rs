@@ -757,14 +757,14 @@ impl Drop for Relays {
 /// The server a run uses: its own cluster when PostgreSQL binaries are installed (so it
 /// can restart it), otherwise `DATABASE_URL` (no restart).
 enum Server {
-    Owned(Cluster),
+    Owned(Box<Cluster>),
     Shared(String),
 }
 
 impl Server {
     async fn start() -> Result<(Server, Option<String>), String> {
         match Cluster::start().await {
-            Ok(cluster) => Ok((Server::Owned(cluster), None)),
+            Ok(cluster) => Ok((Server::Owned(Box::new(cluster)), None)),
             Err(TestSupportError::NoPostgres) => match std::env::var("DATABASE_URL") {
                 Ok(url) if !url.is_empty() => Ok((
                     Server::Shared(url),

@@ -45,7 +45,7 @@ const SWEEP_SPACING: u32 = 100;
 
 /// The longest wait between sweeps, whatever they cost: how late an expired claim may
 /// be found at worst.
-const MAX_SPACING: Duration = Duration::from_secs(60);
+const MAX_SPACING: Duration = Duration::from_mins(1);
 
 /// No frontier yet: the relay's first claim sweeps.
 const NONE: i64 = i64::MIN;
