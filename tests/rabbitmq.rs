@@ -114,6 +114,11 @@ impl Topology {
         Ok(Self { exchange, queue })
     }
 
+    /// A sink publishing to the exchange with [`ROUTING_KEY`], on `connection`.
+    async fn sink<T>(&self, connection: &Arc<Connection>) -> TestResult<RabbitSink<T>> {
+        Ok(RabbitSink::new(Arc::clone(connection), self.exchange.clone(), ROUTING_KEY).await?)
+    }
+
     /// How many messages the queue holds.
     async fn messages(&self, channel: &Channel) -> TestResult<u32> {
         let queue = channel
@@ -304,12 +309,7 @@ async fn second_relay_redelivers(scene: &mut Scene) -> TestResult {
     } = scene;
     let pool = db.pool();
     let connection = connect_rabbitmq().await;
-    let sink = RabbitSink::new(
-        Arc::clone(&connection),
-        topology.exchange.clone(),
-        ROUTING_KEY,
-    )
-    .await?;
+    let sink = topology.sink(&connection).await?;
     let shutdown = CancellationToken::new();
     let second = tokio::spawn(
         Relay::<ChaosEvent, _>::new(pool.clone(), sink)
@@ -447,19 +447,16 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
         })
         .collect();
     enqueue(pool, &events).await;
-    let sink = RabbitSink::new(
-        Arc::clone(&connection),
-        topology.exchange.clone(),
-        ROUTING_KEY,
-    )
-    .await?
-    .routing_key_from(|event: &ChaosEvent| match event.key.as_str() {
-        // No queue is bound with this key: the broker returns the message.
-        "unroutable" => "nowhere".to_owned(),
-        key if key.len() > 255 => key.to_owned(),
-        _ => ROUTING_KEY.to_owned(),
-    })
-    .encoding(RefuseUnencodable);
+    let sink = topology
+        .sink(&connection)
+        .await?
+        .routing_key_from(|event: &ChaosEvent| match event.key.as_str() {
+            // No queue is bound with this key: the broker returns the message.
+            "unroutable" => "nowhere".to_owned(),
+            key if key.len() > 255 => key.to_owned(),
+            _ => ROUTING_KEY.to_owned(),
+        })
+        .encoding(RefuseUnencodable);
     let shutdown = CancellationToken::new();
     let relay = tokio::spawn(
         Relay::<ChaosEvent, _>::new(pool.clone(), sink)
@@ -518,19 +515,16 @@ async fn each_returned_message_is_its_own_events_among_routed_ones() -> TestResu
         })
         .collect();
     enqueue(pool, &events).await;
-    let sink = RabbitSink::new(
-        Arc::clone(&connection),
-        topology.exchange.clone(),
-        ROUTING_KEY,
-    )
-    .await?
-    .routing_key_from(|event: &ChaosEvent| {
-        if event.order_seq % 3 == 0 {
-            "nowhere".to_owned()
-        } else {
-            ROUTING_KEY.to_owned()
-        }
-    });
+    let sink = topology
+        .sink(&connection)
+        .await?
+        .routing_key_from(|event: &ChaosEvent| {
+            if event.order_seq % 3 == 0 {
+                "nowhere".to_owned()
+            } else {
+                ROUTING_KEY.to_owned()
+            }
+        });
     let shutdown = CancellationToken::new();
     let relay = tokio::spawn(
         Relay::<ChaosEvent, _>::new(pool.clone(), sink)
@@ -572,12 +566,7 @@ async fn the_ordering_key_is_a_header_and_each_keys_messages_are_queued_in_order
     let db = schema_from_zero(&[OrderStep::migrations()]).await?;
     let pool = db.pool();
     let topology = Topology::declare(&channel, &db).await?;
-    let sink = RabbitSink::new(
-        Arc::clone(&connection),
-        topology.exchange.clone(),
-        ROUTING_KEY,
-    )
-    .await?;
+    let sink = topology.sink(&connection).await?;
     broker::publish_order_steps(pool, sink).await?;
 
     // key -> its messages' event ids, in the queue's order.
@@ -619,12 +608,7 @@ async fn a_broker_outage_burns_no_attempts_and_the_relay_resumes_when_it_returns
     )
     .await
     .map(Arc::new)?;
-    let sink = RabbitSink::new(
-        Arc::clone(&connection),
-        topology.exchange.clone(),
-        ROUTING_KEY,
-    )
-    .await?;
+    let sink = topology.sink(&connection).await?;
     proxy.down();
     wait_until("the channel notices", Duration::from_secs(10), async || {
         !sink.channel().status().connected()
