@@ -34,6 +34,15 @@ const LIVE_COLUMNS: &str = "\
     FROM pg_attribute a \
     WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped";
 
+/// Whether a table has what `enqueue`'s `ON CONFLICT (event_id)` needs: a valid unique
+/// index on exactly `event_id`, not partial.
+const EVENT_ID_UNIQUE: &str = "\
+    SELECT EXISTS (SELECT FROM pg_index i \
+        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+        WHERE i.indrelid = $1::regclass AND i.indisunique AND i.indisvalid \
+            AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL \
+            AND a.attname = 'event_id')";
+
 /// The migrations of one outbox table, as returned by the derived `T::migrations()`.
 #[derive(Debug, Clone, Copy)]
 pub struct TableMigrations {
@@ -168,7 +177,8 @@ pub async fn migrate_with_app(
 /// otherwise. Columns the event type does not know are allowed.
 pub async fn verify(pool: &PgPool, tables: &[TableMigrations]) -> Result<(), OutboxError> {
     for table in tables {
-        check_columns(pool, table.spec).await?;
+        let mut conn = crate::connect::acquire(pool, table.spec.table).await?;
+        check_columns(&mut conn, table.spec).await?;
     }
     Ok(())
 }
@@ -512,13 +522,26 @@ async fn live_columns<'e>(
         .map_err(|e| OutboxError::from_sqlx(spec.table, e))
 }
 
-/// Compares the live table with `spec.columns`.
-async fn check_columns<'e>(
-    executor: impl PgExecutor<'e>,
+/// Compares the live table with `spec.columns`, and checks the unique index on
+/// `event_id` that enqueueing needs.
+async fn check_columns(
+    conn: &mut PgConnection,
     spec: &'static TableSpec,
 ) -> Result<(), OutboxError> {
-    let live = live_columns(executor, spec).await?;
-    let differences = column_differences(spec, &live);
+    let live = live_columns(&mut *conn, spec).await?;
+    let mut differences = column_differences(spec, &live);
+    let has_event_id = live.iter().any(|(name, _, _)| name == "event_id");
+    let unique: bool = sqlx::query_scalar(EVENT_ID_UNIQUE)
+        .bind(spec.table)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+    if has_event_id && !unique {
+        differences.push(
+            "no unique index on `event_id` (enqueueing's `ON CONFLICT (event_id)` needs one)"
+                .to_owned(),
+        );
+    }
     if differences.is_empty() {
         Ok(())
     } else {
@@ -952,7 +975,20 @@ mod tests {
                 details,
                 "column `event_id` is `integer`, expected `text`; \
                  column `note` is NOT NULL, expected nullable; \
-                 missing column `extra` (bigint nullable)"
+                 missing column `extra` (bigint nullable); \
+                 no unique index on `event_id` (enqueueing's `ON CONFLICT (event_id)` needs one)"
+            );
+            // With it (a unique constraint makes one), the rest is what differs.
+            sqlx::query("ALTER TABLE widget_events ADD UNIQUE (event_id)")
+                .execute(&pool)
+                .await
+                .expect("the constraint");
+            let err = verify(&pool, &[of(&WIDGETS_V2)])
+                .await
+                .expect_err("still drifted");
+            assert!(
+                matches!(&err, OutboxError::Drift { details, .. } if !details.contains("unique")),
+                "{err:?}"
             );
         })
         .await;
