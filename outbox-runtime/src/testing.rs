@@ -168,11 +168,17 @@ impl TestSchema {
         open_pool(&self.base_url, &self.name, max_connections).await
     }
 
-    /// Drops the schema (`CASCADE`) and closes the pool.
+    /// Drops the schema (`CASCADE`) and closes the pool. The schema's other sessions (by
+    /// their `application_name`: a transaction the test left open, a relay or a child
+    /// process still running) are ended first: their locks would hold `DROP SCHEMA`
+    /// forever.
     pub async fn drop_schema(mut self) -> Result<(), TestSupportError> {
+        let mut conn = self.pool.acquire().await?;
+        end_other_sessions(&mut conn, &self.name).await?;
         sqlx::query(drop_schema_sql(&self.name))
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?;
+        drop(conn);
         self.dropped = true;
         self.pool.close().await;
         Ok(())
@@ -235,18 +241,24 @@ fn schema_url(base_url: &str, schema: &str) -> String {
 
 async fn drop_leftover_schema(base_url: &str, schema: &str) -> Result<(), sqlx::Error> {
     let mut connection = PgConnection::connect(base_url).await?;
-    // A transaction the test left open would otherwise hold locks that block `DROP SCHEMA`.
+    end_other_sessions(&mut connection, schema).await?;
+    sqlx::query(drop_schema_sql(schema))
+        .execute(&mut connection)
+        .await?;
+    connection.close().await
+}
+
+/// Ends the sessions of `schema` (by their `application_name`) but `conn`'s own: a
+/// transaction one left open would hold locks that block `DROP SCHEMA`.
+async fn end_other_sessions(conn: &mut PgConnection, schema: &str) -> Result<(), sqlx::Error> {
     sqlx::query(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
          WHERE application_name = $1 AND pid <> pg_backend_pid()",
     )
     .bind(schema)
-    .execute(&mut connection)
-    .await?;
-    sqlx::query(drop_schema_sql(schema))
-        .execute(&mut connection)
-        .await?;
-    connection.close().await
+    .execute(conn)
+    .await
+    .map(drop)
 }
 
 fn timed_out() -> sqlx::Error {
@@ -1068,6 +1080,28 @@ mod tests {
             .unwrap();
         schema.drop_schema().await.unwrap();
         assert!(!schema_exists(&name).await);
+    }
+
+    #[tokio::test]
+    async fn drop_schema_drops_it_despite_a_transaction_on_another_pool() {
+        let schema = TestSchema::new().await.unwrap();
+        let name = schema.name().to_owned();
+        sqlx::query("CREATE TABLE t (id int)")
+            .execute(schema.pool())
+            .await
+            .unwrap();
+        let other = schema.connect(1).await.unwrap();
+        let mut transaction = other.begin().await.unwrap();
+        sqlx::query("LOCK TABLE t")
+            .execute(&mut *transaction)
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), schema.drop_schema())
+            .await
+            .expect("not held by the lock")
+            .unwrap();
+        assert!(!schema_exists(&name).await);
+        drop(transaction);
     }
 
     #[tokio::test]
