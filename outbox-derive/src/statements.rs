@@ -802,6 +802,9 @@ fn claim_from(table: &Table<'_>, limit: &str) -> String {
 /// `DEAD` events release their key, a `done` CTE with the update, the [`wake`] of the
 /// events after the rows it moved to `DEAD` (set aside while such a row still waited,
 /// before the claim that let its lease expire), and the select of the claim's columns.
+/// (A `READY` row moved to `DEAD` because its budget was lowered can race: a sweep that
+/// sets its successor aside and commits after this claim's snapshot goes unseen, and the
+/// successor waits out the lease or its age. Rare, and only after a budget change.)
 fn take(table: &Table<'_>, candidates: &str, reclaimed: &str) -> String {
     let (t, max, lease) = (&table.name, table.model.max_attempts, &table.lease);
     let (in_progress, dead) = (Status::InProgress.as_sql(), Status::Dead.as_sql());

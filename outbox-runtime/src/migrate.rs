@@ -35,11 +35,11 @@ const LIVE_COLUMNS: &str = "\
     WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped";
 
 /// Whether a table has what `enqueue`'s `ON CONFLICT (event_id)` needs: a valid unique
-/// index on exactly `event_id`, not partial.
+/// index on exactly `event_id`, not partial, not deferrable.
 const EVENT_ID_UNIQUE: &str = "\
     SELECT EXISTS (SELECT FROM pg_index i \
         JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
-        WHERE i.indrelid = $1::regclass AND i.indisunique AND i.indisvalid \
+        WHERE i.indrelid = $1::regclass AND i.indisunique AND i.indisvalid AND i.indimmediate \
             AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL \
             AND a.attname = 'event_id')";
 
@@ -978,8 +978,20 @@ mod tests {
                  missing column `extra` (bigint nullable); \
                  no unique index on `event_id` (enqueueing's `ON CONFLICT (event_id)` needs one)"
             );
+            // A deferrable one cannot serve `ON CONFLICT`: still missing.
+            sqlx::query("ALTER TABLE widget_events ADD CONSTRAINT later UNIQUE (event_id) DEFERRABLE")
+                .execute(&pool)
+                .await
+                .expect("the deferrable constraint");
+            let err = verify(&pool, &[of(&WIDGETS_V2)])
+                .await
+                .expect_err("still drifted");
+            assert!(
+                matches!(&err, OutboxError::Drift { details, .. } if details.contains("no unique index on `event_id`")),
+                "{err:?}"
+            );
             // With it (a unique constraint makes one), the rest is what differs.
-            sqlx::query("ALTER TABLE widget_events ADD UNIQUE (event_id)")
+            sqlx::query("ALTER TABLE widget_events DROP CONSTRAINT later, ADD UNIQUE (event_id)")
                 .execute(&pool)
                 .await
                 .expect("the constraint");

@@ -231,9 +231,9 @@ pub async fn discard_dead<'e, T: Outbox>(
 /// how many. Besides it, only [`discard_dead`] and, for a `delete_sent` type, the
 /// outcome that records an event as published delete outbox rows
 /// ([`Inbox::prune`](crate::inbox::Inbox::prune) deletes a consumer's receipts). Call
-/// it in a loop until it returns 0 to prune everything due, without one long
-/// transaction (a call returns less than `batch` while rows remain when another prune
-/// holds them: they are skipped, not waited for).
+/// it in a loop until it returns less than `batch` to prune everything due, without
+/// one long transaction (rows another prune holds at that moment are skipped, not
+/// waited for: left to it).
 pub async fn prune_sent<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     older_than: Duration,

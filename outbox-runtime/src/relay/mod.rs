@@ -688,7 +688,9 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                 (None, None) => {}
             }
             // The claim ahead found nothing: it is as fresh as a short batch's.
-            let found_nothing = claim_next && matches!(&ahead, Some(Ok(next)) if next.is_empty());
+            // (Not one whose rows were all dropped since: the claim was full.)
+            let found_nothing =
+                claim_next && matches!(&ahead, Some(Ok(next)) if next.is_empty() && !next.full);
             if found_nothing {
                 metrics::counter!(metric::IDLE_CLAIMS, "table" => table).increment(1);
             }
@@ -761,8 +763,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     if renewal.lost_all() {
                         break None;
                     }
-                    // The batch claimed ahead waits for this send: renewed too, once due.
-                    if let Some(Ok(next)) = &mut ahead {
+                    // The batch claimed ahead waits for this send: renewed too, once due
+                    // (not right after a renewal that got no answer).
+                    if renewal.answered()
+                        && let Some(Ok(next)) = &mut ahead
+                    {
                         next.claims = renewal::renew_ahead(conn, std::mem::take(&mut next.claims)).await;
                     }
                 }

@@ -24,6 +24,8 @@ pub(super) struct Renewal<'r, 'a, T: Outbox> {
     next: Instant,
     /// When the earliest lease of the rows still owned ends.
     lease_deadline: Instant,
+    /// Whether the last renewal got an answer (true before the first).
+    answered: bool,
 }
 
 impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
@@ -42,6 +44,7 @@ impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
             every,
             next: first,
             lease_deadline,
+            answered: true,
         }
     }
 
@@ -54,6 +57,11 @@ impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
     /// succeed.
     pub(super) fn lease_deadline(&self) -> Instant {
         self.lease_deadline
+    }
+
+    /// Whether the last renewal got an answer from the database.
+    pub(super) fn answered(&self) -> bool {
+        self.answered
     }
 
     /// Whether every row was lost to another publisher.
@@ -75,8 +83,10 @@ impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
             .map(InFlight::row)
             .collect();
         let Some(renewed) = renew_within::<T>(conn, &rows, self.every, "trying again").await else {
+            self.answered = false;
             return Vec::new();
         };
+        self.answered = true;
         let still: HashSet<i64> = renewed.iter().map(|(id, _)| *id).collect();
         self.lease_deadline = deadline(renewed.iter().map(|(_, lease)| lease.deadline()));
         self.rows
@@ -92,9 +102,10 @@ impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
 /// is at least the lease), and a batch that waited unrenewed behind it would expire:
 /// each of its events would spend an attempt without being sent. Rows whose renewal is
 /// rejected were taken over meanwhile and are not published. A renewal that fails
-/// keeps the rows whose lease is still live by this process's clock (their renewals go
-/// on during their send) and drops the others, which could no longer be recorded and
-/// may be another relay's by now.
+/// keeps only the rows with two thirds of their lease left by this process's clock
+/// (what a batch goes to the sink with: a sink may rely on it, as the Kafka sink's
+/// message timeout does) and drops the others: with the database not answering they
+/// could not be recorded, and their leases end before they could be renewed.
 pub(super) async fn renew_ahead<T: Outbox>(
     conn: &mut Connection<'_>,
     mut ahead: Vec<Claim<T>>,
@@ -108,13 +119,13 @@ pub(super) async fn renew_ahead<T: Outbox>(
     let rows: Vec<Owned> = ahead.iter().map(Owned::of).collect();
     let before = ahead.len();
     let Some(renewed) = renew_within::<T>(conn, &rows, every, "renewing again later").await else {
-        let now = Instant::now();
-        ahead.retain(|claim| claim.lease_deadline() > now);
+        let enough = Instant::now() + 2 * every;
+        ahead.retain(|claim| claim.lease_deadline() > enough);
         if ahead.len() < before {
             tracing::warn!(
                 table,
-                lost = before - ahead.len(),
-                "events claimed ahead outlived their lease unrenewed; not publishing them"
+                dropped = before - ahead.len(),
+                "events claimed ahead could not be renewed; not publishing them (claimed again once their leases end)"
             );
         }
         return ahead;

@@ -79,8 +79,8 @@ pub(crate) async fn requeue(pool: &PgPool, args: RequeueArgs) -> Result<(), Fail
             &format!("Requeue all {count} dead event(s) of {table}?"),
             args.yes,
         )?;
-        // Only what was confirmed: events that died while the operator read the question
-        // were not in it.
+        // As many as were confirmed, or nothing: events that died while the operator read
+        // the question were not counted in it.
         let mut tx = pool.begin().await?;
         let requeued = entry.requeue_all_dead(&mut *tx).await?;
         if requeued != count {
@@ -187,8 +187,9 @@ pub(crate) async fn prune(pool: &PgPool, args: PruneArgs) -> Result<(), Failure>
         if progress {
             eprint!("\rdeleted {total} of about {due}");
         }
-        // Not on a short batch: rows another prune holds are skipped, not waited for.
-        if pruned == 0 {
+        // A short batch ends it (under steady traffic, rows keep coming of age: waiting
+        // for an empty one might never end); rows another prune held are left to it.
+        if pruned < u64::from(args.batch) {
             break;
         }
     }
