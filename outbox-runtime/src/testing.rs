@@ -303,6 +303,17 @@ struct Postmaster {
     exited: oneshot::Receiver<ExitStatus>,
 }
 
+/// The throwaway cluster's client authentication: the superuser `postgres` by password
+/// (any local user can reach 127.0.0.1), every other role as on a trust-auth server.
+const PG_HBA: &str = "\
+local all postgres scram-sha-256
+host all postgres 127.0.0.1/32 scram-sha-256
+host all postgres ::1/128 scram-sha-256
+local all all trust
+host all all 127.0.0.1/32 trust
+host all all ::1/128 trust
+";
+
 /// Writes `contents` to a new file at `path` that only its owner may read, handed to
 /// `owner` when there is one.
 fn write_private(
@@ -569,6 +580,12 @@ impl Cluster {
                 String::from_utf8_lossy(&output.stderr)
             )));
         }
+        // The superuser needs the password; the roles tests create (a relay's, an
+        // operator's: no superuser) log in without one, as on a trust-auth server.
+        let hba = data.join("pg_hba.conf");
+        fs::remove_file(&hba)
+            .map_err(TestSupportError::io(format!("replacing {}", hba.display())))?;
+        write_private(&hba, PG_HBA, owner)?;
         Ok(())
     }
 
