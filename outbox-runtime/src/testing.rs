@@ -1087,26 +1087,27 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn drop_schema_drops_it() {
+    /// A fresh schema with a table `t` in it, and the schema's name.
+    async fn schema_with_a_table() -> (TestSchema, String) {
         let schema = TestSchema::new().await.unwrap();
         let name = schema.name().to_owned();
         sqlx::query("CREATE TABLE t (id int)")
             .execute(schema.pool())
             .await
             .unwrap();
+        (schema, name)
+    }
+
+    #[tokio::test]
+    async fn drop_schema_drops_it() {
+        let (schema, name) = schema_with_a_table().await;
         schema.drop_schema().await.unwrap();
         assert!(!schema_exists(&name).await);
     }
 
     #[tokio::test]
     async fn drop_schema_drops_it_despite_a_transaction_on_another_pool() {
-        let schema = TestSchema::new().await.unwrap();
-        let name = schema.name().to_owned();
-        sqlx::query("CREATE TABLE t (id int)")
-            .execute(schema.pool())
-            .await
-            .unwrap();
+        let (schema, name) = schema_with_a_table().await;
         let other = schema.connect(1).await.unwrap();
         let mut transaction = other.begin().await.unwrap();
         sqlx::query("LOCK TABLE t")

@@ -35,7 +35,7 @@ use frontier::Frontier;
 use in_flight::InFlight;
 use outage::Outage;
 use record::{Outcome, Owned, Recorded};
-use renewal::Renewal;
+use renewal::{Needed, Renewal};
 pub use sink::{BoxError, Delivery, MemorySink, Published, Sink, SinkError, StdoutSink};
 /// The shutdown signal [`Relay::run`] takes (re-exported from tokio-util).
 pub use tokio_util::sync::CancellationToken;
@@ -508,7 +508,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                 }
             } else {
                 let Batch { claims, full } = std::mem::replace(&mut ahead, Batch::empty());
-                let claims = renewal::renew_ahead(&mut conn, claims).await;
+                let claims = renewal::renew_ahead(&mut conn, claims, Needed::ToSend).await;
                 if claims.is_empty() {
                     continue;
                 }
@@ -768,7 +768,8 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     if renewal.answered()
                         && let Some(Ok(next)) = &mut ahead
                     {
-                        next.claims = renewal::renew_ahead(conn, std::mem::take(&mut next.claims)).await;
+                        let waiting = std::mem::take(&mut next.claims);
+                        next.claims = renewal::renew_ahead(conn, waiting, Needed::ToWait).await;
                     }
                 }
                 () = self.stop.cancelled(), if grace.is_none() => {

@@ -102,13 +102,15 @@ impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
 /// is at least the lease), and a batch that waited unrenewed behind it would expire:
 /// each of its events would spend an attempt without being sent. Rows whose renewal is
 /// rejected were taken over meanwhile and are not published. A renewal that fails
-/// keeps only the rows with two thirds of their lease left by this process's clock
-/// (what a batch goes to the sink with: a sink may rely on it, as the Kafka sink's
-/// message timeout does) and drops the others: with the database not answering they
-/// could not be recorded, and their leases end before they could be renewed.
+/// keeps the rows with more than `needed` of their lease left by this process's clock
+/// and drops the others: with the database not answering they could not be recorded.
+/// While the batch waits, any lease left will do (it is renewed again at the next
+/// tick); before the sink gets it, two thirds ([`Needed::ToSend`]: what a sink may rely
+/// on, as the Kafka sink's message timeout does).
 pub(super) async fn renew_ahead<T: Outbox>(
     conn: &mut Connection<'_>,
     mut ahead: Vec<Claim<T>>,
+    needed: Needed,
 ) -> Vec<Claim<T>> {
     let table = T::SPEC.table;
     let every = T::SPEC.lease / 3;
@@ -119,7 +121,11 @@ pub(super) async fn renew_ahead<T: Outbox>(
     let rows: Vec<Owned> = ahead.iter().map(Owned::of).collect();
     let before = ahead.len();
     let Some(renewed) = renew_within::<T>(conn, &rows, every, "renewing again later").await else {
-        let enough = Instant::now() + 2 * every;
+        let enough = Instant::now()
+            + match needed {
+                Needed::ToWait => Duration::ZERO,
+                Needed::ToSend => 2 * every,
+            };
         ahead.retain(|claim| claim.lease_deadline() > enough);
         if ahead.len() < before {
             tracing::warn!(
@@ -145,6 +151,16 @@ pub(super) async fn renew_ahead<T: Outbox>(
         );
     }
     ahead
+}
+
+/// How much lease a row of a batch claimed ahead must have left, when its renewal fails,
+/// to be kept.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Needed {
+    /// Any: the batch waits behind the one in flight, and is renewed again.
+    ToWait,
+    /// Two thirds of it: the batch goes to the sink now.
+    ToSend,
 }
 
 /// Renews the leases of `rows` within `limit` (so an unreachable database cannot hold
