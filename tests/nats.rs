@@ -492,8 +492,11 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
     let stream_name = db.name().to_uppercase();
     let subject = format!("outbox.test.{}.shipments", db.name());
     let nowhere = format!("outbox.test.{}.nowhere", db.name());
+    let below = format!("{subject}.>");
     let mut stream = create_stream(&js, &stream_name, &subject, |config| {
         config.max_message_size = 1024;
+        // Would store a message published to a wildcard below the subject.
+        config.subjects.push(below);
     })
     .await?;
     let large = "x".repeat(900);
@@ -503,6 +506,7 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
         "nowhere",
         large.as_str(),
         "invalid-subject",
+        "wildcard",
         "line\nbreak",
         "ok-2",
     ];
@@ -520,6 +524,7 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
                 "nowhere" => nowhere.clone(),
                 // An empty token: the client sends it, and no stream can take it.
                 "invalid-subject" => format!("{subject}."),
+                "wildcard" => format!("{subject}.*"),
                 _ => subject.clone(),
             }
         })
@@ -530,9 +535,9 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
             .poll_interval(Duration::from_millis(50))
             .run(shutdown.clone()),
     );
-    wait_until("2 SENT and 5 DEAD", Duration::from_secs(30), async || {
+    wait_until("2 SENT and 6 DEAD", Duration::from_secs(30), async || {
         let stats = outbox::stats::<ChaosEvent>(pool).await.unwrap();
-        (stats.sent, stats.dead) == (2, 5)
+        (stats.sent, stats.dead) == (2, 6)
     })
     .await;
     shutdown.cancel();
@@ -546,6 +551,10 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
         ("nowhere", "no JetStream stream takes this subject"),
         (large.as_str(), "message size exceeds maximum allowed"),
         ("invalid-subject", "not a valid subject"),
+        (
+            "wildcard",
+            "a wildcard (`*` or `>`) names no single subject",
+        ),
         (
             "line\nbreak",
             "the `Outbox-Event-Id` header cannot carry this value",

@@ -45,7 +45,7 @@ type SubjectOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// | an acknowledgement, a duplicate's included | `Ok` (`SENT`) |
 /// | the client is not connected (before the batch, or when an acknowledgement is lost); no responders for a subject that a stream takes (JetStream stopping or starting, a leader election) | [`SinkError::Unavailable`]: handed back, no attempt counted |
 /// | no acknowledgement in time, connected (the context's timeout, 5 s by default) | [`SinkError::Transient`] |
-/// | the event does not encode; no stream takes the subject (no responders, and JetStream's stream list has none for it); the message is over the server's or the stream's size limit; an invalid subject (empty, with whitespace, or with an empty token), checked before it is sent; an event id or key with a line break, which no NATS header can carry | [`SinkError::Permanent`] (`DEAD`) |
+/// | the event does not encode; no stream takes the subject (no responders, and JetStream's stream list has none for it); the message is over the server's or the stream's size limit; an invalid subject (empty, with whitespace, or with an empty token) or a wildcard one (a `*` or `>` token), checked before it is sent; an event id or key with a line break, which no NATS header can carry | [`SinkError::Permanent`] (`DEAD`) |
 /// | any other error from the server (storage full, no leader) | [`SinkError::Transient`] |
 ///
 /// ```no_run
@@ -240,11 +240,19 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
         // The client takes some invalid subjects, which the server then routes nowhere
         // (no responders, and the stream list refuses to say why: taken for an outage,
         // the event would be handed back forever), and panics on a header value with a
-        // line break. Both are the event's, for good.
+        // line break. Both are the event's, for good. A wildcard token is sent too, and a
+        // stream capturing `a.>` stores `a.*` under that literal subject, which no
+        // consumer filtering `a.b` ever sees.
         if async_nats::Subject::validated(&subject).is_err() {
             return Err(Ok(SinkError::permanent(format!(
                 "publishing to `{subject}`: not a valid subject (empty, with whitespace, \
                  or with an empty token: a leading, trailing or doubled dot)"
+            ))));
+        }
+        if subject.split('.').any(|token| token == "*" || token == ">") {
+            return Err(Ok(SinkError::permanent(format!(
+                "publishing to `{subject}`: a wildcard (`*` or `>`) names no single \
+                 subject to publish to"
             ))));
         }
         let headers: Vec<(&str, String)> = message::headers(delivery).collect();
