@@ -260,3 +260,72 @@ async fn operator_repairs(db: &TestSchema, roles: &Roles, app: &PgPool) -> TestR
     operator.close().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn an_operator_not_yet_granted_a_new_table_still_sees_and_repairs_the_others() -> TestResult {
+    let db = schema_with(&[ChaosEvent::migrations(), Receipt::migrations()]).await?;
+    let roles = Roles::new();
+    roles.create(db.pool()).await?;
+    let outcome = AssertUnwindSafe(repair_beside_an_ungranted_table(&db, &roles))
+        .catch_unwind()
+        .await;
+    roles.drop(db.pool()).await?;
+    db.drop_schema().await?;
+    match outcome {
+        Ok(result) => result,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+/// `receipt_events` is new: its grants were not run yet. `chaos_events` has a dead event.
+async fn repair_beside_an_ungranted_table(db: &TestSchema, roles: &Roles) -> TestResult {
+    let owner = db.pool();
+    let grants = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args([
+            "--database-url",
+            &db.url(),
+            "grants",
+            "--table",
+            "chaos_events",
+        ])
+        .args(["--application-role", &roles.application])
+        .args(["--relay-role", &roles.relay])
+        .args(["--operator-role", &roles.operator])
+        .output()
+        .await?;
+    sqlx::raw_sql(AssertSqlSafe(printed(&grants)))
+        .execute(owner)
+        .await?;
+    ChaosEvent {
+        key: "poison".into(),
+        order_seq: 1,
+    }
+    .enqueue(owner)
+    .await?;
+    let claim = ChaosEvent::claim(owner).await?.ok_or("the poison event")?;
+    claim.fail(owner, "unroutable").await?;
+
+    let status = outbox_as(db, &roles.operator, &["status"]).await?;
+    let (table, alerts) = (
+        String::from_utf8_lossy(&status.stdout),
+        String::from_utf8_lossy(&status.stderr),
+    );
+    assert_eq!(status.status.code(), Some(3), "{alerts}");
+    assert!(alerts.contains("chaos_events: 1 dead event(s)"), "{alerts}");
+    assert!(
+        alerts.contains("receipt_events: cannot read") && alerts.contains("permission denied"),
+        "{alerts}"
+    );
+    assert!(
+        table.contains("chaos_events") && table.contains("receipt_events"),
+        "{table}"
+    );
+    let requeued = outbox_as(
+        db,
+        &roles.operator,
+        &["requeue", "--table", "chaos_events", "poison"],
+    )
+    .await?;
+    assert!(printed(&requeued).starts_with("requeued 1 event(s)"));
+    Ok(())
+}

@@ -265,13 +265,25 @@ impl CatalogEntry {
                 missing.name()
             )));
         }
-        let applied: Option<i32> = sqlx::query_scalar(AssertSqlSafe(format!(
+        let applied: Option<i32> = match sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT max(version) FROM \"{}\"",
             self.history_table
         )))
         .fetch_one(conn)
         .await
-        .map_err(|e| OutboxError::from_sqlx(self.table, e))?;
+        .map_err(|e| OutboxError::from_sqlx(self.table, e))
+        {
+            Ok(applied) => applied,
+            Err(error) if error.is_transient() => return Err(error),
+            // This entry's, not the catalog's: a role without this table's grants yet
+            // (a new event type) still reads and repairs the others.
+            Err(error) => {
+                return Ok(Some(format!(
+                    "cannot read its migration history `{}`: {error}",
+                    self.history_table
+                )));
+            }
+        };
         Ok(match applied {
             Some(applied) if applied > self.version => Some(format!(
                 "the table is at migration version {applied}, the catalog describes version {}: \

@@ -45,17 +45,26 @@ pub(crate) struct TableStatus {
     pub(crate) oldest_eligible_age_seconds: Option<f64>,
     pub(crate) held_keys: i64,
     pub(crate) oldest_held_age_seconds: Option<f64>,
-    /// Why the catalog entry cannot be trusted; the counts are zero then.
+    /// Why the catalog entry cannot be trusted, or the table's counts could not be read;
+    /// the counts are zero then.
     pub(crate) problem: Option<String>,
 }
 
 impl TableStatus {
-    async fn read(pool: &PgPool, entry: &CatalogEntry) -> Result<Self, Failure> {
-        let stats = match entry.problem() {
-            Some(_) => outbox::Stats::default(),
-            None => entry.stats(pool).await?,
+    async fn read(pool: &PgPool, entry: &CatalogEntry) -> Self {
+        // One table that cannot be read (no grants yet, a statement timeout on a huge
+        // table) is that table's problem: the others are still reported.
+        let (stats, problem) = match entry.problem() {
+            Some(problem) => (outbox::Stats::default(), Some(problem.to_owned())),
+            None => match entry.stats(pool).await {
+                Ok(stats) => (stats, None),
+                Err(error) => (
+                    outbox::Stats::default(),
+                    Some(format!("cannot read its counts: {error}")),
+                ),
+            },
         };
-        Ok(Self {
+        Self {
             table: entry.table().to_owned(),
             schema: entry.schema().to_owned(),
             type_name: entry.type_name().to_owned(),
@@ -77,8 +86,8 @@ impl TableStatus {
             oldest_eligible_age_seconds: stats.oldest_eligible_age.map(|d| d.as_secs_f64()),
             held_keys: stats.held_keys,
             oldest_held_age_seconds: stats.oldest_held_age.map(|d| d.as_secs_f64()),
-            problem: entry.problem().map(str::to_owned),
-        })
+            problem,
+        }
     }
 
     fn oldest(&self) -> Option<Duration> {
@@ -123,7 +132,7 @@ impl TableStatus {
 pub(crate) async fn collect(pool: &PgPool) -> Result<Vec<TableStatus>, Failure> {
     let mut tables = Vec::new();
     for entry in catalog::tables(pool).await? {
-        tables.push(TableStatus::read(pool, &entry).await?);
+        tables.push(TableStatus::read(pool, &entry).await);
     }
     Ok(tables)
 }
