@@ -1511,6 +1511,58 @@ async fn a_sink_that_panics_on_one_event_costs_its_batch_mates_nothing_and_the_r
     Ok(())
 }
 
+/// A sink that checks each batch before it returns the future publishing it, and
+/// panics on the poison event there.
+#[derive(Clone)]
+struct CheckedFirst(MemorySink<Budgeted>);
+
+impl Sink<Budgeted> for CheckedFirst {
+    fn publish(
+        &self,
+        batch: &[Delivery<'_, Budgeted>],
+    ) -> impl Future<Output = Vec<Result<(), SinkError>>> + Send {
+        assert!(
+            !batch.iter().any(|d| d.event_id().as_str() == "poison"),
+            "cannot serialize poison"
+        );
+        self.0.publish(batch)
+    }
+}
+
+#[tokio::test]
+async fn a_sink_that_panics_before_it_returns_its_future_is_contained_as_well() -> TestResult {
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    enqueue(pool, &["a", "poison", "b"].map(budgeted)).await;
+    let sink = CheckedFirst(MemorySink::new());
+    let relay = fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone())).retry_backoff(
+        Backoff::new(Duration::from_millis(10), Duration::from_millis(20)),
+    );
+    let relay = start(relay);
+    wait_until("poison is DEAD", Duration::from_secs(10), async || {
+        status::<Budgeted>(pool, "poison").await == "DEAD"
+    })
+    .await;
+    assert!(
+        relay.is_running(),
+        "the panic is the event's, not the relay's"
+    );
+    for name in ["a", "b"] {
+        assert_eq!(status::<Budgeted>(pool, name).await, "SENT", "{name}");
+    }
+    let reason = row_of::<Budgeted>(pool, "poison").await.last_error;
+    assert!(
+        reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("cannot serialize poison"),
+        "{reason:?}"
+    );
+    relay.stop().await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
 /// Runs `relay` until it returns on its own; fails the test if it keeps running.
 async fn run_until_it_gives_up<T: Outbox, S: Sink<T>>(relay: Relay<T, S>) -> OutboxError {
     let outcome = timeout(Duration::from_secs(20), relay.run(CancellationToken::new()))

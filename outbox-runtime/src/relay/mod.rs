@@ -215,6 +215,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             workers.spawn(worker.run());
         }
         let mut outcome = Ok(());
+        let mut panic = None;
         while let Some(joined) = workers.join_next().await {
             match joined {
                 Ok(Err(error)) => {
@@ -222,15 +223,20 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
                     stop.cancel();
                     outcome = outcome.and(Err(error));
                 }
+                // The other workers stop as on shutdown, recording what they sent,
+                // before the panic goes on.
                 Err(panicked) if panicked.is_panic() => {
                     stop.cancel();
-                    std::panic::resume_unwind(panicked.into_panic());
+                    panic.get_or_insert(panicked.into_panic());
                 }
                 Ok(Ok(())) | Err(_) => {}
             }
         }
         stop.cancel();
         let _ = listener.await;
+        if let Some(panic) = panic {
+            std::panic::resume_unwind(panic);
+        }
         outcome
     }
 }

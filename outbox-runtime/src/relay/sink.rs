@@ -166,6 +166,16 @@ pub trait Sink<T>: Send + Sync + 'static {
     ) -> impl Future<Output = Vec<Result<(), SinkError>>> + Send;
 }
 
+/// `sink.publish(batch)`, awaited, or the panic it raised: in the call itself (a sink
+/// may encode the batch before it returns its future) or in the future.
+async fn publish_caught<T, S: Sink<T>>(
+    sink: &S,
+    batch: &[Delivery<'_, T>],
+) -> std::thread::Result<Vec<Result<(), SinkError>>> {
+    let publishing = std::panic::catch_unwind(AssertUnwindSafe(|| sink.publish(batch)))?;
+    AssertUnwindSafe(publishing).catch_unwind().await
+}
+
 /// Runs `sink.publish(batch)`, containing a panic: a batch that panics is published
 /// again one delivery at a time, and a delivery that panics on its own fails as
 /// transient, with the panic's message.
@@ -173,7 +183,7 @@ pub(crate) async fn publish_contained<T, S: Sink<T>>(
     sink: &S,
     batch: &[Delivery<'_, T>],
 ) -> Vec<Result<(), SinkError>> {
-    let panic = match AssertUnwindSafe(sink.publish(batch)).catch_unwind().await {
+    let panic = match publish_caught(sink, batch).await {
         Ok(results) => return results,
         Err(panic) => panic_message(panic.as_ref()),
     };
@@ -186,7 +196,7 @@ pub(crate) async fn publish_contained<T, S: Sink<T>>(
     let mut results = Vec::with_capacity(batch.len());
     for one in batch.chunks(1) {
         let result = if one[0].is_owned() {
-            match AssertUnwindSafe(sink.publish(one)).catch_unwind().await {
+            match publish_caught(sink, one).await {
                 Ok(mut result) => result.pop().unwrap_or_else(|| {
                     Err(SinkError::transient(
                         "the sink returned no result for this event",
