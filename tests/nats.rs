@@ -361,7 +361,7 @@ async fn second_relay_redelivers(
             event.key
         );
     }
-    // On the wire: the unchanged event id (in the header and as Nats-Msg-Id), generation 2.
+    // On the wire: the unchanged event id (in the header and in Nats-Msg-Id), generation 2.
     let mut redelivered = Vec::new();
     for _ in 0..3 {
         let message = timeout(Duration::from_secs(5), wire.next())
@@ -370,7 +370,10 @@ async fn second_relay_redelivers(
         let event_id = outbox::nats::event_id(&message)
             .ok_or("no event id")?
             .to_owned();
-        assert_eq!(header_of(&message, "Nats-Msg-Id"), Some(event_id.as_str()));
+        assert_eq!(
+            header_of(&message, "Nats-Msg-Id"),
+            Some(format!("chaos_events:{event_id}").as_str())
+        );
         assert_eq!(header_of(&message, header::GENERATION), Some("2"));
         assert_eq!(header_of(&message, header::ATTEMPT), Some("2"));
         assert_eq!(header_of(&message, header::TABLE), Some("chaos_events"));
@@ -574,6 +577,79 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
         assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{name}");
     }
     assert_eq!(stream.info().await?.state.messages, 2);
+    js.delete_stream(&stream_name).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_tables_events_with_one_event_id_are_both_stored_in_a_shared_stream() -> TestResult {
+    let js = jetstream::new(connect_nats().await);
+    let db = schema_from_zero(&[ChaosEvent::migrations(), OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    let stream_name = db.name().to_uppercase();
+    let prefix = format!("outbox.test.{}", db.name());
+    let mut stream = create_stream(&js, &stream_name, &format!("{prefix}.>"), |_| {}).await?;
+    // One business id, two event types, each with its own table.
+    let id = "order-42";
+    ChaosEvent {
+        key: id.to_owned(),
+        order_seq: 1,
+    }
+    .enqueue(pool)
+    .await?;
+    OrderStep {
+        name: id.to_owned(),
+        order_id: 42,
+    }
+    .enqueue(pool)
+    .await?;
+    let shutdown = CancellationToken::new();
+    let chaos = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(
+            pool.clone(),
+            JetStreamSink::new(js.clone(), format!("{prefix}.chaos")),
+        )
+        .run(shutdown.clone()),
+    );
+    let steps = tokio::spawn(
+        Relay::<OrderStep, _>::new(
+            pool.clone(),
+            JetStreamSink::new(js.clone(), format!("{prefix}.steps")),
+        )
+        .run(shutdown.clone()),
+    );
+    wait_until("both SENT", Duration::from_secs(15), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 1
+            && outbox::stats::<OrderStep>(pool).await.unwrap().sent == 1
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), chaos).await???;
+    timeout(Duration::from_secs(15), steps).await???;
+    assert_eq!(
+        stream.info().await?.state.messages,
+        2,
+        "each table's event stored, not taken for the other's duplicate"
+    );
+    let mut ids = Vec::new();
+    for sequence in 1..=2 {
+        let message = stream.get_raw_message(sequence).await?;
+        ids.push(
+            message
+                .headers
+                .get("Nats-Msg-Id")
+                .map(|v| v.as_str().to_owned()),
+        );
+    }
+    ids.sort();
+    assert_eq!(
+        ids,
+        [
+            Some(format!("chaos_events:{id}")),
+            Some(format!("order_step_events:{id}"))
+        ]
+    );
     js.delete_stream(&stream_name).await?;
     db.drop_schema().await?;
     Ok(())

@@ -2,7 +2,8 @@
 //!
 //! The sink takes the application's own JetStream [`Context`] (built from its
 //! [`async_nats::Client`], with its TLS, credentials and reconnect settings), publishes
-//! each event on a subject of its choosing, and sets `Nats-Msg-Id` to the event id:
+//! each event on a subject of its choosing, and sets `Nats-Msg-Id` to its table and
+//! event id (`<table>:<event id>`):
 //! within the stream's duplicate window (`duplicate_window`, two minutes by default) the
 //! server stores a redelivered event once and acknowledges the copy as a duplicate,
 //! which the sink reports as published.
@@ -37,7 +38,8 @@ type SubjectOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 ///
 /// Each event becomes one message: the body from the [`Encoding`] (JSON by default),
 /// the headers of [`message::header`] (event id, table, generation, attempt, enqueue
-/// time, content type), and `Nats-Msg-Id` = the event id. A batch is
+/// time, content type), and `Nats-Msg-Id` = `<table>:<event id>` (an event id is unique
+/// within its table, and a stream may take several tables' events). A batch is
 /// pipelined: every message is published, then every acknowledgement awaited.
 ///
 /// | JetStream's answer | the result |
@@ -267,7 +269,7 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
         }
         let mut message = PublishMessage::build()
             .payload(body.into())
-            .message_id(delivery.event_id().as_str());
+            .message_id(message_id::<T>(delivery));
         for (name, value) in headers {
             message = message.header(name, value);
         }
@@ -283,6 +285,15 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
             })),
         }
     }
+}
+
+/// The `Nats-Msg-Id` of a delivery: `<table>:<event id>`. JetStream drops a message
+/// whose id it saw within the duplicate window on any subject of the stream, and an
+/// event id is unique only within its table: two event types whose ids come from the
+/// business (`#[outbox(event_id)] order_id`) published into one stream would have the
+/// second one dropped, acknowledged as a duplicate, and recorded `SENT`.
+fn message_id<T: Outbox>(delivery: &Delivery<'_, T>) -> String {
+    format!("{}:{}", T::SPEC.table, delivery.event_id())
 }
 
 /// Why a publish found no responders (NATS's 503): no stream takes its subject, or the
