@@ -1511,6 +1511,63 @@ async fn a_sink_that_panics_on_one_event_costs_its_batch_mates_nothing_and_the_r
     Ok(())
 }
 
+#[tokio::test]
+async fn a_sweep_that_keeps_failing_leaves_the_other_claims_room_to_publish() -> TestResult {
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    // An expired claim, which only a sweep reclaims; and every reclaim fails, as a sweep
+    // the server cancels after its statement_timeout does (with the horizon held back,
+    // a sweep can take seconds).
+    enqueue(pool, &[budgeted("expired")]).await;
+    sqlx::raw_sql(
+        "UPDATE budget_events SET status = 'INPROGRESS', attempts = 1,
+             lease_until = now() - interval '1 minute' WHERE event_id = 'expired';
+         CREATE FUNCTION cancel_reclaims() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF OLD.status = 'INPROGRESS' AND NEW.generation <> OLD.generation THEN
+                 RAISE EXCEPTION 'canceling statement due to statement timeout'
+                     USING ERRCODE = '57014';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER cancel_reclaims BEFORE UPDATE ON budget_events
+             FOR EACH ROW EXECUTE FUNCTION cancel_reclaims();",
+    )
+    .execute(pool)
+    .await?;
+    let names: Vec<String> = (0..300).map(|i| format!("e{i}")).collect();
+    let events: Vec<Budgeted> = names.iter().map(|name| budgeted(name)).collect();
+    enqueue(pool, &events).await;
+
+    let sink = MemorySink::<Budgeted>::new();
+    let relay = start(
+        fast(Relay::new(pool.clone(), sink.clone()))
+            .batch_size(20)
+            .concurrency(2),
+    );
+    wait_until(
+        "the 300 due events SENT",
+        Duration::from_secs(30),
+        async || count::<Budgeted>(pool, "SENT").await == 300,
+    )
+    .await;
+    relay.stop().await?;
+    let published: Vec<String> = sink
+        .published()
+        .iter()
+        .map(|p| p.event_id.to_string())
+        .collect();
+    let distinct: BTreeSet<&String> = published.iter().collect();
+    assert_eq!(
+        (published.len(), distinct.len()),
+        (300, 300),
+        "each published once: no outcome lost with a failed sweep"
+    );
+    assert_eq!(status::<Budgeted>(pool, "expired").await, "INPROGRESS");
+    db.drop_schema().await?;
+    Ok(())
+}
+
 /// A sink that checks each batch before it returns the future publishing it, and
 /// panics on the poison event there.
 #[derive(Clone)]

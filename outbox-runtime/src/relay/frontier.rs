@@ -47,7 +47,11 @@ const SWEEP_SPACING: u32 = 100;
 /// be found at worst.
 const MAX_SPACING: Duration = Duration::from_mins(1);
 
-/// No frontier yet: the relay's first claim sweeps.
+/// The shortest wait for the next sweep after one failed.
+const AFTER_A_FAILED_SWEEP: Duration = Duration::from_secs(1);
+
+/// No frontier yet: the relay's first claim sweeps, and the claims beside it start at
+/// the beginning of the `READY` index.
 const NONE: i64 = i64::MIN;
 
 /// A relay's frontier in the `READY` index, shared by its workers, and its sweeps.
@@ -86,10 +90,14 @@ impl NextClaim<'_> {
 }
 
 /// A sweep in progress. Dropped without [`NextClaim::done`] (its claim failed), the
-/// next sweep is due at once.
+/// next sweep is spaced by the time this one took to fail, and at least
+/// [`AFTER_A_FAILED_SWEEP`]: a sweep that fails every time (one the server cancels
+/// after its `statement_timeout`, with the horizon held back) must leave the claims
+/// from the frontier room to run.
 #[derive(Debug)]
 struct Sweep<'f> {
     sweeps: &'f Mutex<Sweeps>,
+    started: Instant,
     /// How long its claim took, once it succeeded.
     took: Option<Duration>,
 }
@@ -99,13 +107,16 @@ impl Drop for Sweep<'_> {
         let now = Instant::now();
         let mut sweeps = self.sweeps.lock().unwrap_or_else(PoisonError::into_inner);
         sweeps.running = false;
-        sweeps.due = match self.took {
+        let spacing = match self.took {
             Some(took) => {
                 tracing::trace!(?took, "swept");
-                now + took.saturating_mul(SWEEP_SPACING).min(MAX_SPACING)
+                took.saturating_mul(SWEEP_SPACING)
             }
-            None => now,
+            None => (now - self.started)
+                .saturating_mul(SWEEP_SPACING)
+                .max(AFTER_A_FAILED_SWEEP),
         };
+        sweeps.due = now + spacing.min(MAX_SPACING);
     }
 }
 
@@ -136,8 +147,8 @@ impl Frontier {
         }
     }
 
-    /// The next claim: a sweep when one is due and no other worker runs one, or before
-    /// any claim found a frontier; otherwise a claim from the frontier.
+    /// The next claim: a sweep when one is due and no other worker runs one; otherwise
+    /// a claim from the frontier (the start of the index before any claim found one).
     pub(super) fn next(&self) -> NextClaim<'_> {
         let from = self.from.load(Ordering::Relaxed);
         let mut sweeps = self.sweeps.lock().unwrap_or_else(PoisonError::into_inner);
@@ -147,16 +158,15 @@ impl Frontier {
                 scope: Scope::All,
                 sweep: Some(Sweep {
                     sweeps: &self.sweeps,
+                    started: Instant::now(),
                     took: None,
                 }),
             };
         }
-        let scope = if from == NONE {
-            Scope::All
-        } else {
-            Scope::ReadyFrom(from)
-        };
-        NextClaim { scope, sweep: None }
+        NextClaim {
+            scope: Scope::ReadyFrom(from.max(0)),
+            sweep: None,
+        }
     }
 
     /// A claim got as far as `reached` (the latest `next_attempt_at` it claimed from
@@ -181,10 +191,10 @@ mod tests {
         let frontier = Frontier::new();
         let first = frontier.next();
         assert_eq!(first.scope, Scope::All);
-        // While it sweeps, another worker without a frontier claims everywhere too,
-        // without being the sweep.
+        // While it sweeps, another worker without a frontier claims from the start of
+        // the index.
         let second = frontier.next();
-        assert_eq!(second.scope, Scope::All);
+        assert_eq!(second.scope, Scope::ReadyFrom(0));
         assert!(second.sweep.is_none());
         frontier.advance(Some(10_000_000));
         assert_eq!(frontier.next().scope, Scope::ReadyFrom(9_500_000));
@@ -221,7 +231,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn sweeps_are_spaced_by_their_own_cost_and_a_failed_one_is_due_again() {
+    async fn sweeps_are_spaced_by_their_own_cost_a_failed_one_as_well() {
         let frontier = Frontier::new();
         frontier.advance(Some(1_000_000));
         let sweep = frontier.next();
@@ -233,7 +243,19 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1)).await;
         let failed = frontier.next();
         assert_eq!(failed.scope, Scope::All);
+        tokio::time::advance(Duration::from_millis(30)).await;
         drop(failed);
+        // A failure after 30 ms: due again after 100 × 30 ms.
+        tokio::time::advance(Duration::from_millis(2999)).await;
+        assert_eq!(frontier.next().scope, Scope::ReadyFrom(500_000));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let quick = frontier.next();
+        assert_eq!(quick.scope, Scope::All);
+        drop(quick);
+        // One that failed at once: after a second.
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert_eq!(frontier.next().scope, Scope::ReadyFrom(500_000));
+        tokio::time::advance(Duration::from_millis(1)).await;
         assert_eq!(frontier.next().scope, Scope::All);
     }
 

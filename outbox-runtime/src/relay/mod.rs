@@ -480,7 +480,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                 // After a batch that drained what was due, claiming again would find
                 // nothing (at a steady trickle, every other claim did): record it alone,
                 // and wait for a wake-up. Whatever was enqueued meanwhile has sent one.
-                let claim_next = !stopping && !pending.drained && !pending.unavailable;
+                // After a failure, outcomes are recorded alone before the next claim: a
+                // claim that keeps failing would roll them back with it every time.
+                let record_first = failures > 0 && !pending.outcomes.is_empty();
+                let claim_next =
+                    !stopping && !pending.drained && !pending.unavailable && !record_first;
                 match self.record_and_claim(&mut conn, &pending, claim_next).await {
                     Ok(batch) => {
                         failures = 0;
@@ -496,7 +500,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                                 // Recorded: the loop ends.
                             } else if unavailable {
                                 self.pause(self.relay.unavailable.delay(held_back)).await;
-                            } else {
+                            } else if !record_first {
                                 self.idle().await;
                             }
                             continue;
