@@ -8,6 +8,7 @@ mod support;
 
 use std::collections::{BTreeSet, HashSet};
 use std::future::pending;
+use std::str::FromStr as _;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -1564,6 +1565,44 @@ async fn a_sweep_that_keeps_failing_leaves_the_other_claims_room_to_publish() ->
         "each published once: no outcome lost with a failed sweep"
     );
     assert_eq!(status::<Budgeted>(pool, "expired").await, "INPROGRESS");
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_server_whose_transactions_default_to_repeatable_read_costs_the_relay_nothing()
+-> TestResult {
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
+    let names: Vec<String> = (0..2000).map(|i| format!("e{i}")).collect();
+    let events: Vec<Budgeted> = names.iter().map(|name| budgeted(name)).collect();
+    enqueue(db.pool(), &events).await;
+    // As `ALTER DATABASE .. SET default_transaction_isolation` would make every session.
+    let options = PgConnectOptions::from_str(&db.url())?
+        .options([("default_transaction_isolation", "repeatable read")]);
+    let pool = PgPoolOptions::new()
+        .max_connections(5)
+        .connect_with(options)
+        .await?;
+    let logs = Captured::default();
+    let _guard = logs.this_thread(tracing_subscriber::filter::LevelFilter::WARN);
+    let sink = MemorySink::<Budgeted>::new();
+    let relay = start(
+        fast(Relay::new(pool.clone(), sink.clone()))
+            .batch_size(20)
+            .concurrency(4),
+    );
+    wait_until("2000 SENT", Duration::from_secs(60), async || {
+        count::<Budgeted>(db.pool(), "SENT").await == 2000
+    })
+    .await;
+    relay.stop().await?;
+    assert_eq!(
+        logs.lines_with(&["failed"]),
+        0,
+        "no claim or recording failed on a concurrent claim:\n{}",
+        logs.text()
+    );
+    pool.close().await;
     db.drop_schema().await?;
     Ok(())
 }

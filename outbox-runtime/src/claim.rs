@@ -339,8 +339,10 @@ async fn claim_rows<'a, T: Outbox>(
 /// (`parked`), so on a large table the claim's estimated cost passes `jit_above_cost`
 /// and every execution would be compiled first: measured, 600 ms per claim that ran in
 /// 2 ms without. `LOCAL`: the setting ends with the transaction; one round trip, as a
-/// plain `BEGIN`.
-pub(crate) const BEGIN_WITHOUT_JIT: &str = "BEGIN; SET LOCAL jit = off";
+/// plain `BEGIN`. READ COMMITTED whatever the server's default, as every claim needs
+/// (the relay's `BEGIN` says why).
+pub(crate) const BEGIN_WITHOUT_JIT: &str =
+    "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL jit = off";
 
 /// [`claim_rows`] in `scope`, on a connection (or in a transaction) the caller holds.
 pub(crate) async fn claim_on<T: Outbox>(

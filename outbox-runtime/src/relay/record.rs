@@ -88,14 +88,10 @@ pub(crate) async fn record_and_claim<T: Outbox>(
         return Ok((ClaimedBatch::default(), recorded));
     }
     let keyed = T::SPEC.key().is_some();
-    if outcomes.is_empty() && scope == Scope::All && !keyed {
-        // One statement without parameters: no transaction needed.
-        return Ok((claim_on::<T>(conn, scope, limit).await?, no_outcomes()));
-    }
     let mut tx = match scope {
         Scope::All if keyed => conn.begin_with(BEGIN_WITHOUT_JIT).await,
         Scope::ReadyFrom(_) if keyed => conn.begin_with(GENERIC_PLANS_WITHOUT_JIT).await,
-        Scope::All => conn.begin().await,
+        Scope::All => conn.begin_with(BEGIN).await,
         Scope::ReadyFrom(_) => conn.begin_with(GENERIC_PLANS).await,
     }
     .map_err(db)?;
@@ -110,18 +106,26 @@ pub(crate) async fn record_and_claim<T: Outbox>(
     Ok((claimed, recorded))
 }
 
+/// Begins a batch's transaction. READ COMMITTED whatever the server's default: the
+/// claim relies on each statement's fresh snapshot and on PostgreSQL rechecking a row
+/// that changed since; under a `default_transaction_isolation` of `repeatable read`,
+/// a claim that meets a row another worker just claimed fails (40001) instead of
+/// skipping it, and the outcomes recorded before it roll back with it.
+const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
 /// Begins a transaction whose statements use their generic plans. The claim from a
 /// position binds that position, and PostgreSQL would plan it again on every execution
 /// (its estimate for a position near the end of the index always looks cheaper than
 /// the generic plan's, which is the same plan): 0.15 ms of planning per 1.8 ms claim,
 /// measured. `LOCAL`, so the setting ends with the transaction and never reaches the
 /// pool's other users; one round trip, as a plain `BEGIN`.
-const GENERIC_PLANS: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan";
+const GENERIC_PLANS: &str =
+    "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL plan_cache_mode = force_generic_plan";
 
 /// [`GENERIC_PLANS`] and [`BEGIN_WITHOUT_JIT`], for a claim from a position on a table
 /// with an ordering key.
-const GENERIC_PLANS_WITHOUT_JIT: &str =
-    "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL jit = off";
+const GENERIC_PLANS_WITHOUT_JIT: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; \
+     SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL jit = off";
 
 /// Records `outcomes` in one guarded statement.
 async fn record<'e, T: Outbox>(
