@@ -42,6 +42,7 @@ type RoutingKeyOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// |---|---|
 /// | a confirm (`basic.ack`) | `Ok` (`SENT`) |
 /// | the connection is closed (before the batch, or while confirms are awaited, or by the broker: `CONNECTION_FORCED`) | [`SinkError::Unavailable`]: handed back, no attempt counted |
+/// | the broker blocks publishers (`connection.blocked`: a memory or disk alarm), before the batch or while it is sent | [`SinkError::Unavailable`] |
 /// | a negative confirm (`basic.nack`); no confirm in time ([`RabbitSink::confirm_timeout`], 5 s by default), the connection open | [`SinkError::Transient`] |
 /// | the event does not encode; the message is returned (no queue is bound for its routing key; matched by its `message_id`); the exchange does not exist or refuses publishers (`ACCESS_REFUSED`; a topic permission refuses the message whose routing key it names, its batch-mates are transient); the message is over the broker's `max_message_size`; a routing key or event id over 255 bytes | [`SinkError::Permanent`] (`DEAD`) |
 /// | the broker closes the channel for any other reason, the connection open | [`SinkError::Transient`] |
@@ -49,8 +50,9 @@ type RoutingKeyOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// To survive a broker restart, open the connection with lapin's automatic recovery
 /// ([`ConnectionProperties::enable_auto_recover`](lapin::ConnectionProperties::enable_auto_recover)):
 /// while it reconnects the batches are unavailable, and once it has reopened the channels
-/// (in confirm mode again) the sink publishes on them. Without recovery, a connection that
-/// closed stays closed, and so unavailable. In AMQP a publish to an exchange that does
+/// (in confirm mode again) the sink publishes on them. Without recovery, or once lapin
+/// gave up (after 16 attempts unless its backoff has no limit), a connection that closed
+/// stays closed, and so unavailable. In AMQP a publish to an exchange that does
 /// not exist closes the channel, not the connection: the event is `DEAD` (declare the
 /// exchange before the relay starts), and the next batch opens a new channel.
 ///
@@ -67,7 +69,9 @@ type RoutingKeyOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// let connection = Arc::new(
 ///     lapin::Connection::connect(
 ///         "amqp://guest:guest@127.0.0.1:5672/%2f", // your TLS, auth
-///         lapin::ConnectionProperties::default().enable_auto_recover(), // reconnects
+///         lapin::ConnectionProperties::default()
+///             .enable_auto_recover() // reconnects,
+///             .configure_backoff(|b| b.without_max_times()), // however long it takes
 ///     )
 ///     .await?,
 /// );
@@ -263,38 +267,81 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         &self,
         batch: &[Delivery<'_, T>],
     ) -> Vec<Result<Confirmation, SinkError>> {
-        let Some(channel) = self.take_channel().await else {
-            return batch
+        let unavailable = |why: &str| {
+            batch
                 .iter()
-                .map(|_| {
-                    Err(SinkError::unavailable(
-                        "the RabbitMQ connection is not open",
-                    ))
-                })
-                .collect();
+                .map(|_| Err(SinkError::unavailable(why.to_owned())))
+                .collect()
         };
-        let confirmed = self.publish_on(&channel, batch).await;
-        self.give_back(channel);
+        if self.connection.status().blocked() {
+            // The broker takes nothing while an alarm lasts: waiting out the relay's
+            // send timeout would count an attempt per batch until events went `DEAD`.
+            return unavailable("RabbitMQ blocked publishers (a memory or disk alarm)");
+        }
+        let Some(channel) = self.take_channel().await else {
+            let status = self.connection.status();
+            return unavailable(if status.closed() || status.errored() {
+                "the RabbitMQ connection is closed for good (no automatic recovery, or \
+                 lapin's gave up): restart the relay, or let lapin's backoff try forever \
+                 (`configure_backoff(|b| b.without_max_times())`)"
+            } else {
+                "the RabbitMQ connection is not open"
+            });
+        };
+        let (confirmed, timed_out) = self.publish_on(&channel, batch).await;
+        if timed_out {
+            // A confirm still owed on this channel could settle with a later batch's
+            // confirms and take its returned message (lapin attaches a return to the
+            // first confirm it settles): the channel goes, not back to the pool.
+            tokio::spawn(async move {
+                let _ = channel
+                    .close(200, ShortString::from("a publisher confirm timed out"))
+                    .await;
+            });
+        } else {
+            self.give_back(channel);
+        }
         confirmed
     }
 
+    /// Publishes `batch` on `channel`: each delivery's result, and whether a confirm (or
+    /// a send) timed out.
     async fn publish_on(
         &self,
         channel: &Channel,
         batch: &[Delivery<'_, T>],
-    ) -> Vec<Result<Confirmation, SinkError>> {
+    ) -> (Vec<Result<Confirmation, SinkError>>, bool) {
         // Every message goes out before any confirm is awaited: the batch costs about
-        // one round trip, not one per event.
-        let mut sent = Vec::with_capacity(batch.len());
-        for delivery in batch {
-            sent.push(self.send(channel, delivery).await);
-        }
+        // one round trip, not one per event. A send waits while the broker blocks
+        // publishers (lapin writes nothing then): after the confirm timeout, the rest
+        // of the batch is not sent.
         let confirm_timeout = self.confirm_timeout;
+        let mut sent = Vec::with_capacity(batch.len());
+        let mut stalled = false;
+        for delivery in batch {
+            let sending = async {
+                if stalled {
+                    return None;
+                }
+                tokio::time::timeout(confirm_timeout, self.send(channel, delivery))
+                    .await
+                    .ok()
+            };
+            let result = sending.await;
+            stalled = result.is_none();
+            sent.push(result.ok_or_else(|| (self.routing_key)(delivery.event())));
+        }
         let confirmed = join_all(sent.into_iter().map(|sent| async move {
             let (message, confirm) = match sent {
-                Ok(sent) => sent,
-                Err(Ok(answer)) => return Settled::Answered(answer),
-                Err(Err((message, error))) => return Settled::Failed(message, error),
+                Ok(Ok(sent)) => sent,
+                Ok(Err(Ok(answer))) => return Settled::Answered(answer),
+                Ok(Err(Err((message, error)))) => return Settled::Failed(message, error),
+                Err(routing_key) => {
+                    return Settled::TimedOut(Sent {
+                        routing_key,
+                        size: 0,
+                    });
+                }
             };
             match tokio::time::timeout(confirm_timeout, confirm).await {
                 Ok(Ok(confirmation)) => Settled::Confirmed(message, Box::new(confirmation)),
@@ -305,9 +352,11 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         .await;
         // The connection, not the channel: a channel the broker closed over one message
         // says nothing about whether the broker is there.
-        let connected = self.connection.status().connected();
+        let status = self.connection.status();
+        let (connected, blocked) = (status.connected(), status.blocked());
+        let timed_out = confirmed.iter().any(|c| matches!(c, Settled::TimedOut(_)));
         let mut returned = returned_messages(&confirmed);
-        batch
+        let results = batch
             .iter()
             .zip(confirmed)
             .map(|(delivery, confirmed)| match confirmed {
@@ -318,10 +367,15 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
                 }
                 Settled::TimedOut(message) => {
                     let what = format!(
-                        "publishing with routing key `{}`: no publisher confirm in {confirm_timeout:?}",
-                        message.routing_key
+                        "publishing with routing key `{}`: no publisher confirm in {confirm_timeout:?}{}",
+                        message.routing_key,
+                        if blocked {
+                            " (RabbitMQ blocked publishers: a memory or disk alarm)"
+                        } else {
+                            ""
+                        }
                     );
-                    Err(if connected {
+                    Err(if connected && !blocked {
                         SinkError::transient(what)
                     } else {
                         SinkError::unavailable(what)
@@ -331,7 +385,8 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
                     Err(self.classify(&message, &error, connected))
                 }
             })
-            .collect()
+            .collect();
+        (results, timed_out)
     }
 
     /// Hands one delivery's message to the channel; returns what it sent and the
