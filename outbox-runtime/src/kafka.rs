@@ -118,8 +118,10 @@ pub enum ConfigError {
 ///   that every delivery report arrives before the relay gives up on the batch.
 ///
 /// Records are spread over partitions by librdkafka's partitioner on the key
-/// (`consistent_random`, CRC32 of the key); set `partitioner=murmur2_random` for the
-/// partitions Java clients choose.
+/// (`consistent`, CRC32 of the key, set unless `config` sets another: librdkafka's own
+/// default sends an empty key to a random partition, which would break the order of an
+/// empty ordering key); set `partitioner=murmur2` for the partitions Java clients
+/// choose.
 ///
 /// A topic the brokers do not have: librdkafka asks them to create it
 /// (`allow.auto.create.topics`, true for a producer; the broker's own setting decides),
@@ -354,6 +356,12 @@ fn producer_config(
     if !timeout {
         let default = (lease / 2).min(MAX_DEFAULT_MESSAGE_TIMEOUT);
         config.set("message.timeout.ms", default.as_millis().to_string());
+    }
+    // librdkafka's default (`consistent_random`) spreads records with an empty key over
+    // random partitions, and an ordering key may be empty; `consistent` hashes every
+    // other key the same way and keeps an empty one in one partition.
+    if config.get("partitioner").is_none() {
+        config.set("partitioner", "consistent");
     }
     Ok(config)
 }
@@ -692,6 +700,7 @@ mod tests {
             assert_eq!(config.get("enable.idempotence"), Some("true"));
             assert_eq!(config.get("acks"), Some("all"));
             assert_eq!(config.get("message.timeout.ms"), Some(timeout), "{lease}s");
+            assert_eq!(config.get("partitioner"), Some("consistent"));
         }
     }
 
