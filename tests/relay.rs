@@ -555,6 +555,65 @@ async fn a_batch_claimed_ahead_keeps_its_lease_behind_a_send_longer_than_the_lea
 }
 
 #[tokio::test]
+async fn a_batch_in_flight_keeps_its_lease_while_recording_the_one_before_waits_on_a_lock()
+-> TestResult {
+    let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;
+    let pool = db.pool();
+    let first = payment(1).enqueue(pool).await?.into_event_id();
+    let second = payment(2).enqueue(pool).await?.into_event_id();
+    // Batches of one, with a one-second lease: the first takes 300 ms to publish, the
+    // second 2.5 s, while the recording of the first waits 2 s on a lock.
+    let sink = ScriptSink::new(|call, seen| match call {
+        0 => Plan::after(Wait::For(Duration::from_millis(300)), seen),
+        1 => Plan::after(Wait::For(Duration::from_millis(2500)), seen),
+        _ => Plan::ok(seen),
+    });
+    let relay = start(
+        fast(Relay::<PaymentCaptured, _>::new(pool.clone(), sink.clone()))
+            .batch_size(1)
+            .send_timeout(Duration::from_secs(30)),
+    );
+    wait_until(
+        "the first is published",
+        Duration::from_secs(5),
+        async || !sink.calls().is_empty(),
+    )
+    .await;
+    // Someone holds the first's row (an operator's statement, a long transaction).
+    let mut holder = pool.begin().await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "SELECT 1 FROM {} WHERE event_id = $1 FOR UPDATE",
+        PaymentCaptured::SPEC.table()
+    )))
+    .bind(first.as_str())
+    .execute(&mut *holder)
+    .await?;
+    let released = tokio::spawn(async move {
+        sleep(Duration::from_secs(2)).await;
+        holder.commit().await
+    });
+    wait_until("both SENT", Duration::from_secs(15), async || {
+        outbox::stats::<PaymentCaptured>(pool).await.unwrap().sent == 2
+    })
+    .await;
+    released.await??;
+    relay.stop().await?;
+    assert_eq!(
+        sink.calls(),
+        [[Seen::new(&first, 1, 1)], [Seen::new(&second, 1, 1)]],
+        "the second went out once"
+    );
+    let row = row_of::<PaymentCaptured>(pool, &second).await;
+    assert_eq!(
+        (row.generation, row.attempts),
+        (1, 1),
+        "its lease was renewed on another connection, never expired"
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_batch_claimed_ahead_that_was_taken_over_while_it_waited_is_not_published() -> TestResult
 {
     let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;

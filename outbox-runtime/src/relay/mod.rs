@@ -752,7 +752,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let busy = beside.is_some();
         let mut beside = pin!(futures_util::future::OptionFuture::from(beside));
         let mut ahead = None;
-        // Until `beside` gives the connection back, renewals wait: it is short.
+        // Until `beside` gives the connection back, renewals take another from the pool.
         let mut db_busy = busy;
 
         let results = loop {
@@ -766,8 +766,20 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                 sent = &mut sending => {
                     break Some(sent.unwrap_or_else(|_| self.timed_out(rows.len())));
                 }
-                () = sleep_until(renewal.due()), if !db_busy => {
-                    for row in renewal.renew(conn).await {
+                () = sleep_until(renewal.due()) => {
+                    // The transaction beside can wait on a lock for up to its limit,
+                    // longer than a lease: renewals do not wait for it.
+                    let lost = if db_busy {
+                        let mut spare = Connection {
+                            pool: conn.pool,
+                            table,
+                            held: None,
+                        };
+                        renewal.renew(&mut spare).await
+                    } else {
+                        renewal.renew(conn).await
+                    };
+                    for row in lost {
                         row.lose();
                     }
                     if renewal.lost_all() {

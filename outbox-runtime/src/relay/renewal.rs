@@ -12,9 +12,10 @@ use crate::claim::{Claim, Lease};
 use crate::spec::Outbox;
 
 /// The lease renewals of one batch in flight: every third of the lease, each bounded by
-/// a third of the lease, on the worker's connection (a pool with one connection per
-/// worker has no other to spare). Guarded like the outcomes: a row whose renewal is
-/// rejected belongs to someone else now.
+/// a third of the lease, on the worker's connection, or on another from the pool while
+/// the transaction beside the send has it (that one may wait on a lock for longer than
+/// a lease). Guarded like the outcomes: a row whose renewal is rejected belongs to
+/// someone else now.
 pub(super) struct Renewal<'r, 'a, T: Outbox> {
     /// The batch's rows; those still owned are renewed.
     rows: &'r [InFlight<'a, T>],
