@@ -297,7 +297,7 @@ async fn discard_lets_a_held_key_go_on_and_prune_deletes_old_sent_events() -> Te
     .await?;
     assert_eq!(
         stdout(&dry),
-        "would delete 2 SENT event(s) of budget_events enqueued more than 0s ago\n"
+        "would delete 2 SENT event(s) of budget_events published more than 0s ago\n"
     );
     let pruned = outbox(
         &db,

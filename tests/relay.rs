@@ -1143,6 +1143,7 @@ async fn prune_sent_deletes_only_old_sent_rows_a_batch_at_a_time() -> TestResult
         "old-sent-2",
         "old-sent-3",
         "new-sent",
+        "late-sent",
         "old-dead",
         "old-held",
     ];
@@ -1156,9 +1157,20 @@ async fn prune_sent_deletes_only_old_sent_rows_a_batch_at_a_time() -> TestResult
         }
     }
     budgeted("old-ready").enqueue(pool).await?;
-    sqlx::query("UPDATE budget_events SET created_at = now() - interval '2 hours' WHERE event_id LIKE 'old-%'")
-        .execute(pool)
-        .await?;
+    sqlx::query(
+        "UPDATE budget_events SET created_at = now() - interval '2 hours',
+             next_attempt_at = now() - interval '2 hours' WHERE event_id LIKE 'old-%'",
+    )
+    .execute(pool)
+    .await?;
+    // Enqueued two hours ago, sent just now (held back all that time): its age is the
+    // time since it was sent, and a producer repeating its id must still find it.
+    sqlx::query(
+        "UPDATE budget_events SET created_at = now() - interval '2 hours'
+             WHERE event_id = 'late-sent'",
+    )
+    .execute(pool)
+    .await?;
 
     let hour = Duration::from_hours(1);
     assert_eq!(outbox::prune_sent::<Budgeted>(pool, hour, 2).await?, 2);
@@ -1175,7 +1187,7 @@ async fn prune_sent_deletes_only_old_sent_rows_a_batch_at_a_time() -> TestResult
                 .collect::<BTreeSet<String>>()
         }
     };
-    let expected: BTreeSet<String> = ["new-sent", "old-dead", "old-held", "old-ready"]
+    let expected: BTreeSet<String> = ["new-sent", "late-sent", "old-dead", "old-held", "old-ready"]
         .map(String::from)
         .into();
     assert_eq!(left(pool).await, expected);
@@ -1183,7 +1195,7 @@ async fn prune_sent_deletes_only_old_sent_rows_a_batch_at_a_time() -> TestResult
     // Whatever the age, only SENT rows go.
     assert_eq!(
         outbox::prune_sent::<Budgeted>(pool, Duration::ZERO, 10).await?,
-        1
+        2
     );
     let expected: BTreeSet<String> = ["old-dead", "old-held", "old-ready"]
         .map(String::from)

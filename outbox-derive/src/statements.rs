@@ -363,7 +363,7 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             let sql = format!(
                 "WITH doomed AS (\n\
                  \x20   SELECT id FROM {t}\n\
-                 \x20   WHERE status = '{sent}' AND created_at < statement_timestamp() - $1::interval\n\
+                 \x20   WHERE status = '{sent}' AND next_attempt_at < statement_timestamp() - $1::interval\n\
                  \x20   ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)\n\
                  DELETE FROM {t} AS o USING doomed AS d WHERE o.id = d.id"
             );

@@ -430,7 +430,7 @@ impl CatalogEntry {
         self.operations()?;
         let count: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT count(*) FROM \"{}\" WHERE status = 'SENT' \
-             AND created_at < statement_timestamp() - $1::interval",
+             AND next_attempt_at < statement_timestamp() - $1::interval",
             self.table
         )))
         .bind(crate::interval::checked(

@@ -227,8 +227,10 @@ pub async fn discard_dead<'e, T: Outbox>(
     Operations::of::<T>().discard_dead(executor, &ids).await
 }
 
-/// Deletes up to `batch` `SENT` rows enqueued more than `older_than` ago, and returns
-/// how many. Besides it, only [`discard_dead`] and, for a `delete_sent` type, the
+/// Deletes up to `batch` `SENT` rows published more than `older_than` ago, and returns
+/// how many. Their age counts from their `SENT` outcome, not their enqueue: an event
+/// held back for days (behind a `DEAD` event, through an outage) and sent just now
+/// stays, and enqueuing its id again stays a no-op, for `older_than`. Besides it, only [`discard_dead`] and, for a `delete_sent` type, the
 /// outcome that records an event as published delete outbox rows
 /// ([`Inbox::prune`](crate::inbox::Inbox::prune) deletes a consumer's receipts). Call
 /// it in a loop until it returns less than `batch` to prune everything due, without

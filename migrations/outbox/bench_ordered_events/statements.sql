@@ -209,7 +209,7 @@ SELECT event_id FROM done;
 -- prune_sent
 WITH doomed AS (
     SELECT id FROM "bench_ordered_events"
-    WHERE status = 'SENT' AND created_at < statement_timestamp() - $1::interval
+    WHERE status = 'SENT' AND next_attempt_at < statement_timestamp() - $1::interval
     ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
 DELETE FROM "bench_ordered_events" AS o USING doomed AS d WHERE o.id = d.id;
 

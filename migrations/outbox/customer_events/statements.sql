@@ -130,7 +130,7 @@ DELETE FROM "customer_events" WHERE status = 'DEAD' AND event_id = ANY($1::text[
 -- prune_sent
 WITH doomed AS (
     SELECT id FROM "customer_events"
-    WHERE status = 'SENT' AND created_at < statement_timestamp() - $1::interval
+    WHERE status = 'SENT' AND next_attempt_at < statement_timestamp() - $1::interval
     ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
 DELETE FROM "customer_events" AS o USING doomed AS d WHERE o.id = d.id;
 

@@ -262,7 +262,7 @@ SELECT event_id FROM done;
 -- prune_sent
 WITH doomed AS (
     SELECT id FROM "lenient_order_events"
-    WHERE status = 'SENT' AND created_at < statement_timestamp() - $1::interval
+    WHERE status = 'SENT' AND next_attempt_at < statement_timestamp() - $1::interval
     ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
 DELETE FROM "lenient_order_events" AS o USING doomed AS d WHERE o.id = d.id;
 

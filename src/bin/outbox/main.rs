@@ -64,7 +64,7 @@ enum Command {
     Requeue(repair::RequeueArgs),
     /// Delete dead events for good (lets a blocked ordering key go on without them).
     Discard(repair::DiscardArgs),
-    /// Delete SENT events older than an age, in batches.
+    /// Delete SENT events published more than an age ago, in batches.
     Prune(repair::PruneArgs),
     /// The least-privilege GRANT statements for a table's three roles.
     Grants(GrantsArgs),

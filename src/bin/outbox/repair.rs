@@ -49,7 +49,7 @@ pub(crate) struct PruneArgs {
     /// The outbox table.
     #[arg(long)]
     table: String,
-    /// Delete SENT events enqueued longer ago than this (e.g. 7d, 12h).
+    /// Delete SENT events published longer ago than this (e.g. 7d, 12h).
     #[arg(long, value_name = "AGE", value_parser = humantime::parse_duration)]
     older_than: Duration,
     /// Rows per transaction.
@@ -172,11 +172,11 @@ pub(crate) async fn prune(pool: &PgPool, args: PruneArgs) -> Result<(), Failure>
     let age = humantime::format_duration(args.older_than);
     let due = entry.count_prunable(pool, args.older_than).await?;
     if args.dry_run || due == 0 {
-        println!("would delete {due} SENT event(s) of {table} enqueued more than {age} ago");
+        println!("would delete {due} SENT event(s) of {table} published more than {age} ago");
         return Ok(());
     }
     confirm(
-        &format!("Delete {due} SENT event(s) of {table} enqueued more than {age} ago?"),
+        &format!("Delete {due} SENT event(s) of {table} published more than {age} ago?"),
         args.yes,
     )?;
     let progress = std::io::stderr().is_terminal();

@@ -562,7 +562,7 @@ struct PruneBody {
 }
 
 /// `POST /api/prune` `{"table": T, "older_than": "7d", "dry_run": false}`: deletes the
-/// SENT events enqueued longer ago than that, in batches (`dry_run` counts them).
+/// SENT events published longer ago than that, in batches (`dry_run` counts them).
 async fn api_prune(
     State(dashboard): State<Arc<Dashboard>>,
     headers: HeaderMap,
