@@ -92,14 +92,13 @@ impl Dashboard {
     /// Starts `outbox --database-url <url> serve --bind 127.0.0.1:0 <args>` and waits
     /// for the line saying where it listens.
     fn start(database_url: &str, args: &[&str]) -> TestResult<Self> {
+        Self::start_on(database_url, "127.0.0.1:0", args)
+    }
+
+    /// [`start`](Self::start), listening on `bind`.
+    fn start_on(database_url: &str, bind: &str, args: &[&str]) -> TestResult<Self> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_outbox"))
-            .args([
-                "--database-url",
-                database_url,
-                "serve",
-                "--bind",
-                "127.0.0.1:0",
-            ])
+            .args(["--database-url", database_url, "serve", "--bind", bind])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -400,6 +399,81 @@ async fn the_status_api_reports_every_table_and_the_throughput_it_sampled() -> T
     assert_eq!(token_of(&page.body), None);
 
     drop(dashboard);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn writes_on_an_address_other_machines_reach_need_a_login() -> TestResult {
+    let db = seeded().await?;
+    // The page hands its write token to whoever loads it: on every address, anyone.
+    let refused = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["--database-url", &db.url(), "serve", "--bind", "0.0.0.0:0"])
+        .arg("--allow-writes")
+        .output()?;
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{said}");
+    assert!(said.contains("needs --basic-auth-file"), "{said}");
+
+    let login = std::env::temp_dir().join(format!("outbox-login-{}", db.name()));
+    std::fs::write(&login, "ops:s3cret\n")?;
+    let dashboard = Dashboard::start_on(
+        &db.url(),
+        "0.0.0.0:0",
+        &[
+            "--allow-writes",
+            "--basic-auth-file",
+            &login.to_string_lossy(),
+        ],
+    )?;
+    let anonymous = dashboard.get("/").await?;
+    assert_eq!(anonymous.status, 401, "{}", anonymous.body);
+    assert!(
+        anonymous
+            .header("www-authenticate")
+            .is_some_and(|h| h.starts_with("Basic")),
+        "{anonymous:?}"
+    );
+    // ops:wrong, then ops:s3cret.
+    let wrong = [("Authorization", "Basic b3BzOndyb25n")];
+    let right = [("Authorization", "Basic b3BzOnMzY3JldA==")];
+    for path in ["/", "/api/status"] {
+        let reply = dashboard.request("GET", path, &wrong, None).await?;
+        assert_eq!(reply.status, 401, "{path}");
+        let reply = dashboard.request("GET", path, &right, None).await?;
+        assert_eq!(reply.status, 200, "{path}: {}", reply.body);
+    }
+    let token = token_of(&dashboard.request("GET", "/", &right, None).await?.body)
+        .expect("the page embeds its token");
+    let prune =
+        json!({ "table": "budget_events", "older_than": "0s", "dry_run": true }).to_string();
+    let without_login = dashboard
+        .request(
+            "POST",
+            "/api/prune",
+            &[
+                ("X-Outbox-Token", &token),
+                ("Content-Type", "application/json"),
+            ],
+            Some(&prune),
+        )
+        .await?;
+    assert_eq!(without_login.status, 401, "the token alone is not enough");
+    let with_login = dashboard
+        .request(
+            "POST",
+            "/api/prune",
+            &[
+                right[0],
+                ("X-Outbox-Token", &token),
+                ("Content-Type", "application/json"),
+            ],
+            Some(&prune),
+        )
+        .await?;
+    assert_eq!(with_login.status, 200, "{}", with_login.body);
+    drop(dashboard);
+    std::fs::remove_file(&login)?;
     db.drop_schema().await?;
     Ok(())
 }

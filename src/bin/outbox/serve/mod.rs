@@ -1,11 +1,14 @@
 //! `outbox serve`: one page with every outbox table's state, and the JSON API behind it.
 //!
-//! Reads are open to whoever reaches the address (127.0.0.1 by default). Writes
+//! Reads are open to whoever reaches the address (127.0.0.1 by default), unless
+//! `--basic-auth-file` names a login that every request must give (HTTP Basic). Writes
 //! (requeue, prune) exist only with `--allow-writes`, and then need the per-process
 //! token the page embeds: another site's page can neither read that token nor send the
-//! custom header without a CORS preflight, which this server never grants. The Host
-//! check keeps a DNS-rebound name from reading the page (and its token) as if it were
-//! this origin; the Origin check is a second line for writes.
+//! custom header without a CORS preflight, which this server never grants. That token
+//! stops other sites, not people: whoever loads the page has it. So writes on an
+//! address other machines reach need the login too. The Host check keeps a DNS-rebound
+//! name from reading the page (and its token) as if it were this origin; the Origin
+//! check is a second line for writes.
 
 mod samples;
 
@@ -52,9 +55,14 @@ pub(crate) struct Args {
     /// Where to listen.
     #[arg(long, default_value = "127.0.0.1:8080")]
     bind: SocketAddr,
-    /// Show the requeue and prune buttons (protected by a per-process token).
+    /// Show the requeue and prune buttons (protected by a per-process token). On an
+    /// address other machines can reach, only with --basic-auth-file.
     #[arg(long)]
     allow_writes: bool,
+    /// A file holding `user:password`: every request must give this login (HTTP Basic;
+    /// put TLS in front of the dashboard, as the password crosses the network).
+    #[arg(long, value_name = "FILE")]
+    basic_auth_file: Option<std::path::PathBuf>,
     /// Also answer requests for this host name (a proxy in front, a DNS name), as
     /// `name` or `name:port`; repeatable. Without it only the address it listens on
     /// (and `localhost` for a loopback address) is served.
@@ -71,6 +79,8 @@ struct Dashboard {
     pool: PgPool,
     /// `Some` exactly when writes are enabled.
     token: Option<String>,
+    /// The `Authorization` header every request must carry, if a login is required.
+    login: Option<String>,
     hosts: Hosts,
     sample_every: Duration,
     samples: Mutex<Samples>,
@@ -88,9 +98,22 @@ pub(crate) async fn run(pool: PgPool, args: Args) -> Result<(), Failure> {
         .await
         .map_err(|e| fail(format!("cannot listen on {}: {e}", args.bind)))?;
     let address = listener.local_addr()?;
+    let login = args
+        .basic_auth_file
+        .as_deref()
+        .map(read_login)
+        .transpose()?;
+    if args.allow_writes && login.is_none() && !address.ip().is_loopback() {
+        return Err(fail(format!(
+            "--allow-writes on {}, an address other machines can reach, needs \
+             --basic-auth-file: the page hands its write token to whoever loads it",
+            address.ip()
+        )));
+    }
     let dashboard = Arc::new(Dashboard {
         pool,
         token: args.allow_writes.then(random_hex),
+        login,
         hosts: Hosts::new(address, &args.allow_host),
         sample_every: args.sample_every,
         samples: Mutex::new(Samples::default()),
@@ -102,6 +125,10 @@ pub(crate) async fn run(pool: PgPool, args: Args) -> Result<(), Failure> {
         .route("/api/requeue", post(api_requeue))
         .route("/api/prune", post(api_prune))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such page") })
+        .layer(middleware::from_fn_with_state(
+            dashboard.clone(),
+            check_login,
+        ))
         .layer(middleware::from_fn_with_state(
             dashboard.clone(),
             check_host,
@@ -118,9 +145,13 @@ pub(crate) async fn run(pool: PgPool, args: Args) -> Result<(), Failure> {
     );
     if !address.ip().is_loopback() {
         eprintln!(
-            "outbox serve: warning: {} is reachable from other machines, without TLS and \
-             without authentication for reads",
-            address.ip()
+            "outbox serve: warning: {} is reachable from other machines, without TLS{}",
+            address.ip(),
+            if dashboard.login.is_some() {
+                " (the login crosses the network in the clear unless a proxy adds it)"
+            } else {
+                " and without a login: anyone who reaches it reads every table's state"
+            }
         );
     }
     let served = axum::serve(listener, app)
@@ -347,6 +378,49 @@ async fn check_host(
         .into_response(),
         None => ApiError::bad_request("no Host header").into_response(),
     }
+}
+
+/// The `Authorization` header of the login in `path` (`user:password`, one line).
+fn read_login(path: &std::path::Path) -> Result<String, Failure> {
+    use base64::Engine as _;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| fail(format!("cannot read {}: {e}", path.display())))?;
+    let login = text.trim_end_matches(['\r', '\n']);
+    match login.split_once(':') {
+        Some((user, password)) if !user.is_empty() && !password.is_empty() => Ok(format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(login)
+        )),
+        _ => Err(fail(format!(
+            "{} must hold one line `user:password`, both non-empty",
+            path.display()
+        ))),
+    }
+}
+
+/// Every request gives the login, when the dashboard has one.
+async fn check_login(
+    State(dashboard): State<Arc<Dashboard>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(login) = &dashboard.login else {
+        return next.run(request).await;
+    };
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes);
+    if given.is_some_and(|given| same_bytes(given, login.as_bytes())) {
+        return next.run(request).await;
+    }
+    let mut refused =
+        ApiError::new(StatusCode::UNAUTHORIZED, "this dashboard needs its login").into_response();
+    refused.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Basic realm=\"outbox\", charset=\"UTF-8\""),
+    );
+    refused
 }
 
 /// What a write must show: writes enabled, the token, a same-origin request, JSON.
