@@ -549,6 +549,26 @@ async fn a_write_needs_the_token_of_the_page_a_json_body_and_the_same_origin() -
         .await?;
     assert_eq!(reply.status, 404, "{}", reply.body);
     assert!(still_dead().await);
+    // "Requeue all" requeues what the operator confirmed, or nothing: one event is
+    // dead, the page said two.
+    let all = |expected: Option<u64>| match expected {
+        Some(n) => json!({ "table": "budget_events", "all": true, "expected": n }),
+        None => json!({ "table": "budget_events", "all": true }),
+    };
+    let reply = dashboard
+        .post("/api/requeue", &[with_token], &all(None))
+        .await?;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    let reply = dashboard
+        .post("/api/requeue", &[with_token], &all(Some(2)))
+        .await?;
+    assert_eq!(reply.status, 409, "{}", reply.body);
+    assert!(
+        reply.body.contains("nothing was requeued"),
+        "{}",
+        reply.body
+    );
+    assert!(still_dead().await);
 
     // The page's own request: the event is READY again; a second time leaves it alone.
     let same_origin = format!("http://{}", dashboard.address);

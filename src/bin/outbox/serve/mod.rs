@@ -580,9 +580,12 @@ struct RequeueBody {
     event_ids: Vec<String>,
     #[serde(default)]
     all: bool,
+    /// With `all`: how many dead events the operator confirmed.
+    expected: Option<u64>,
 }
 
-/// `POST /api/requeue` `{"table": T, "event_ids": [...]}` or `{"table": T, "all": true}`:
+/// `POST /api/requeue` `{"table": T, "event_ids": [...]}` or `{"table": T, "all": true,
+/// "expected": N}` (refused, and nothing changed, unless N events are dead):
 /// dead events back to READY with a fresh attempt budget, through the catalog's guarded
 /// statement (an event that is no longer DEAD is left alone, and listed).
 async fn api_requeue(
@@ -605,7 +608,26 @@ async fn api_requeue(
     }
     let entry = entry(&dashboard.pool, &body.table).await?;
     if body.all {
-        let requeued = entry.requeue_all_dead(&dashboard.pool).await?;
+        let Some(expected) = body.expected else {
+            return Err(ApiError::bad_request(
+                "with `all`, say in `expected` how many dead events were confirmed",
+            ));
+        };
+        // All or nothing: what was confirmed, not what died since.
+        let mut tx = dashboard.pool.begin().await?;
+        let requeued = entry.requeue_all_dead(&mut *tx).await?;
+        if requeued != expected {
+            tx.rollback().await?;
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "{requeued} events of `{}` are DEAD now, not the {expected} confirmed: \
+                     nothing was requeued",
+                    entry.table()
+                ),
+            ));
+        }
+        tx.commit().await?;
         return Ok(json_response(
             &json!({ "table": entry.table(), "requeued": requeued }),
         ));
