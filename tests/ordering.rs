@@ -212,6 +212,39 @@ async fn with_dead_releases_key_a_claim_that_moves_an_event_to_dead_wakes_the_on
 }
 
 #[tokio::test]
+async fn with_dead_releases_key_discarding_a_dead_event_leaves_the_retry_delay_after_it_alone()
+-> TestResult {
+    let db = schema_with(&[LenientStep::migrations()]).await?;
+    let pool = db.pool();
+    enqueue(pool, &lenient_pair()).await;
+    let a1 = LenientStep::claim(pool).await?.ok_or("a1")?;
+    assert_eq!(a1.retry(pool, None).await?, outbox::Retried::Dead);
+    // a1 DEAD does not hold the key: a2 was published, failed, and waits an hour
+    // before its next attempt (its destination is down).
+    let a2 = LenientStep::claim(pool).await?.ok_or("a2")?;
+    assert_eq!(a2.event_id().as_str(), "a2");
+    drop(a2);
+    sqlx::query(
+        "UPDATE lenient_order_events SET status = 'READY', lease_until = NULL
+         WHERE event_id = 'a2'",
+    )
+    .execute(pool)
+    .await?;
+    due_in::<LenientStep>(pool, "a2", 3600.0).await;
+
+    outbox::discard_dead::<LenientStep>(pool, &["a1"]).await?;
+    let due_in = support::rows::row_of::<LenientStep>(pool, "a2")
+        .await
+        .due_in;
+    assert!(
+        due_in > 3500.0,
+        "nothing waited behind a1: a2 keeps its delay ({due_in} s)"
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn discarding_a_dead_event_wakes_the_event_a_claim_set_aside_behind_it_meanwhile()
 -> TestResult {
     let db = schema_with(&[OrderStep::migrations()]).await?;

@@ -348,14 +348,10 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
         Statement::DiscardDead => {
             let sql =
                 format!("DELETE FROM {t} WHERE status = '{dead}' AND event_id = ANY($1::text[])");
-            let sql = releasing_as(
-                table,
-                &sql,
-                "",
-                &["event_id"],
-                Some("true"),
-                Successor::Latest,
-            );
+            // Where a `DEAD` event releases its key, nothing waits behind it: a wake
+            // would only cut short the retry delay of the event after it.
+            let released = (!dead_releases(table)).then_some("true");
+            let sql = releasing_as(table, &sql, "", &["event_id"], released, Successor::Latest);
             let checked = quote!(::sqlx::query!(#sql, #texts).fetch_all(pool).await?;);
             Definition { sql, checked }
         }

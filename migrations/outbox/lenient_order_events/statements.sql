@@ -243,21 +243,7 @@ WITH requeued AS (UPDATE "lenient_order_events" SET status = 'READY', attempts =
 SELECT count(*) AS requeued FROM requeued;
 
 -- discard_dead
-WITH done AS (
-DELETE FROM "lenient_order_events" WHERE status = 'DEAD' AND event_id = ANY($1::text[])
-    RETURNING event_id, id AS outbox_id, "order_id" AS outbox_key),
-next AS (
-    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
-        SELECT q.id, q.status, q.next_attempt_at FROM "lenient_order_events" AS q
-        WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
-            AND (q."order_id", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT' AND q.status <> 'DEAD'
-        ORDER BY q."order_id", q.id LIMIT 1) AS q
-    WHERE true
-), woken AS (
-    UPDATE "lenient_order_events" AS w SET next_attempt_at = least(w.next_attempt_at, statement_timestamp())
-    WHERE w.id = ANY(ARRAY(SELECT id FROM next))
-        AND w.status || '' = 'READY')
-SELECT event_id FROM done;
+DELETE FROM "lenient_order_events" WHERE status = 'DEAD' AND event_id = ANY($1::text[]) RETURNING event_id;
 
 -- prune_sent
 WITH doomed AS (
