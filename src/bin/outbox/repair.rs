@@ -170,22 +170,35 @@ pub(crate) async fn prune(pool: &PgPool, args: PruneArgs) -> Result<(), Failure>
     let entry = entry(pool, &args.table).await?;
     let table = entry.table();
     let age = humantime::format_duration(args.older_than);
-    let due = entry.count_prunable(pool, args.older_than).await?;
-    if args.dry_run || due == 0 {
+    // Counting reads every row of the table, which on the tables that most need a prune
+    // can outlast the statement timeout: with --yes there is nobody to show it to.
+    let due = if args.yes && !args.dry_run {
+        None
+    } else {
+        Some(entry.count_prunable(pool, args.older_than).await?)
+    };
+    if let Some(due) = due
+        && (args.dry_run || due == 0)
+    {
         println!("would delete {due} SENT event(s) of {table} published more than {age} ago");
         return Ok(());
     }
-    confirm(
-        &format!("Delete {due} SENT event(s) of {table} published more than {age} ago?"),
-        args.yes,
-    )?;
+    if let Some(due) = due {
+        confirm(
+            &format!("Delete {due} SENT event(s) of {table} published more than {age} ago?"),
+            args.yes,
+        )?;
+    }
     let progress = std::io::stderr().is_terminal();
     let mut total = 0;
     loop {
         let pruned = entry.prune_sent(pool, args.older_than, args.batch).await?;
         total += pruned;
         if progress {
-            eprint!("\rdeleted {total} of about {due}");
+            match due {
+                Some(due) => eprint!("\rdeleted {total} of about {due}"),
+                None => eprint!("\rdeleted {total}"),
+            }
         }
         // A short batch ends it (under steady traffic, rows keep coming of age: waiting
         // for an empty one might never end); rows another prune held are left to it.
