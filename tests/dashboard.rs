@@ -479,6 +479,45 @@ async fn writes_on_an_address_other_machines_reach_need_a_login() -> TestResult 
 }
 
 #[tokio::test]
+async fn requeue_all_requeues_the_count_confirmed_or_nothing() -> TestResult {
+    let db = seeded().await?;
+    let dashboard = Dashboard::start(&db.url(), &["--allow-writes"])?;
+    let page = dashboard.get("/").await?;
+    let token = token_of(&page.body).expect("a page with writes enabled embeds the token");
+    let with_token = ("X-Outbox-Token", token.as_str());
+    let still_dead = async || status::<Budgeted>(db.pool(), "doomed").await == "DEAD";
+    // "Requeue all" requeues what the operator confirmed, or nothing: one event is
+    // dead, the page said two.
+    let all = |expected: Option<u64>| match expected {
+        Some(n) => json!({ "table": "budget_events", "all": true, "expected": n }),
+        None => json!({ "table": "budget_events", "all": true }),
+    };
+    let reply = dashboard
+        .post("/api/requeue", &[with_token], &all(None))
+        .await?;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    let reply = dashboard
+        .post("/api/requeue", &[with_token], &all(Some(2)))
+        .await?;
+    assert_eq!(reply.status, 409, "{}", reply.body);
+    assert!(
+        reply.body.contains("nothing was requeued"),
+        "{}",
+        reply.body
+    );
+    assert!(still_dead().await);
+    let reply = dashboard
+        .post("/api/requeue", &[with_token], &all(Some(1)))
+        .await?;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.json()["requeued"], json!(1));
+    assert_eq!(status::<Budgeted>(db.pool(), "doomed").await, "READY");
+    drop(dashboard);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_write_needs_the_token_of_the_page_a_json_body_and_the_same_origin() -> TestResult {
     let db = seeded().await?;
     let dashboard = Dashboard::start(&db.url(), &["--allow-writes"])?;
@@ -548,26 +587,6 @@ async fn a_write_needs_the_token_of_the_page_a_json_body_and_the_same_origin() -
         )
         .await?;
     assert_eq!(reply.status, 404, "{}", reply.body);
-    assert!(still_dead().await);
-    // "Requeue all" requeues what the operator confirmed, or nothing: one event is
-    // dead, the page said two.
-    let all = |expected: Option<u64>| match expected {
-        Some(n) => json!({ "table": "budget_events", "all": true, "expected": n }),
-        None => json!({ "table": "budget_events", "all": true }),
-    };
-    let reply = dashboard
-        .post("/api/requeue", &[with_token], &all(None))
-        .await?;
-    assert_eq!(reply.status, 400, "{}", reply.body);
-    let reply = dashboard
-        .post("/api/requeue", &[with_token], &all(Some(2)))
-        .await?;
-    assert_eq!(reply.status, 409, "{}", reply.body);
-    assert!(
-        reply.body.contains("nothing was requeued"),
-        "{}",
-        reply.body
-    );
     assert!(still_dead().await);
 
     // The page's own request: the event is READY again; a second time leaves it alone.

@@ -1662,7 +1662,7 @@ async fn a_server_whose_transactions_default_to_repeatable_read_costs_the_relay_
             .batch_size(20)
             .concurrency(4),
     );
-    wait_until("2000 SENT", Duration::from_secs(60), async || {
+    wait_until("2000 SENT", Duration::from_mins(1), async || {
         count::<Budgeted>(db.pool(), "SENT").await == 2000
     })
     .await;

@@ -339,8 +339,9 @@ async fn claim_rows<'a, T: Outbox>(
 /// (`parked`), so on a large table the claim's estimated cost passes `jit_above_cost`
 /// and every execution would be compiled first: measured, 600 ms per claim that ran in
 /// 2 ms without. `LOCAL`: the setting ends with the transaction; one round trip, as a
-/// plain `BEGIN`. READ COMMITTED whatever the server's default, as every claim needs
-/// (the relay's `BEGIN` says why).
+/// plain `BEGIN`. READ COMMITTED whatever the server's default, as claims need (the
+/// relay's `BEGIN` says why; a claim in the caller's own transaction, or of a table
+/// without a key outside one, runs at the caller's or the server's level).
 pub(crate) const BEGIN_WITHOUT_JIT: &str =
     "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL jit = off";
 

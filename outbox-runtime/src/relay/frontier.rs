@@ -93,7 +93,9 @@ impl NextClaim<'_> {
 /// next sweep is spaced by the time this one took to fail, and at least
 /// [`AFTER_A_FAILED_SWEEP`]: a sweep that fails every time (one the server cancels
 /// after its `statement_timeout`, with the horizon held back) must leave the claims
-/// from the frontier room to run.
+/// from the frontier room to run. That time is the whole attempt's (a wait for the
+/// pool, the outcomes recorded before the claim), as the claim's own is not known;
+/// it is capped at [`MAX_SPACING`] all the same.
 #[derive(Debug)]
 struct Sweep<'f> {
     sweeps: &'f Mutex<Sweeps>,

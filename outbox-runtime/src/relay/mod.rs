@@ -100,7 +100,10 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
     /// hour.
     ///
     /// The pool needs `concurrency + 1` connections: one per busy worker (kept from batch
-    /// to batch, renewals included) and one that the relay's `LISTEN` session keeps.
+    /// to batch) and one that the relay's `LISTEN` session keeps. A few more let the
+    /// leases of a batch in flight be renewed while the worker's own connection records
+    /// the batch before it (which can wait on a row lock); without an idle one, the
+    /// renewal waits for that recording.
     pub fn new(pool: PgPool, sink: S) -> Self {
         let spec = T::SPEC;
         Self {
@@ -752,8 +755,10 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let busy = beside.is_some();
         let mut beside = pin!(futures_util::future::OptionFuture::from(beside));
         let mut ahead = None;
-        // Until `beside` gives the connection back, renewals take another from the pool.
+        // Until `beside` gives the connection back, renewals take an idle one from the
+        // pool, or wait for it when there is none.
         let mut db_busy = busy;
+        let mut renewal_waits = false;
 
         let results = loop {
             tokio::select! {
@@ -762,18 +767,25 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     conn.held = held;
                     ahead = Some(done);
                     db_busy = false;
+                    renewal_waits = false;
                 }
                 sent = &mut sending => {
                     break Some(sent.unwrap_or_else(|_| self.timed_out(rows.len())));
                 }
-                () = sleep_until(renewal.due()) => {
+                () = sleep_until(renewal.due()), if !renewal_waits => {
                     // The transaction beside can wait on a lock for up to its limit,
-                    // longer than a lease: renewals do not wait for it.
+                    // longer than a lease: a renewal does not wait for it if the pool
+                    // has an idle connection. (Not one acquired with a wait: the
+                    // transaction beside is not polled meanwhile.)
                     let lost = if db_busy {
+                        let Some(idle) = conn.pool.try_acquire() else {
+                            renewal_waits = true;
+                            continue;
+                        };
                         let mut spare = Connection {
                             pool: conn.pool,
                             table,
-                            held: None,
+                            held: Some(idle),
                         };
                         renewal.renew(&mut spare).await
                     } else {

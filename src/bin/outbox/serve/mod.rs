@@ -143,6 +143,14 @@ pub(crate) async fn run(pool: PgPool, args: Args) -> Result<(), Failure> {
             "read-only; --allow-writes enables requeue and prune"
         }
     );
+    if args.allow_writes && dashboard.login.is_none() && !args.allow_host.is_empty() {
+        eprintln!(
+            "outbox serve: warning: writes are enabled for {} without a login: unless the \
+             proxy in front authenticates, whoever reaches it can requeue and prune \
+             (--basic-auth-file)",
+            args.allow_host.join(", ")
+        );
+    }
     if !address.ip().is_loopback() {
         eprintln!(
             "outbox serve: warning: {} is reachable from other machines, without TLS{}",
