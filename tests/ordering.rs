@@ -289,6 +289,40 @@ async fn discarding_a_dead_event_wakes_the_event_a_claim_set_aside_behind_it_mea
 }
 
 #[tokio::test]
+async fn a_relay_of_a_build_without_the_key_refuses_a_table_a_newer_build_keyed() -> TestResult {
+    // A rollback: the table has its key (version 2); the relay is the build before it.
+    let db = schema_with(&[Shipment::migrations()]).await?;
+    let sink = outbox::relay::MemorySink::<ShipmentBeforeKey>::new();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(10),
+        Relay::<ShipmentBeforeKey, _>::new(db.pool().clone(), sink.clone())
+            .run(CancellationToken::new()),
+    )
+    .await?;
+    match outcome {
+        Err(outbox::OutboxError::Drift { table, details }) => {
+            assert_eq!(table, "shipment_events");
+            assert!(details.contains("the key `parcel`"), "{details}");
+        }
+        other => panic!("expected Drift, got {other:?}"),
+    }
+    assert!(sink.published().is_empty());
+    // The build with the key runs.
+    let keyed = Relay::<Shipment, _>::new(
+        db.pool().clone(),
+        outbox::relay::MemorySink::<Shipment>::new(),
+    );
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(keyed.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!running.is_finished(), "{:?}", running.await);
+    shutdown.cancel();
+    running.await??;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_key_added_by_a_later_version_orders_the_events_enqueued_after_it() -> TestResult {
     // The table as first released, with events in it.
     let db = schema_with(&[ShipmentBeforeKey::migrations()]).await?;

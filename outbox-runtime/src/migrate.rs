@@ -459,6 +459,32 @@ fn applied_migration(row: &PgRow) -> Result<Migration, sqlx::Error> {
     Ok(Migration::applied(version, name, applied_on, checksum))
 }
 
+/// The column a newer build orders `spec`'s table by, when this build's event type has
+/// no ordering key: the first column of the table's index on `(key, id)` for the events
+/// not yet `SENT`, which the migration adding a key creates. Read from PostgreSQL's own
+/// catalogs, which every role may read (a relay's role has no grant on the outbox
+/// catalog).
+pub(crate) async fn key_unknown_to_build(
+    pool: &PgPool,
+    spec: &'static TableSpec,
+) -> Result<Option<String>, OutboxError> {
+    if spec.key.is_some() {
+        return Ok(None);
+    }
+    let mut conn = crate::connect::acquire(pool, spec.table).await?;
+    sqlx::query_scalar(
+        "SELECT a.attname::text FROM pg_index i \
+         JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+         WHERE i.indrelid = to_regclass(quote_ident($1)) AND i.indnkeyatts = 2 \
+             AND pg_get_expr(i.indpred, i.indrelid) = '(status <> ''SENT''::text)' \
+         LIMIT 1",
+    )
+    .bind(spec.table)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(|e| OutboxError::from_sqlx(spec.table, e))
+}
+
 /// Logs the versions of `spec`'s table that a newer build applied: this build does not
 /// know them, and carries on if the columns it needs are there (checked next).
 async fn warn_if_newer(

@@ -182,6 +182,23 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
     ///
     /// A sink that panics does not stop the relay: see [`Sink`].
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), OutboxError> {
+        // A build from before the table's ordering key (a rollback, an old replica
+        // restarting) would claim without it, publishing a key's events out of order.
+        // (A database not answering yet is the workers' to wait for: no check then.)
+        let unknown_key = match crate::migrate::key_unknown_to_build(&self.pool, T::SPEC).await {
+            Err(error) if error.is_transient() => None,
+            checked => checked?,
+        };
+        if let Some(key) = unknown_key {
+            return Err(OutboxError::Drift {
+                table: T::SPEC.table,
+                details: format!(
+                    "a newer build orders it by the key `{key}`, which this build's event type \
+                     does not have: its relay would publish a key's events out of order; \
+                     run the relay of a build with the key"
+                ),
+            });
+        }
         let relay = Arc::new(self);
         let connections = relay.pool.options().get_max_connections() as usize;
         if connections <= relay.concurrency {
