@@ -108,6 +108,60 @@ pub async fn database_url() -> Result<String, TestSupportError> {
     Ok(cluster.url().to_owned())
 }
 
+/// The names of test schemas: this prefix and a UUIDv7, which says when it was created.
+const SCHEMA_PREFIX: &str = "outbox_test_";
+
+/// How old a test schema must be for a later test run to drop it: one whose test process
+/// was killed (a cancelled run, a CI timeout) before it could drop its own.
+const LEFTOVER_AGE: Duration = Duration::from_hours(24);
+
+/// Whether this process dropped the leftovers already.
+static LEFTOVERS_DROPPED: OnceCell<()> = OnceCell::const_new();
+
+/// Drops the test schemas older than `age` that no session uses: what killed test runs
+/// left behind. Best effort: a failure is logged and changes nothing.
+async fn drop_leftovers(pool: &PgPool, age: Duration) {
+    let names: Vec<String> = match sqlx::query_scalar(
+        "SELECT nspname::text FROM pg_namespace WHERE starts_with(nspname, $1) \
+         AND nspname NOT IN (SELECT application_name FROM pg_stat_activity \
+         WHERE application_name IS NOT NULL)",
+    )
+    .bind(SCHEMA_PREFIX)
+    .fetch_all(pool)
+    .await
+    {
+        Ok(names) => names,
+        Err(error) => {
+            tracing::debug!(%error, "cannot list the leftover test schemas");
+            return;
+        }
+    };
+    let now = std::time::SystemTime::now();
+    for name in names {
+        let created = name
+            .strip_prefix(SCHEMA_PREFIX)
+            .and_then(|id| Uuid::try_parse(id).ok())
+            .and_then(|id| id.get_timestamp())
+            .map(|at| {
+                let (secs, nanos) = at.to_unix();
+                std::time::UNIX_EPOCH + Duration::new(secs, nanos)
+            });
+        let old = created.is_some_and(|at| now.duration_since(at).is_ok_and(|d| d > age));
+        if !old {
+            continue;
+        }
+        let drop = format!("DROP SCHEMA IF EXISTS {} CASCADE", quote_ident(&name));
+        match sqlx::query(AssertSqlSafe(drop)).execute(pool).await {
+            Ok(_) => {
+                tracing::info!(schema = %name, "dropped a test schema a killed run left behind")
+            }
+            Err(error) => {
+                tracing::debug!(schema = %name, %error, "cannot drop a leftover test schema")
+            }
+        }
+    }
+}
+
 /// A freshly created schema, dropped afterwards.
 ///
 /// Call [`drop_schema`](Self::drop_schema) at the end of a test. If the test panics first,
@@ -132,12 +186,15 @@ impl TestSchema {
     /// [`Cluster`]'s [`url`](Cluster::url)), with a pool like [`new`](Self::new)'s.
     pub async fn new_in(base_url: &str) -> Result<TestSchema, TestSupportError> {
         let base_url = base_url.to_owned();
-        let name = format!("outbox_test_{}", Uuid::now_v7().simple());
+        let name = format!("{SCHEMA_PREFIX}{}", Uuid::now_v7().simple());
         // A `search_path` naming a schema that does not exist yet is fine, so the pool can
         // create it.
         let pool = open_pool(&base_url, &name, POOL_SIZE).await?;
         let create = format!("CREATE SCHEMA {}", quote_ident(&name));
         sqlx::query(AssertSqlSafe(create)).execute(&pool).await?;
+        LEFTOVERS_DROPPED
+            .get_or_init(|| drop_leftovers(&pool, LEFTOVER_AGE))
+            .await;
         Ok(TestSchema {
             name,
             base_url,
@@ -978,6 +1035,40 @@ mod tests {
             extra.close().await;
         }
         tokio::try_join!(a.drop_schema(), b.drop_schema()).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_schema_a_killed_run_left_a_day_ago_is_dropped_and_a_recent_one_kept() {
+        use uuid::{NoContext, Timestamp};
+        let schema = TestSchema::new().await.unwrap();
+        let two_days_ago = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            - Duration::from_hours(48);
+        let stamp = Timestamp::from_unix(NoContext, two_days_ago.as_secs(), 0);
+        let left = format!("{SCHEMA_PREFIX}{}", Uuid::new_v7(stamp).simple());
+        let recent = format!("{SCHEMA_PREFIX}{}", Uuid::now_v7().simple());
+        for name in [&left, &recent] {
+            sqlx::query(AssertSqlSafe(format!(
+                "CREATE SCHEMA {}",
+                quote_ident(name)
+            )))
+            .execute(schema.pool())
+            .await
+            .unwrap();
+        }
+        drop_leftovers(schema.pool(), LEFTOVER_AGE).await;
+        assert!(!schema_exists(&left).await, "two days old: dropped");
+        assert!(schema_exists(&recent).await, "a running test's: kept");
+        assert!(schema_exists(schema.name()).await, "in use: kept");
+        sqlx::query(AssertSqlSafe(format!(
+            "DROP SCHEMA {}",
+            quote_ident(&recent)
+        )))
+        .execute(schema.pool())
+        .await
+        .unwrap();
+        schema.drop_schema().await.unwrap();
     }
 
     #[tokio::test]
