@@ -1678,6 +1678,66 @@ async fn a_server_whose_transactions_default_to_repeatable_read_costs_the_relay_
     Ok(())
 }
 
+#[tokio::test]
+async fn a_reason_a_latin1_database_cannot_hold_is_stored_escaped_and_the_relay_goes_on()
+-> TestResult {
+    let base = outbox::testing::database_url().await?;
+    let name = format!(
+        "outbox_latin1_{}",
+        &uuid::Uuid::now_v7().simple().to_string()[20..]
+    );
+    let admin = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&base)
+        .await?;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+    )))
+    .execute(&admin)
+    .await?;
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(PgConnectOptions::from_str(&base)?.database(&name))
+        .await?;
+    outbox::migrate(&pool, &[Budgeted::migrations()]).await?;
+    enqueue(&pool, &[budgeted("snowman"), budgeted("plain")]).await;
+    // A broker's reason in characters LATIN1 has (é) and has not (☃).
+    let sink = ScriptSink::new(|_, seen| Plan {
+        wait: Wait::Nothing,
+        results: seen
+            .iter()
+            .map(|s| match s.event_id.as_str() {
+                "snowman" => Err(SinkError::permanent("colis refusé ☃")),
+                _ => Ok(()),
+            })
+            .collect(),
+    });
+    let relay = start(fast(Relay::<Budgeted, _>::new(pool.clone(), sink)));
+    wait_until(
+        "snowman DEAD, plain SENT",
+        Duration::from_secs(10),
+        async || {
+            status::<Budgeted>(&pool, "snowman").await == "DEAD"
+                && status::<Budgeted>(&pool, "plain").await == "SENT"
+        },
+    )
+    .await;
+    assert!(relay.is_running(), "recording the reason did not stop it");
+    relay.stop().await?;
+    let reason = row_of::<Budgeted>(&pool, "snowman").await.last_error;
+    assert!(
+        reason
+            .as_deref()
+            .is_some_and(|r| r.contains("colis refus\\u{e9} \\u{2603}")),
+        "{reason:?}"
+    );
+    pool.close().await;
+    sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)")))
+        .execute(&admin)
+        .await?;
+    Ok(())
+}
+
 /// A sink that checks each batch before it returns the future publishing it, and
 /// panics on the poison event there.
 #[derive(Clone)]

@@ -90,6 +90,9 @@ pub struct Relay<T, S> {
     send_timeout: Duration,
     retry: Backoff,
     unavailable: Backoff,
+    /// Whether the database stores only ASCII reasons safely (its encoding is neither
+    /// UTF-8 nor SQL_ASCII): read when the relay starts.
+    ascii_reasons: bool,
     event: PhantomData<fn() -> T>,
 }
 
@@ -116,6 +119,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             send_timeout: spec.lease.max(Duration::from_secs(30)),
             retry: Backoff::new(spec.retry_delay, Duration::from_hours(1)),
             unavailable: Backoff::new(Duration::from_millis(100), Duration::from_secs(5)),
+            ascii_reasons: false,
             event: PhantomData,
         }
     }
@@ -199,7 +203,9 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
                 ),
             });
         }
-        let relay = Arc::new(self);
+        let mut relay = self;
+        relay.ascii_reasons = only_ascii_is_safe(&relay.pool, T::SPEC.table).await;
+        let relay = Arc::new(relay);
         let connections = relay.pool.options().get_max_connections() as usize;
         if connections <= relay.concurrency {
             tracing::warn!(
@@ -258,6 +264,27 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             std::panic::resume_unwind(panic);
         }
         outcome
+    }
+}
+
+/// Whether `pool`'s database can store only ASCII reliably in a reason: a broker's
+/// error text can hold any character, and one the database's encoding lacks (LATIN1
+/// has no `☃`) fails the statement recording the outcome (22P05), for good. UTF-8 and
+/// SQL_ASCII store anything. A database not answering yet counts as UTF-8.
+async fn only_ascii_is_safe(pool: &PgPool, table: &'static str) -> bool {
+    let encoding: Result<String, _> =
+        sqlx::query_scalar("SELECT current_setting('server_encoding')")
+            .fetch_one(pool)
+            .await;
+    match encoding {
+        Ok(encoding) => {
+            let ascii = !matches!(encoding.as_str(), "UTF8" | "SQL_ASCII");
+            if ascii {
+                tracing::info!(table, %encoding, "the database is not UTF-8: reasons are stored with non-ASCII characters escaped");
+            }
+            ascii
+        }
+        Err(_) => false,
     }
 }
 
@@ -731,7 +758,16 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                 drained: (!full || found_nothing) && T::SPEC.key().is_none(),
                 unavailable: unavailable.is_some(),
                 ..Pending::of(
-                    in_flight::outcomes(&rows, results, &self.relay.retry),
+                    in_flight::outcomes(&rows, results, &self.relay.retry)
+                        .into_iter()
+                        .map(|(row, outcome)| {
+                            if self.relay.ascii_reasons {
+                                (row, outcome.in_ascii())
+                            } else {
+                                (row, outcome)
+                            }
+                        })
+                        .collect(),
                     lease_deadline,
                 )
             };

@@ -25,6 +25,37 @@ pub(crate) enum Outcome {
     Release,
 }
 
+impl Outcome {
+    /// This outcome, its reason with every non-ASCII character escaped (`\u{2603}`).
+    pub(crate) fn in_ascii(self) -> Self {
+        let escape = |error: String| {
+            if error.is_ascii() {
+                return error;
+            }
+            error
+                .chars()
+                .map(|c| {
+                    if c.is_ascii() {
+                        c.to_string()
+                    } else {
+                        c.escape_unicode().to_string()
+                    }
+                })
+                .collect()
+        };
+        match self {
+            Self::Retry { delay, error } => Self::Retry {
+                delay,
+                error: escape(error),
+            },
+            Self::Dead { error } => Self::Dead {
+                error: escape(error),
+            },
+            other => other,
+        }
+    }
+}
+
 /// A row the relay owns: id and generation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Owned {
