@@ -3,7 +3,7 @@
 //! relay and its sinks (the broker sinks behind their cargo features), and the
 //! consumer's inbox.
 //!
-//! Users depend on the `outbox` facade, which re-exports everything here.
+//! Users depend on the `outbox` facade, which re-exports everything an application uses.
 
 pub mod catalog;
 mod claim;
