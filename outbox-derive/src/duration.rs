@@ -62,8 +62,10 @@ fn parse_attr(
 fn parse(text: &str, key: &str, floor: &Floor) -> Result<Duration, String> {
     match humantime::parse_duration(text) {
         Ok(d) if d < floor.min => Err(floor.message.to_owned()),
-        Ok(d) if d.as_micros() > u128::from(i64::MAX.unsigned_abs()) => Err(format!(
-            "`{key}` is longer than a PostgreSQL interval can be (about 292,000 years)"
+        // The runtime refuses longer delays, and a longer lease would overflow
+        // `timestamptz` in every claim.
+        Ok(d) if d > outbox_internals::MAX_INTERVAL => Err(format!(
+            "`{key}` is longer than 10,000 years, the longest interval the outbox takes"
         )),
         Ok(d) if d.subsec_micros() * 1000 != d.subsec_nanos() => Err(format!(
             "`{key}` must be a whole number of microseconds, PostgreSQL's interval precision"
@@ -128,15 +130,13 @@ mod tests {
     }
 
     #[test]
-    fn durations_beyond_an_interval_are_refused() {
-        let long = "`lease` is longer than a PostgreSQL interval can be (about 292,000 years)";
+    fn durations_beyond_the_runtimes_longest_interval_are_refused() {
+        let long = "`lease` is longer than 10,000 years, the longest interval the outbox takes";
         assert_eq!(lease("300000years"), Err(long.to_owned()));
-        // i64::MAX microseconds is the longest an interval holds.
-        assert_eq!(
-            lease("9223372036854s 775ms 807us"),
-            Ok(Duration::from_micros(i64::MAX.unsigned_abs()))
-        );
-        assert_eq!(lease("9223372036854s 775ms 808us"), Err(long.to_owned()));
+        assert_eq!(lease("20000years"), Err(long.to_owned()));
+        // 10,000 years of 365.25 days is the longest.
+        assert_eq!(lease("87660000h"), Ok(Duration::from_hours(87_660_000)));
+        assert_eq!(lease("87660000h 1us"), Err(long.to_owned()));
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
         let (field, ty) = (&f.ident, &f.ty);
         quote! {
             #field: <#ty as #p::EventIdField>::from_event_id(event_id).map_err(|source| #p::sqlx::Error::ColumnDecode {
-                index: ::std::string::String::from("event_id"),
+                index: <::std::string::String as ::core::convert::From<&::core::primitive::str>>::from("event_id"),
                 source,
             })?,
         }
@@ -101,7 +101,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
                 query #(#bind_columns)*
             }
 
-            fn decode(row: &#p::PgRow, event_id: &str) -> ::core::result::Result<Self, #p::sqlx::Error> {
+            fn decode(row: &#p::PgRow, event_id: &::core::primitive::str) -> ::core::result::Result<Self, #p::sqlx::Error> {
                 ::core::result::Result::Ok(Self {
                     #decode_event_id
                     #(#decodes)*
@@ -127,7 +127,7 @@ fn checked(model: &Model, definitions: &[Definition]) -> TokenStream {
         const _: () = {
             #[allow(dead_code, clippy::all, clippy::pedantic)]
             async fn checked(pool: &::sqlx::PgPool, event: &#ident) -> ::core::result::Result<(), ::sqlx::Error> {
-                let (ids, texts): (&[i64], &[::std::string::String]) = (&[], &[]);
+                let (ids, texts): (&[::core::primitive::i64], &[::std::string::String]) = (&[], &[]);
                 let delays: &[::std::time::Duration] = &[];
                 #(#checks)*
                 ::core::result::Result::Ok(())
@@ -143,7 +143,7 @@ pub(crate) fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
     quote! {
         #[automatically_derived]
         impl #ident {
-            #[doc = concat!("Writes this event into `", #table, "` through `executor`: pass the business transaction (`&mut *tx`) so both commit together. An event whose id is already there is not written again (`Enqueued::Duplicate`), and the transaction stays usable.")]
+            #[doc = ::core::concat!("Writes this event into `", #table, "` through `executor`: pass the business transaction (`&mut *tx`) so both commit together. An event whose id is already there is not written again (`Enqueued::Duplicate`), and the transaction stays usable.")]
             pub async fn enqueue<'e>(
                 &self,
                 executor: impl #p::PgExecutor<'e>,
@@ -151,7 +151,7 @@ pub(crate) fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
                 #p::enqueue(self, executor).await
             }
 
-            #[doc = concat!("Writes `events` into `", #table, "` in one statement (pass the business transaction), returning what happened to each, in order: an id already there (or earlier in `events`) is `Enqueued::Duplicate` and not written again.")]
+            #[doc = ::core::concat!("Writes `events` into `", #table, "` in one statement (pass the business transaction), returning what happened to each, in order: an id already there (or earlier in `events`) is `Enqueued::Duplicate` and not written again.")]
             pub async fn enqueue_all<'c>(
                 events: &[Self],
                 conn: impl #p::Acquire<'c, Database = #p::Postgres>,
@@ -159,22 +159,22 @@ pub(crate) fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
                 #p::enqueue_all(events, conn).await
             }
 
-            #[doc = concat!("Claims the next due event of `", #table, "`, if any, under a fresh lease and generation.")]
+            #[doc = ::core::concat!("Claims the next due event of `", #table, "`, if any, under a fresh lease and generation.")]
             pub async fn claim<'c>(
                 conn: impl #p::Acquire<'c, Database = #p::Postgres>,
             ) -> ::core::result::Result<::core::option::Option<#p::Claim<Self>>, #p::OutboxError> {
                 #p::claim(conn).await
             }
 
-            #[doc = concat!("Claims up to `limit` due events of `", #table, "` in one statement.")]
+            #[doc = ::core::concat!("Claims up to `limit` due events of `", #table, "` in one statement.")]
             pub async fn claim_batch<'c>(
                 conn: impl #p::Acquire<'c, Database = #p::Postgres>,
-                limit: u32,
+                limit: ::core::primitive::u32,
             ) -> ::core::result::Result<::std::vec::Vec<#p::Claim<Self>>, #p::OutboxError> {
                 #p::claim_batch(conn, limit).await
             }
 
-            #[doc = concat!("The migrations of `", #table, "`, for `outbox::migrate`.")]
+            #[doc = ::core::concat!("The migrations of `", #table, "`, for `outbox::migrate`.")]
             pub fn migrations() -> #p::TableMigrations {
                 #p::TableMigrations::of::<Self>()
             }
@@ -215,7 +215,10 @@ fn bind_column(p: &TokenStream, f: &Field) -> TokenStream {
         (true, false) => quote!(#p::Json(&event.#field)),
         (true, true) => quote!(event.#field.as_ref().map(#p::Json)),
     };
-    quote!(.bind(events.iter().map(|event| #value).collect::<::std::vec::Vec<_>>()))
+    // Iterator's methods by path: the user's module may have no prelude.
+    quote!(.bind(::core::iter::Iterator::collect::<::std::vec::Vec<_>>(
+        ::core::iter::Iterator::map(events.iter(), |event| #value)
+    )))
 }
 
 fn decode(p: &TokenStream, f: &Field) -> TokenStream {

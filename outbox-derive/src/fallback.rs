@@ -76,7 +76,7 @@ fn stand_in(input: &DeriveInput) -> TokenStream {
                 ::core::unimplemented!()
             }
 
-            fn decode(_: &#p::PgRow, _: &str) -> ::core::result::Result<Self, #p::sqlx::Error> {
+            fn decode(_: &#p::PgRow, _: &::core::primitive::str) -> ::core::result::Result<Self, #p::sqlx::Error> {
                 ::core::unimplemented!()
             }
         }

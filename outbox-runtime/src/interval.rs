@@ -7,8 +7,9 @@ use crate::spec::interval;
 
 /// The longest delay or age the outbox accepts: 10,000 years (of 365.25 days). Far
 /// beyond any sensible retry delay, and short enough that `now() ± MAX_INTERVAL` is
-/// always a valid `timestamptz` and fits an `interval`.
-pub const MAX_INTERVAL: Duration = Duration::from_hours(10_000 * 8_766);
+/// always a valid `timestamptz` and fits an `interval`. `#[derive(Outbox)]` refuses a
+/// longer `lease` or `retry_delay`.
+pub const MAX_INTERVAL: Duration = outbox_internals::MAX_INTERVAL;
 
 /// `value`, truncated to microseconds, or the error that names `what` on `table`.
 pub(crate) fn checked(

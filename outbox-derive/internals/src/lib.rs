@@ -293,6 +293,11 @@ pub const HISTORY_PREFIX: &str = "_outbox_history_";
 /// PostgreSQL truncates longer identifiers, so the derive refuses them.
 pub const MAX_IDENTIFIER: usize = 63;
 
+/// The longest delay, lease or age the outbox accepts: 10,000 years (of 365.25 days).
+/// Far beyond any sensible one, and short enough that `now() ± MAX_INTERVAL` is always
+/// a valid `timestamptz` and fits an `interval`.
+pub const MAX_INTERVAL: std::time::Duration = std::time::Duration::from_hours(10_000 * 8_766);
+
 /// A plain lowercase SQL identifier: nothing to quote, nothing to inject. (Its length
 /// is a separate rule: at most [`MAX_IDENTIFIER`] bytes.)
 pub fn is_plain_identifier(name: &str) -> bool {
