@@ -80,9 +80,9 @@ impl Model {
         let lease = duration::lease(attrs.lease.as_ref(), &mut errors);
         let retry_delay = duration::retry_delay(attrs.retry_delay.as_ref(), &mut errors);
         let max_attempts = parse_max_attempts(attrs.max_attempts.as_ref(), &mut errors);
-        let (event_id, fields) = fields::fields(named, &input.generics, &mut errors);
+        let (event_id, fields, keyed) = fields::fields(named, &input.generics, &mut errors);
         let dead = match &attrs.dead_releases_key {
-            Some(flag) if !fields.iter().any(|f| f.key) => {
+            Some(flag) if !keyed => {
                 errors.push(syn::Error::new(
                     flag.span(),
                     "`dead_releases_key` needs an ordering key: mark the field that holds the aggregate id with #[outbox(key)]",
