@@ -153,10 +153,10 @@ async fn drop_leftovers(pool: &PgPool, age: Duration) {
         let drop = format!("DROP SCHEMA IF EXISTS {} CASCADE", quote_ident(&name));
         match sqlx::query(AssertSqlSafe(drop)).execute(pool).await {
             Ok(_) => {
-                tracing::info!(schema = %name, "dropped a test schema a killed run left behind")
+                tracing::info!(schema = %name, "dropped a test schema a killed run left behind");
             }
             Err(error) => {
-                tracing::debug!(schema = %name, %error, "cannot drop a leftover test schema")
+                tracing::debug!(schema = %name, %error, "cannot drop a leftover test schema");
             }
         }
     }
@@ -1041,10 +1041,9 @@ mod tests {
     async fn a_schema_a_killed_run_left_a_day_ago_is_dropped_and_a_recent_one_kept() {
         use uuid::{NoContext, Timestamp};
         let schema = TestSchema::new().await.unwrap();
-        let two_days_ago = std::time::SystemTime::now()
+        let two_days_ago = (std::time::SystemTime::now() - Duration::from_hours(48))
             .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            - Duration::from_hours(48);
+            .unwrap();
         let stamp = Timestamp::from_unix(NoContext, two_days_ago.as_secs(), 0);
         let left = format!("{SCHEMA_PREFIX}{}", Uuid::new_v7(stamp).simple());
         let recent = format!("{SCHEMA_PREFIX}{}", Uuid::now_v7().simple());
