@@ -502,6 +502,7 @@ async fn status_watch_refreshes_until_interrupted() -> TestResult {
     let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
         .args(["--database-url", &db.url(), "status", "--watch", "100ms"])
         .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
         .spawn()?;
     let mut stdout = tokio::io::BufReader::new(watch.stdout.take().ok_or("stdout")?);
     // Three refreshes, each a header and the table's line.
@@ -509,7 +510,12 @@ async fn status_watch_refreshes_until_interrupted() -> TestResult {
     let mut line = String::new();
     while refreshes < 3 {
         line.clear();
-        tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line).await?;
+        tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line),
+        )
+        .await
+        .map_err(|_| "no refresh in 30 s")??;
         assert!(!line.is_empty(), "the watch ended early");
         if line.starts_with("budget_events") {
             refreshes += 1;

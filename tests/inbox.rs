@@ -10,7 +10,7 @@ use outbox::OutboxError;
 use outbox::inbox::{self, Inbox, Received};
 use outbox::testing::TestSchema;
 use sqlx::PgPool;
-use support::TestResult;
+use support::{TestResult, wait_until};
 
 async fn fresh() -> TestResult<TestSchema> {
     let db = TestSchema::new().await?;
@@ -135,11 +135,23 @@ async fn a_concurrent_copy_waits_for_the_first_and_is_a_duplicate() -> TestResul
             Ok::<_, Box<dyn std::error::Error + Send + Sync>>(received)
         }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !second.is_finished(),
-        "the second copy waits for the first transaction"
-    );
+    // The second copy's insert waits for the first transaction's row lock.
+    wait_until(
+        "the second copy waits on the first's lock",
+        Duration::from_secs(10),
+        async || {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT FROM pg_stat_activity \
+                 WHERE application_name = $1 AND wait_event_type = 'Lock')",
+            )
+            .bind(db.name())
+            .fetch_one(pool)
+            .await
+            .expect("pg_stat_activity")
+        },
+    )
+    .await;
+    assert!(!second.is_finished(), "it waits, and returns nothing yet");
     first.commit().await?;
     assert_eq!(
         second.await?.map_err(|e| e.to_string())?,

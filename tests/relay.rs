@@ -8,11 +8,13 @@ mod support;
 
 use std::collections::{BTreeSet, HashSet};
 use std::future::pending;
+use std::panic::AssertUnwindSafe;
 use std::str::FromStr as _;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use common::{BenchEvent, EmailChanged, OrderPlaced, PaymentCaptured};
+use futures_util::FutureExt as _;
 use outbox::relay::{Backoff, CancellationToken, Delivery, MemorySink, Relay, Sink, SinkError};
 use outbox::testing::TestSchema;
 use outbox::{EventId, Outbox, OutboxError};
@@ -411,15 +413,14 @@ async fn a_notification_wakes_an_idle_relay_long_before_its_poll_interval() -> T
             email: format!("{n}@example.com"),
             referrer: None,
         };
-        let enqueued = Instant::now();
         event.enqueue(pool).await?;
+        // Well before the poll, a minute away: woken by the notification.
         wait_until(
             "the notified relay published it",
-            Duration::from_secs(3),
+            Duration::from_secs(20),
             async || sink.published().len() == n,
         )
         .await;
-        assert!(enqueued.elapsed() < Duration::from_secs(3));
         assert_eq!(sink.published()[n - 1].event, event);
     }
     relay.stop().await?;
@@ -628,17 +629,21 @@ async fn a_batch_claimed_ahead_that_was_taken_over_while_it_waited_is_not_publis
     // Another publisher takes it over meanwhile (as after a pause of this relay's past
     // the lease).
     let theirs = take_over::<PaymentCaptured>(pool, &second).await;
+    // A third event: once it is out, the worker has moved past the second.
+    let third = payment(3).enqueue(pool).await?.into_event_id();
 
     wait_until(
-        "the slow send is SENT",
+        "the slow send and the third SENT",
         Duration::from_secs(10),
-        async || status::<PaymentCaptured>(pool, &first).await == "SENT",
+        async || {
+            status::<PaymentCaptured>(pool, &first).await == "SENT"
+                && status::<PaymentCaptured>(pool, &third).await == "SENT"
+        },
     )
     .await;
-    sleep(Duration::from_millis(300)).await;
     assert_eq!(
         sink.calls(),
-        [[Seen::new(&first, 1, 1)]],
+        [[Seen::new(&first, 1, 1)], [Seen::new(&third, 1, 1)]],
         "the batch claimed ahead was checked before the sink got it"
     );
     let row = row_of::<PaymentCaptured>(pool, &second).await;
@@ -782,6 +787,8 @@ async fn a_rejected_renewal_abandons_that_event_and_records_the_rest_of_the_batc
 #[tokio::test]
 async fn a_batch_published_after_a_takeover_records_sent_for_every_row_but_the_taken_one()
 -> TestResult {
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
     let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     let ids = enqueue(pool, &[budgeted("victim"), budgeted("other")]).await;
@@ -819,6 +826,17 @@ async fn a_batch_published_after_a_takeover_records_sent_for_every_row_but_the_t
         sink.calls().len(),
         1,
         "the relay did not publish the victim again"
+    );
+    // What an operator sees of it: one stale outcome, one SENT, two claimed.
+    let table = Budgeted::SPEC.table();
+    let metric = |name| counters.get(name, table);
+    assert_eq!(
+        (
+            metric(outbox::relay::metric::STALE),
+            metric(outbox::relay::metric::SENT),
+            metric(outbox::relay::metric::CLAIMED)
+        ),
+        (1, 1, 2)
     );
     db.drop_schema().await?;
     Ok(())
@@ -1351,8 +1369,8 @@ async fn a_hung_sink_is_cut_off_by_the_send_timeout_and_the_batch_is_retried() -
     let retried = retried.expect("seen");
     let error = retried.last_error.as_deref().unwrap_or_default();
     assert!(error.contains("publish timed out after 200ms"), "{error}");
-    // Backed off by 1 to 2 s (equal jitter on 2 s), minus the time since.
-    assert!(0.5 < retried.due_in && retried.due_in <= 2.0, "{retried:?}");
+    // Backed off by 1 to 2 s (equal jitter on 2 s), minus the time since: still ahead.
+    assert!(0.0 < retried.due_in && retried.due_in <= 2.0, "{retried:?}");
     assert_eq!(sink.abandoned(), 1, "the hung send was dropped");
     assert!(relay.is_running());
 
@@ -1695,9 +1713,24 @@ async fn a_reason_a_latin1_database_cannot_hold_is_stored_escaped_and_the_relay_
     )))
     .execute(&admin)
     .await?;
+    let options = PgConnectOptions::from_str(&base)?.database(&name);
+    // The database is the cluster's: dropped whatever the test did.
+    let outcome = AssertUnwindSafe(escaped_in_latin1(options))
+        .catch_unwind()
+        .await;
+    sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)")))
+        .execute(&admin)
+        .await?;
+    match outcome {
+        Ok(result) => result,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+async fn escaped_in_latin1(options: PgConnectOptions) -> TestResult {
     let pool = PgPoolOptions::new()
         .max_connections(4)
-        .connect_with(PgConnectOptions::from_str(&base)?.database(&name))
+        .connect_with(options)
         .await?;
     outbox::migrate(&pool, &[Budgeted::migrations()]).await?;
     enqueue(&pool, &[budgeted("snowman"), budgeted("plain")]).await;
@@ -1732,9 +1765,6 @@ async fn a_reason_a_latin1_database_cannot_hold_is_stored_escaped_and_the_relay_
         "{reason:?}"
     );
     pool.close().await;
-    sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)")))
-        .execute(&admin)
-        .await?;
     Ok(())
 }
 
@@ -1860,9 +1890,13 @@ async fn a_relay_whose_role_may_not_update_stops_with_permission_denied() -> Tes
 #[tokio::test]
 async fn a_relay_refused_by_the_server_stops_and_says_where() -> TestResult {
     let db = schema_from_zero(&[Budgeted::migrations()]).await?;
+    // The test's own role, whatever the server: `root` on CI, `postgres` on the
+    // throwaway cluster, yours with your DATABASE_URL.
+    let options: PgConnectOptions = db.url().parse()?;
+    let own = options.get_username().to_owned();
     for (user, database, cause) in [
         ("no_such_role", None, "no_such_role"),
-        ("root", Some("no_such_database"), "no_such_database"),
+        (own.as_str(), Some("no_such_database"), "no_such_database"),
     ] {
         let pool = pool_as(&db, user, database)?;
         let error = run_until_it_gives_up(fast(Relay::new(

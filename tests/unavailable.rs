@@ -130,8 +130,9 @@ async fn a_long_outage_burns_no_attempts_backs_off_and_logs_twice() -> TestResul
             "after refusal {}: waited {gap:?}, less than half of {ceiling:?}",
             n + 1
         );
+        // (A few seconds of margin, for a loaded machine.)
         assert!(
-            gap < cap + Duration::from_secs(1),
+            gap < cap + Duration::from_secs(5),
             "after refusal {}: waited {gap:?}, far past the cap",
             n + 1
         );

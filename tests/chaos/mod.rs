@@ -1040,10 +1040,13 @@ pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, Stri
     report.enqueue_retries = orders.finish(&mut report.failures).await;
     report.chaos = chaos_started.elapsed();
 
-    if report.kills == 0 || report.pauses == 0 || report.terminations == 0 {
+    // A restart that could run must have run (a drain faster than the chaos would
+    // otherwise pass without one).
+    let restart_missing = report.restart_skipped.is_none() && report.restarts == 0;
+    if report.kills == 0 || report.pauses == 0 || report.terminations == 0 || restart_missing {
         report.failures.push(format!(
-            "too little chaos: {} kills, {} pauses, {} termination rounds",
-            report.kills, report.pauses, report.terminations
+            "too little chaos: {} kills, {} pauses, {} termination rounds, {} restarts",
+            report.kills, report.pauses, report.terminations, report.restarts
         ));
     }
     drain(config, &pool, &mut relays, &mut report).await?;
