@@ -65,6 +65,15 @@ async fn status_of(db: &TestSchema, event_id: &str) -> TestResult<Option<String>
     )
 }
 
+async fn status_of_step(db: &TestSchema, event_id: &str) -> TestResult<Option<String>> {
+    Ok(
+        sqlx::query_scalar("SELECT status FROM order_step_events WHERE event_id = $1")
+            .bind(event_id)
+            .fetch_optional(db.pool())
+            .await?,
+    )
+}
+
 #[tokio::test]
 async fn status_shows_every_table_and_exits_3_while_events_are_dead() -> TestResult {
     let db = schema_with(&[Budgeted::migrations(), Receipt::migrations()]).await?;
@@ -195,7 +204,13 @@ async fn requeue_says_what_it_would_do_then_does_it_and_asks_before_a_bulk_chang
         &["requeue", "--table", "budget_events", &a, "c", "--dry-run"],
     )
     .await?;
-    assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
+    // c is not dead: a script sees that not everything it named would change.
+    assert_eq!(dry.status.code(), Some(3), "{}", stderr(&dry));
+    assert!(
+        stderr(&dry).contains("1 of the 2 event id(s) named would be left alone"),
+        "{}",
+        stderr(&dry)
+    );
     assert_eq!(
         stdout(&dry),
         format!(
@@ -210,6 +225,7 @@ async fn requeue_says_what_it_would_do_then_does_it_and_asks_before_a_bulk_chang
     );
 
     let done = outbox(&db, &["requeue", "--table", "budget_events", &a]).await?;
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
     assert_eq!(
         stdout(&done),
         format!("requeued 1 event(s) of budget_events\n  {a}\n")
@@ -262,6 +278,32 @@ async fn discard_lets_a_held_key_go_on_and_prune_deletes_old_sent_events() -> Te
         "held back by its dead predecessor"
     );
 
+    // A dry run says what would go and deletes nothing; without a terminal to ask
+    // on, only --yes deletes.
+    let dry = outbox(
+        &db,
+        &[
+            "discard",
+            "--table",
+            "order_step_events",
+            "first",
+            "--dry-run",
+        ],
+    )
+    .await?;
+    assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
+    assert_eq!(
+        stdout(&dry),
+        "would discard 1 event(s) of order_step_events\n  first\n"
+    );
+    let refused = outbox(&db, &["discard", "--table", "order_step_events", "first"]).await?;
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("confirm with --yes"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(status_of_step(&db, "first").await?.as_deref(), Some("DEAD"));
     let discarded = outbox(
         &db,
         &["discard", "--table", "order_step_events", "first", "--yes"],

@@ -47,9 +47,10 @@ Exit codes:
   0  done; for `status`: nothing needs attention
   1  an error (the database, a table, a refused change)
   2  a usage error
-  3  `status` only: a table needs attention (dead rows, an oldest eligible event
-     older than --max-age, or a catalog entry that does not match its table); a
-     `status --watch` ends with 0 on Ctrl-C, its attention lines on stdout";
+  3  something needs attention: for `status`, a table (dead rows, an oldest eligible
+     event older than --max-age, or a catalog entry that does not match its table;
+     a `status --watch` ends with 0 on Ctrl-C, its attention lines on stdout); for
+     `requeue` and `discard` by id, ids left alone (not DEAD, or no such event)";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -93,7 +94,7 @@ struct GrantsArgs {
 enum Failure {
     /// Exit code 1: the message, and its causes.
     Error(Box<dyn std::error::Error + Send + Sync>),
-    /// Exit code 3: `status` found something that needs attention.
+    /// Exit code 3: something needs attention (what, on stderr).
     Attention,
 }
 

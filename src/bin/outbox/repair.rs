@@ -102,8 +102,7 @@ pub(crate) async fn requeue(pool: &PgPool, args: RequeueArgs) -> Result<(), Fail
     } else {
         entry.requeue_dead(pool, &args.event_ids).await?
     };
-    report(&entry, "requeue", args.dry_run, &args.event_ids, &changed);
-    Ok(())
+    report(&entry, "requeue", args.dry_run, &args.event_ids, &changed)
 }
 
 pub(crate) async fn discard(pool: &PgPool, args: DiscardArgs) -> Result<(), Failure> {
@@ -112,8 +111,7 @@ pub(crate) async fn discard(pool: &PgPool, args: DiscardArgs) -> Result<(), Fail
     let would = entry.discard_dead(&mut *tx, &args.event_ids).await?;
     tx.rollback().await?;
     if args.dry_run || would.is_empty() {
-        report(&entry, "discard", true, &args.event_ids, &would);
-        return Ok(());
+        return report(&entry, "discard", true, &args.event_ids, &would);
     }
     confirm(
         &format!(
@@ -124,18 +122,19 @@ pub(crate) async fn discard(pool: &PgPool, args: DiscardArgs) -> Result<(), Fail
         args.yes,
     )?;
     let discarded = entry.discard_dead(pool, &args.event_ids).await?;
-    report(&entry, "discard", false, &args.event_ids, &discarded);
-    Ok(())
+    report(&entry, "discard", false, &args.event_ids, &discarded)
 }
 
-/// What a change by event ids did (or would do), and which ids it left alone.
+/// What a change by event ids did (or would do), and which ids it left alone: exit
+/// code 3 when it left any alone, so that a script sees that not everything it named
+/// changed (a typo, an event no longer `DEAD`).
 fn report(
     entry: &CatalogEntry,
     verb: &str,
     dry_run: bool,
     asked: &[String],
     changed: &[outbox::EventId],
-) {
+) -> Result<(), Failure> {
     let table = entry.table();
     let done = if dry_run {
         format!("would {verb}")
@@ -150,12 +149,24 @@ fn report(
         .iter()
         .filter(|id| !changed.iter().any(|c| c.as_str() == id.as_str()))
         .collect();
-    if !left.is_empty() {
-        println!("left alone (not DEAD now, or no such event):");
-        for id in left {
-            println!("  {id}");
-        }
+    if left.is_empty() {
+        return Ok(());
     }
+    println!("left alone (not DEAD now, or no such event):");
+    for id in &left {
+        println!("  {id}");
+    }
+    eprintln!(
+        "attention: {} of the {} event id(s) named {}",
+        left.len(),
+        asked.len(),
+        if dry_run {
+            "would be left alone"
+        } else {
+            "were left alone"
+        }
+    );
+    Err(Failure::Attention)
 }
 
 fn past(verb: &str) -> String {
