@@ -260,6 +260,36 @@ async fn requeue_says_what_it_would_do_then_does_it_and_asks_before_a_bulk_chang
     Ok(())
 }
 
+/// A dry run of discarding `first` deletes nothing; without a terminal to ask on, only
+/// --yes deletes.
+async fn discard_is_dry_run_or_confirmed(db: &TestSchema) -> TestResult {
+    let dry = outbox(
+        db,
+        &[
+            "discard",
+            "--table",
+            "order_step_events",
+            "first",
+            "--dry-run",
+        ],
+    )
+    .await?;
+    assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
+    assert_eq!(
+        stdout(&dry),
+        "would discard 1 event(s) of order_step_events\n  first\n"
+    );
+    let refused = outbox(db, &["discard", "--table", "order_step_events", "first"]).await?;
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("confirm with --yes"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(status_of_step(db, "first").await?.as_deref(), Some("DEAD"));
+    Ok(())
+}
+
 #[tokio::test]
 async fn discard_lets_a_held_key_go_on_and_prune_deletes_old_sent_events() -> TestResult {
     let db = schema_with(&[Budgeted::migrations(), OrderStep::migrations()]).await?;
@@ -278,32 +308,7 @@ async fn discard_lets_a_held_key_go_on_and_prune_deletes_old_sent_events() -> Te
         "held back by its dead predecessor"
     );
 
-    // A dry run says what would go and deletes nothing; without a terminal to ask
-    // on, only --yes deletes.
-    let dry = outbox(
-        &db,
-        &[
-            "discard",
-            "--table",
-            "order_step_events",
-            "first",
-            "--dry-run",
-        ],
-    )
-    .await?;
-    assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
-    assert_eq!(
-        stdout(&dry),
-        "would discard 1 event(s) of order_step_events\n  first\n"
-    );
-    let refused = outbox(&db, &["discard", "--table", "order_step_events", "first"]).await?;
-    assert_eq!(refused.status.code(), Some(1));
-    assert!(
-        stderr(&refused).contains("confirm with --yes"),
-        "{}",
-        stderr(&refused)
-    );
-    assert_eq!(status_of_step(&db, "first").await?.as_deref(), Some("DEAD"));
+    discard_is_dry_run_or_confirmed(&db).await?;
     let discarded = outbox(
         &db,
         &["discard", "--table", "order_step_events", "first", "--yes"],

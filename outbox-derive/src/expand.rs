@@ -3,7 +3,8 @@
 
 use outbox_internals::{BOOKKEEPING, Statement};
 use proc_macro2::TokenStream;
-use quote::quote;
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned as _;
 
 use crate::model::{Field, Model};
 use crate::statements::{self, Definition, LIMIT, Table};
@@ -94,11 +95,13 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
             }
 
             fn bind<'q>(&'q self, query: #p::PgQuery<'q>) -> #p::PgQuery<'q> {
-                query #(#binds)*
+                #(#binds)*
+                query
             }
 
             fn bind_all<'q>(events: &'q [Self], query: #p::PgQuery<'q>) -> #p::PgQuery<'q> {
-                query #(#bind_columns)*
+                #(#bind_columns)*
+                query
             }
 
             fn decode(row: &#p::PgRow, event_id: &::core::primitive::str) -> ::core::result::Result<Self, #p::sqlx::Error> {
@@ -198,36 +201,53 @@ fn micros(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
+// A `json` field's code is spanned at its type: a type that is not `Serialize` and
+// `Deserialize` is an error there, not at the derive.
 fn bind(p: &TokenStream, f: &Field) -> TokenStream {
-    let field = &f.ident;
+    let (field, at) = (&f.ident, f.ty.span());
     match (f.json, f.nullable()) {
-        (false, _) => quote!(.bind(&self.#field)),
-        (true, false) => quote!(.bind(#p::Json(&self.#field))),
-        (true, true) => quote!(.bind(self.#field.as_ref().map(#p::Json))),
+        (false, _) => quote!(let query = query.bind(&self.#field);),
+        (true, false) => quote_spanned!(at=> let query = #p::json::bind(query, &self.#field);),
+        (true, true) => {
+            quote_spanned!(at=> let query = #p::json::bind_option(query, &self.#field);)
+        }
     }
 }
 
 /// One array of the field's values across `events`, borrowed.
 fn bind_column(p: &TokenStream, f: &Field) -> TokenStream {
-    let field = &f.ident;
-    let value = match (f.json, f.nullable()) {
-        (false, _) => quote!(&event.#field),
-        (true, false) => quote!(#p::Json(&event.#field)),
-        (true, true) => quote!(event.#field.as_ref().map(#p::Json)),
-    };
-    // Iterator's methods by path: the user's module may have no prelude.
-    quote!(.bind(::core::iter::Iterator::collect::<::std::vec::Vec<_>>(
-        ::core::iter::Iterator::map(events.iter(), |event| #value)
-    )))
+    let (field, at) = (&f.ident, f.ty.span());
+    match (f.json, f.nullable()) {
+        // Iterator's methods by path: the user's module may have no prelude.
+        (false, _) => quote! {
+            let query = query.bind(::core::iter::Iterator::collect::<::std::vec::Vec<_>>(
+                ::core::iter::Iterator::map(events.iter(), |event| &event.#field)
+            ));
+        },
+        (true, false) => {
+            let ty = &f.ty;
+            quote_spanned! {at=>
+                let query = #p::json::bind_column::<_, #ty>(query, events, |event| &event.#field);
+            }
+        }
+        (true, true) => {
+            let inner = f.option_of.as_ref().unwrap_or(&f.ty);
+            quote_spanned! {at=>
+                let query =
+                    #p::json::bind_option_column::<_, #inner>(query, events, |event| &event.#field);
+            }
+        }
+    }
 }
 
 fn decode(p: &TokenStream, f: &Field) -> TokenStream {
     let (field, column, ty) = (&f.ident, &f.column, &f.ty);
+    let at = ty.span();
     match (f.json, &f.option_of) {
         (false, _) => quote!(#field: #p::Row::try_get::<#ty, _>(row, #column)?,),
-        (true, None) => quote!(#field: #p::Row::try_get::<#p::Json<#ty>, _>(row, #column)?.0,),
-        (true, Some(inner)) => quote! {
-            #field: #p::Row::try_get::<::core::option::Option<#p::Json<#inner>>, _>(row, #column)?.map(|json| json.0),
-        },
+        (true, None) => quote_spanned!(at=> #field: #p::json::decode::<#ty>(row, #column)?,),
+        (true, Some(inner)) => {
+            quote_spanned!(at=> #field: #p::json::decode_option::<#inner>(row, #column)?,)
+        }
     }
 }

@@ -13,6 +13,8 @@ pub mod export;
 mod id;
 pub mod inbox;
 mod interval;
+#[doc(hidden)]
+pub mod json;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod message;
@@ -46,6 +48,7 @@ pub use refinery_core as refinery;
 /// What `#[derive(Outbox)]` expands to refers to, through `::outbox::__private`.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::json;
     pub use crate::spec::{Statements, derive_only_statements, derive_only_table_spec};
     pub use crate::{
         Claim, Column, Enqueued, EventId, EventIdField, MigrationStep, Outbox, OutboxError,

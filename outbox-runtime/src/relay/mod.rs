@@ -267,6 +267,24 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
     }
 }
 
+/// A connection of `pool` other than the worker's, if one is idle or can be opened
+/// within [`SPARE_WAIT`]; `None` when every connection is in use.
+async fn spare_connection(pool: &PgPool) -> Option<PoolConnection<Postgres>> {
+    if let Some(idle) = pool.try_acquire() {
+        return Some(idle);
+    }
+    if pool.size() >= pool.options().get_max_connections() {
+        return None;
+    }
+    tokio::time::timeout(SPARE_WAIT, pool.acquire())
+        .await
+        .ok()?
+        .ok()
+}
+
+/// How long a renewal waits for a spare connection to open.
+const SPARE_WAIT: Duration = Duration::from_millis(250);
+
 /// Whether `pool`'s database can store only ASCII reliably in a reason: a broker's
 /// error text can hold any character, and one the database's encoding lacks (LATIN1
 /// has no `☃`) fails the statement recording the outcome (22P05), for good. UTF-8 and
@@ -828,10 +846,10 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                 () = sleep_until(renewal.due()), if !renewal_waits => {
                     // The transaction beside can wait on a lock for up to its limit,
                     // longer than a lease: a renewal does not wait for it if the pool
-                    // has an idle connection. (Not one acquired with a wait: the
-                    // transaction beside is not polled meanwhile.)
+                    // has a connection to spare, idle or yet to open. (Its wait is
+                    // short: the transaction beside is not polled meanwhile.)
                     let lost = if db_busy {
-                        let Some(idle) = conn.pool.try_acquire() else {
+                        let Some(idle) = spare_connection(conn.pool).await else {
                             renewal_waits = true;
                             continue;
                         };
