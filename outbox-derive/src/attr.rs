@@ -39,6 +39,7 @@ pub(crate) const CONTAINER_KEYS: &[&str] = &[
     "max_attempts",
     "delete_sent",
     "dead_releases_key",
+    "crate",
 ];
 pub(crate) const FIELD_KEYS: &[&str] = &["event_id", "key", "json", "column", "since"];
 
@@ -51,6 +52,8 @@ pub(crate) struct ContainerAttrs {
     pub(crate) max_attempts: Option<LitInt>,
     pub(crate) delete_sent: Option<Ident>,
     pub(crate) dead_releases_key: Option<Ident>,
+    /// The path to the `outbox` crate, for a renamed or re-exported dependency.
+    pub(crate) krate: Option<LitStr>,
 }
 
 /// `#[outbox(..)]` on a field.
@@ -215,6 +218,9 @@ pub(crate) fn parse_container(attrs: &[Attribute], errors: &mut Errors) -> Conta
             } else if key.is_ident("dead_releases_key") {
                 let v = flag(&meta, errors)?;
                 set_once(&mut out.dead_releases_key, v, key, errors);
+            } else if key.is_ident("crate") {
+                let v = value(&meta, "a string", "\"::outbox\"", errors)?;
+                set_once(&mut out.krate, v, key, errors);
             } else {
                 let here = ("the struct", CONTAINER_KEYS);
                 unknown(&meta, here, ("a field", FIELD_KEYS), errors)?;
@@ -226,6 +232,23 @@ pub(crate) fn parse_container(attrs: &[Attribute], errors: &mut Errors) -> Conta
         }
     }
     out
+}
+
+/// The path the generated code names the `outbox` crate by: `crate = ".."`, or
+/// `::outbox`. A path that does not parse is an error at the string.
+pub(crate) fn crate_path(attrs: &ContainerAttrs, errors: &mut Errors) -> syn::Path {
+    let default = || syn::parse_quote!(::outbox);
+    attrs.krate.as_ref().map_or_else(default, |lit| {
+        lit.parse::<syn::Path>().unwrap_or_else(|e| {
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`crate` is the path to the outbox crate, such as \"::outbox\" or \"::my_deps::outbox\": {e}"
+                ),
+            ));
+            default()
+        })
+    })
 }
 
 pub(crate) fn parse_field(attrs: &[Attribute], errors: &mut Errors) -> FieldAttrs {

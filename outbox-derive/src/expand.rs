@@ -1,5 +1,6 @@
 //! Stage 4: code generation. Generated code names our dependencies only through
-//! `::outbox::__private`, so users need not depend on sqlx themselves.
+//! `::outbox::__private` (or the path `crate = ".."` gives), so users need not depend
+//! on sqlx themselves.
 
 use outbox_internals::{BOOKKEEPING, Statement};
 use proc_macro2::TokenStream;
@@ -10,7 +11,8 @@ use crate::model::{Field, Model};
 use crate::statements::{self, Definition, LIMIT, Table};
 
 pub(crate) fn expand(model: &Model) -> TokenStream {
-    let p = quote!(::outbox::__private);
+    let krate = &model.krate;
+    let p = quote!(#krate::__private);
     let ident = &model.ident;
     let table_sql = Table::new(model);
     let definitions: Vec<Definition> = Statement::ALL

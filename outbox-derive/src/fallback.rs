@@ -28,10 +28,15 @@ pub(crate) fn fallback(input: &DeriveInput, errors: syn::Error) -> TokenStream {
 /// methods `expand` generates (so their signatures have one source), for a model
 /// without table or fields.
 fn stand_in(input: &DeriveInput) -> TokenStream {
-    let p = quote!(::outbox::__private);
+    // The attributes' errors are already reported: only the crate's path is wanted.
+    let mut reported = crate::attr::Errors::default();
+    let attrs = crate::attr::parse_container(&input.attrs, &mut reported);
+    let krate = crate::attr::crate_path(&attrs, &mut reported);
+    let p = quote!(#krate::__private);
     let ident = &input.ident;
     let model = Model {
         ident: ident.clone(),
+        krate,
         table: String::new(),
         history_table: String::new(),
         lease: Duration::ZERO,

@@ -14,6 +14,8 @@ pub(crate) use crate::types::SqlType;
 
 pub(crate) struct Model {
     pub(crate) ident: Ident,
+    /// The path to the `outbox` crate (`::outbox` unless `crate = ".."` says).
+    pub(crate) krate: syn::Path,
     pub(crate) table: String,
     pub(crate) history_table: String,
     pub(crate) lease: Duration,
@@ -75,6 +77,7 @@ impl Model {
     pub(crate) fn from_input(input: &DeriveInput) -> syn::Result<Self> {
         let mut errors = Errors::default();
         let attrs = attr::parse_container(&input.attrs, &mut errors);
+        let krate = attr::crate_path(&attrs, &mut errors);
         let named = fields::named_fields(input, &mut errors);
         let table = ident::table_name(&input.ident, attrs.table.as_ref(), &mut errors);
         let lease = duration::lease(attrs.lease.as_ref(), &mut errors);
@@ -95,6 +98,7 @@ impl Model {
 
         errors.finish(Self {
             ident: input.ident.clone(),
+            krate,
             history_table: ident::history_table(&table),
             table,
             lease,
