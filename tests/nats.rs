@@ -928,9 +928,7 @@ async fn server_restarts_under_load_send_nothing_to_dead() -> TestResult {
             order_seq: n,
         })
         .collect();
-    for chunk in events.chunks(500) {
-        enqueue(pool, chunk).await;
-    }
+    let mut chunks = events.chunks(500);
     let shutdown = CancellationToken::new();
     let relay = tokio::spawn(
         Relay::<ChaosEvent, _>::new(pool.clone(), JetStreamSink::new(js, subject))
@@ -943,10 +941,14 @@ async fn server_restarts_under_load_send_nothing_to_dead() -> TestResult {
             ))
             .run(shutdown.clone()),
     );
-    // Restarts while batches are in flight: a clean shutdown (SIGTERM) stops JetStream
-    // before it closes the clients' connections, a SIGKILL does neither.
+    // Restarts while batches are in flight (each follows a fresh 500 events by a few
+    // milliseconds, well within their drain): a clean shutdown (SIGTERM) stops
+    // JetStream before it closes the clients' connections, a SIGKILL does neither.
     for restart in 0..8 {
-        tokio::time::sleep(Duration::from_millis(fastrand::u64(100..300))).await;
+        if let Some(chunk) = chunks.next() {
+            enqueue(pool, chunk).await;
+        }
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(5..50))).await;
         let how = if restart % 2 == 0 {
             Stop::Term
         } else {

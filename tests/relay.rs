@@ -1453,6 +1453,15 @@ async fn killed_sessions_do_not_stop_the_relay_and_every_event_ends_sent_once() 
         .filter(|id| !delivered.contains(id.as_str()))
         .collect();
     assert!(missing.is_empty(), "never published: {missing:?}");
+    // A killed session can cost a claim (the event is published again, under a new
+    // generation), never publish one claim twice.
+    let mut claims = HashSet::new();
+    for seen in sink.deliveries() {
+        assert!(
+            claims.insert((seen.event_id.clone(), seen.generation)),
+            "one claim published twice: {seen:?}"
+        );
+    }
     side.close().await;
     db.drop_schema().await?;
     Ok(())
