@@ -319,6 +319,21 @@ async fn a_relay_of_a_build_without_the_key_refuses_a_table_a_newer_build_keyed(
     shutdown.cancel();
     running.await??;
     db.drop_schema().await?;
+
+    // A table without a key, with an index of the application's own of that shape on
+    // a column the build knows: no key, and the relay runs.
+    let db = schema_with(&[ShipmentBeforeKey::migrations()]).await?;
+    sqlx::query("CREATE INDEX ON shipment_events (status, id) WHERE status <> 'SENT'")
+        .execute(db.pool())
+        .await?;
+    let unkeyed = Relay::<ShipmentBeforeKey, _>::new(db.pool().clone(), sink);
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(unkeyed.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!running.is_finished(), "{:?}", running.await);
+    shutdown.cancel();
+    running.await??;
+    db.drop_schema().await?;
     Ok(())
 }
 

@@ -203,17 +203,19 @@ fn micros(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-// A `json` field's code is spanned at its type: a type that is not `Serialize` and
+// A `json` field's calls are spanned at its type: a type that is not `Serialize` and
 // `Deserialize` is an error there, not at the derive.
+// (Only the function's path carries the field's span: the locals and `self` keep the
+// derive's, which a type from a `macro_rules!` fragment would not resolve.)
 fn bind(p: &TokenStream, f: &Field) -> TokenStream {
     let (field, at) = (&f.ident, f.ty.span());
-    match (f.json, f.nullable()) {
-        (false, _) => quote!(let query = query.bind(&self.#field);),
-        (true, false) => quote_spanned!(at=> let query = #p::json::bind(query, &self.#field);),
-        (true, true) => {
-            quote_spanned!(at=> let query = #p::json::bind_option(query, &self.#field);)
-        }
-    }
+    let (ty, inner) = (&f.ty, f.option_of.as_ref().unwrap_or(&f.ty));
+    let call = match (f.json, f.nullable()) {
+        (false, _) => return quote!(let query = query.bind(&self.#field);),
+        (true, false) => quote_spanned!(at=> #p::json::bind::<#ty>),
+        (true, true) => quote_spanned!(at=> #p::json::bind_option::<#inner>),
+    };
+    quote!(let query = #call(query, &self.#field);)
 }
 
 /// One array of the field's values across `events`, borrowed.
@@ -228,16 +230,13 @@ fn bind_column(p: &TokenStream, f: &Field) -> TokenStream {
         },
         (true, false) => {
             let ty = &f.ty;
-            quote_spanned! {at=>
-                let query = #p::json::bind_column::<_, #ty>(query, events, |event| &event.#field);
-            }
+            let call = quote_spanned!(at=> #p::json::bind_column::<_, #ty>);
+            quote!(let query = #call(query, events, |event| &event.#field);)
         }
         (true, true) => {
             let inner = f.option_of.as_ref().unwrap_or(&f.ty);
-            quote_spanned! {at=>
-                let query =
-                    #p::json::bind_option_column::<_, #inner>(query, events, |event| &event.#field);
-            }
+            let call = quote_spanned!(at=> #p::json::bind_option_column::<_, #inner>);
+            quote!(let query = #call(query, events, |event| &event.#field);)
         }
     }
 }
@@ -247,9 +246,13 @@ fn decode(p: &TokenStream, f: &Field) -> TokenStream {
     let at = ty.span();
     match (f.json, &f.option_of) {
         (false, _) => quote!(#field: #p::Row::try_get::<#ty, _>(row, #column)?,),
-        (true, None) => quote_spanned!(at=> #field: #p::json::decode::<#ty>(row, #column)?,),
+        (true, None) => {
+            let call = quote_spanned!(at=> #p::json::decode::<#ty>);
+            quote!(#field: #call(row, #column)?,)
+        }
         (true, Some(inner)) => {
-            quote_spanned!(at=> #field: #p::json::decode_option::<#inner>(row, #column)?,)
+            let call = quote_spanned!(at=> #p::json::decode_option::<#inner>);
+            quote!(#field: #call(row, #column)?,)
         }
     }
 }

@@ -45,7 +45,6 @@ pub(crate) fn fields(
 ) -> (Option<EventIdField>, Vec<Field>, bool) {
     let mut event_id: Option<EventIdField> = None;
     let mut keyed = false;
-    let mut versions = Vec::new();
     let mut fields = Vec::new();
     let mut column_spans = Vec::new();
     let mut first_key: Option<Ident> = None;
@@ -72,7 +71,6 @@ pub(crate) fn fields(
             continue;
         }
         keyed |= fattrs.key.is_some();
-        let since_lit = fattrs.since.clone();
         let column_span = fattrs
             .column
             .as_ref()
@@ -82,37 +80,12 @@ pub(crate) fn fields(
                 validate_key(field, &fattrs, flag, first_key.as_ref(), errors);
                 first_key.get_or_insert_with(|| f.ident.clone());
             }
-            if let Some(lit) = since_lit.filter(|_| f.since > 1) {
-                versions.push((f.since, lit));
-            }
             fields.push(f);
             column_spans.push(column_span);
         }
     }
     check_column_names(&fields, &column_spans, errors);
-    check_versions(&mut versions, errors);
     (event_id, fields, keyed)
-}
-
-/// The `since` versions follow each other from 2: a version left out now and used later
-/// would come after versions a database already applied, and refinery skips a version
-/// older than the last one applied (the column would be missing: `Drift`, for no
-/// visible reason). The first `since` past a gap is the error.
-fn check_versions(versions: &mut [(u32, LitInt)], errors: &mut Errors) {
-    versions.sort_by_key(|(version, _)| *version);
-    let mut expected = 2;
-    for (version, lit) in versions.iter() {
-        if *version > expected {
-            errors.push(syn::Error::new(
-                lit.span(),
-                format!(
-                    "`since = {version}` skips version {expected}: the migrations follow each other from 2, so add this column with `since = {expected}`"
-                ),
-            ));
-            return;
-        }
-        expected = version + 1;
-    }
 }
 
 fn validate_event_id(field: &syn::Field, attrs: &attr::FieldAttrs, errors: &mut Errors) {

@@ -198,7 +198,7 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                 dead_releases(table).then_some("f.status = 'DEAD'"),
             );
             let checked = quote! {
-                ::sqlx::query!(#sql, 1_i64, 1_i64, ::std::time::Duration::ZERO as _, ::core::option::Option::<&str>::None)
+                ::sqlx::query!(#sql, 1_i64, 1_i64, ::std::time::Duration::ZERO as _, ::core::option::Option::<&::core::primitive::str>::None)
                     .fetch_optional(pool)
                     .await?;
             };

@@ -472,14 +472,25 @@ pub(crate) async fn key_unknown_to_build(
         return Ok(None);
     }
     let mut conn = crate::connect::acquire(pool, spec.table).await?;
+    // Exactly `(<a column this build does not know>, id) WHERE status <> 'SENT'`: an
+    // index of the application's own, on columns the build knows, is not a key.
+    let known: Vec<&str> = spec
+        .columns
+        .iter()
+        .map(|c| c.name)
+        .chain(outbox_internals::BOOKKEEPING.iter().map(|b| b.name))
+        .collect();
     sqlx::query_scalar(
         "SELECT a.attname::text FROM pg_index i \
          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
-         WHERE i.indrelid = to_regclass(quote_ident($1)) AND i.indnkeyatts = 2 \
+         JOIN pg_attribute id ON id.attrelid = i.indrelid AND id.attnum = i.indkey[1] \
+         WHERE i.indrelid = to_regclass(quote_ident($1)) AND i.indnatts = 2 \
+             AND id.attname = 'id' AND a.attname <> ALL($2::text[]) \
              AND pg_get_expr(i.indpred, i.indrelid) = '(status <> ''SENT''::text)' \
          LIMIT 1",
     )
     .bind(spec.table)
+    .bind(known)
     .fetch_optional(&mut *conn)
     .await
     .map_err(|e| OutboxError::from_sqlx(spec.table, e))

@@ -138,9 +138,12 @@ async fn drop_leftovers(pool: &PgPool, age: Duration) {
     };
     let now = std::time::SystemTime::now();
     for name in names {
+        // Only the harness's names: the prefix and a UUIDv7 in its simple form.
         let created = name
             .strip_prefix(SCHEMA_PREFIX)
+            .filter(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
             .and_then(|id| Uuid::try_parse(id).ok())
+            .filter(|id| id.get_version_num() == 7)
             .and_then(|id| id.get_timestamp())
             .map(|at| {
                 let (secs, nanos) = at.to_unix();
@@ -150,8 +153,23 @@ async fn drop_leftovers(pool: &PgPool, age: Duration) {
         if !old {
             continue;
         }
-        let drop = format!("DROP SCHEMA IF EXISTS {} CASCADE", quote_ident(&name));
-        match sqlx::query(AssertSqlSafe(drop)).execute(pool).await {
+        // Not waiting for a lock someone else holds on it (a session left open in a
+        // transaction): the schema is left for a later run.
+        let statements = format!(
+            "BEGIN; SET LOCAL lock_timeout = '1s'; DROP SCHEMA IF EXISTS {} CASCADE; COMMIT",
+            quote_ident(&name)
+        );
+        let Ok(mut conn) = pool.acquire().await else {
+            return;
+        };
+        let dropped = sqlx::raw_sql(AssertSqlSafe(statements))
+            .execute(&mut *conn)
+            .await;
+        if dropped.is_err() {
+            // The failed transaction is still open on this connection: not the pool's.
+            drop(conn.detach());
+        }
+        match dropped {
             Ok(_) => {
                 tracing::info!(schema = %name, "dropped a test schema a killed run left behind");
             }

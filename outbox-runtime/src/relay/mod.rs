@@ -186,12 +186,10 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
     ///
     /// A sink that panics does not stop the relay: see [`Sink`].
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), OutboxError> {
-        // A build from before the table's ordering key (a rollback, an old replica
-        // restarting) would claim without it, publishing a key's events out of order.
-        // (A database not answering yet is the workers' to wait for: no check then.)
-        let unknown_key = match crate::migrate::key_unknown_to_build(&self.pool, T::SPEC).await {
-            Err(error) if error.is_transient() => None,
-            checked => checked?,
+        let Some((unknown_key, ascii_reasons)) =
+            starting_checks::<T>(&self.pool, &shutdown).await?
+        else {
+            return Ok(());
         };
         if let Some(key) = unknown_key {
             return Err(OutboxError::Drift {
@@ -204,7 +202,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             });
         }
         let mut relay = self;
-        relay.ascii_reasons = only_ascii_is_safe(&relay.pool, T::SPEC.table).await;
+        relay.ascii_reasons = ascii_reasons;
         let relay = Arc::new(relay);
         let connections = relay.pool.options().get_max_connections() as usize;
         if connections <= relay.concurrency {
@@ -285,25 +283,52 @@ async fn spare_connection(pool: &PgPool) -> Option<PoolConnection<Postgres>> {
 /// How long a renewal waits for a spare connection to open.
 const SPARE_WAIT: Duration = Duration::from_millis(250);
 
-/// Whether `pool`'s database can store only ASCII reliably in a reason: a broker's
-/// error text can hold any character, and one the database's encoding lacks (LATIN1
-/// has no `☃`) fails the statement recording the outcome (22P05), for good. UTF-8 and
-/// SQL_ASCII store anything. A database not answering yet counts as UTF-8.
-async fn only_ascii_is_safe(pool: &PgPool, table: &'static str) -> bool {
-    let encoding: Result<String, _> =
-        sqlx::query_scalar("SELECT current_setting('server_encoding')")
+/// What the relay reads of its database before its workers start, waiting for a
+/// database that does not answer yet (`None` if `shutdown` comes first):
+///
+/// - the ordering key of a table a newer build keyed, when this build's type has none
+///   (a rollback, an old replica restarting): its claims would publish a key's events
+///   out of order;
+/// - whether reasons must be stored in ASCII: a broker's error text can hold any
+///   character, and one the database's encoding lacks (LATIN1 has no `☃`) fails the
+///   statement recording the outcome (22P05), for good. UTF-8 and SQL_ASCII store
+///   anything.
+async fn starting_checks<T: Outbox>(
+    pool: &PgPool,
+    shutdown: &CancellationToken,
+) -> Result<Option<(Option<String>, bool)>, OutboxError> {
+    let table = T::SPEC.table;
+    let read = async || {
+        let key = crate::migrate::key_unknown_to_build(pool, T::SPEC).await?;
+        let encoding: String = sqlx::query_scalar("SELECT current_setting('server_encoding')")
             .fetch_one(pool)
-            .await;
-    match encoding {
-        Ok(encoding) => {
-            let ascii = !matches!(encoding.as_str(), "UTF8" | "SQL_ASCII");
-            if ascii {
-                tracing::info!(table, %encoding, "the database is not UTF-8: reasons are stored with non-ASCII characters escaped");
+            .await
+            .map_err(|e| OutboxError::from_sqlx(table, e))?;
+        Ok::<_, OutboxError>((key, encoding))
+    };
+    let backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    for attempt in 1.. {
+        match read().await {
+            Ok((key, encoding)) => {
+                let ascii = !matches!(encoding.as_str(), "UTF8" | "SQL_ASCII");
+                if ascii {
+                    tracing::info!(table, %encoding, "the database is not UTF-8: reasons are stored with non-ASCII characters escaped");
+                }
+                return Ok(Some((key, ascii)));
             }
-            ascii
+            Err(error) if error.is_transient() => {
+                if attempt == 1 {
+                    tracing::warn!(table, %error, "the relay waits for its database to answer before it starts");
+                }
+                tokio::select! {
+                    () = sleep(backoff.delay(attempt)) => {}
+                    () = shutdown.cancelled() => return Ok(None),
+                }
+            }
+            Err(error) => return Err(error),
         }
-        Err(_) => false,
     }
+    unreachable!("the attempts never end")
 }
 
 /// LISTENs on the table's channel and wakes idle workers. A lost connection costs

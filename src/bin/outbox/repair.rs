@@ -111,7 +111,7 @@ pub(crate) async fn discard(pool: &PgPool, args: DiscardArgs) -> Result<(), Fail
     let would = entry.discard_dead(&mut *tx, &args.event_ids).await?;
     tx.rollback().await?;
     if args.dry_run || would.is_empty() {
-        return report(&entry, "discard", true, &args.event_ids, &would);
+        return report(&entry, "discard", args.dry_run, &args.event_ids, &would);
     }
     confirm(
         &format!(
