@@ -49,6 +49,21 @@ impl Roles {
         Ok(())
     }
 
+    /// Runs what `outbox grants --table <table>` prints for these roles, as the owner.
+    async fn grant(&self, db: &TestSchema, table: &str) -> TestResult {
+        let grants = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+            .args(["--database-url", &db.url(), "grants", "--table", table])
+            .args(["--application-role", &self.application])
+            .args(["--relay-role", &self.relay])
+            .args(["--operator-role", &self.operator])
+            .output()
+            .await?;
+        sqlx::raw_sql(AssertSqlSafe(printed(&grants)))
+            .execute(db.pool())
+            .await?;
+        Ok(())
+    }
+
     async fn drop(&self, owner: &PgPool) -> TestResult {
         for role in self.all() {
             sqlx::raw_sql(AssertSqlSafe(format!(
@@ -109,9 +124,18 @@ async fn each_role_does_its_job_with_the_grants_of_outbox_grants_and_nothing_mor
     sqlx::raw_sql("CREATE TABLE accounts (id int PRIMARY KEY, balance bigint)")
         .execute(db.pool())
         .await?;
+    with_roles(db, prove).await
+}
+
+/// Runs `test` with three fresh roles; drops them and `db` whatever it did (roles
+/// belong to the whole cluster).
+async fn with_roles(
+    db: TestSchema,
+    test: impl AsyncFnOnce(&TestSchema, &Roles) -> TestResult,
+) -> TestResult {
     let roles = Roles::new();
     roles.create(db.pool()).await?;
-    let outcome = AssertUnwindSafe(prove(&db, &roles)).catch_unwind().await;
+    let outcome = AssertUnwindSafe(test(&db, &roles)).catch_unwind().await;
     roles.drop(db.pool()).await?;
     db.drop_schema().await?;
     match outcome {
@@ -123,16 +147,7 @@ async fn each_role_does_its_job_with_the_grants_of_outbox_grants_and_nothing_mor
 async fn prove(db: &TestSchema, roles: &Roles) -> TestResult {
     let owner = db.pool();
     for table in ["chaos_events", "receipt_events"] {
-        let grants = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
-            .args(["--database-url", &db.url(), "grants", "--table", table])
-            .args(["--application-role", &roles.application])
-            .args(["--relay-role", &roles.relay])
-            .args(["--operator-role", &roles.operator])
-            .output()
-            .await?;
-        sqlx::raw_sql(AssertSqlSafe(printed(&grants)))
-            .execute(owner)
-            .await?;
+        roles.grant(db, table).await?;
     }
 
     let app = pool_as(db, &roles.application, 2).await?;
@@ -264,38 +279,13 @@ async fn operator_repairs(db: &TestSchema, roles: &Roles, app: &PgPool) -> TestR
 #[tokio::test]
 async fn an_operator_not_yet_granted_a_new_table_still_sees_and_repairs_the_others() -> TestResult {
     let db = schema_with(&[ChaosEvent::migrations(), Receipt::migrations()]).await?;
-    let roles = Roles::new();
-    roles.create(db.pool()).await?;
-    let outcome = AssertUnwindSafe(repair_beside_an_ungranted_table(&db, &roles))
-        .catch_unwind()
-        .await;
-    roles.drop(db.pool()).await?;
-    db.drop_schema().await?;
-    match outcome {
-        Ok(result) => result,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
+    with_roles(db, repair_beside_an_ungranted_table).await
 }
 
 /// `receipt_events` is new: its grants were not run yet. `chaos_events` has a dead event.
 async fn repair_beside_an_ungranted_table(db: &TestSchema, roles: &Roles) -> TestResult {
     let owner = db.pool();
-    let grants = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .args([
-            "--database-url",
-            &db.url(),
-            "grants",
-            "--table",
-            "chaos_events",
-        ])
-        .args(["--application-role", &roles.application])
-        .args(["--relay-role", &roles.relay])
-        .args(["--operator-role", &roles.operator])
-        .output()
-        .await?;
-    sqlx::raw_sql(AssertSqlSafe(printed(&grants)))
-        .execute(owner)
-        .await?;
+    roles.grant(db, "chaos_events").await?;
     ChaosEvent {
         key: "poison".into(),
         order_seq: 1,

@@ -1572,18 +1572,7 @@ async fn a_sink_that_panics_on_one_event_costs_its_batch_mates_nothing_and_the_r
         );
         Plan::ok(seen)
     });
-    let relay = fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone())).retry_backoff(
-        Backoff::new(Duration::from_millis(10), Duration::from_millis(20)),
-    );
-    let relay = start(relay);
-    wait_until("poison is DEAD", Duration::from_secs(10), async || {
-        status::<Budgeted>(pool, "poison").await == "DEAD"
-    })
-    .await;
-    assert!(
-        relay.is_running(),
-        "a panicking sink does not stop the relay"
-    );
+    let relay = until_poison_is_dead(pool, sink.clone()).await;
 
     for name in ["a", "b", "c"] {
         let row = row_of::<Budgeted>(pool, name).await;
@@ -1777,6 +1766,26 @@ async fn escaped_in_latin1(options: PgConnectOptions) -> TestResult {
     Ok(())
 }
 
+/// A relay of `sink` retrying within milliseconds, once the poison event is `DEAD`:
+/// still running, as a sink that panics never stops it.
+async fn until_poison_is_dead<S: Sink<Budgeted>>(pool: &PgPool, sink: S) -> Running {
+    let relay = start(
+        fast(Relay::<Budgeted, _>::new(pool.clone(), sink)).retry_backoff(Backoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(20),
+        )),
+    );
+    wait_until("poison is DEAD", Duration::from_secs(10), async || {
+        status::<Budgeted>(pool, "poison").await == "DEAD"
+    })
+    .await;
+    assert!(
+        relay.is_running(),
+        "a panicking sink does not stop the relay"
+    );
+    relay
+}
+
 /// A sink that checks each batch before it returns the future publishing it, and
 /// panics on the poison event there.
 #[derive(Clone)]
@@ -1801,18 +1810,7 @@ async fn a_sink_that_panics_before_it_returns_its_future_is_contained_as_well() 
     let pool = db.pool();
     enqueue(pool, &["a", "poison", "b"].map(budgeted)).await;
     let sink = CheckedFirst(MemorySink::new());
-    let relay = fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone())).retry_backoff(
-        Backoff::new(Duration::from_millis(10), Duration::from_millis(20)),
-    );
-    let relay = start(relay);
-    wait_until("poison is DEAD", Duration::from_secs(10), async || {
-        status::<Budgeted>(pool, "poison").await == "DEAD"
-    })
-    .await;
-    assert!(
-        relay.is_running(),
-        "the panic is the event's, not the relay's"
-    );
+    let relay = until_poison_is_dead(pool, sink.clone()).await;
     for name in ["a", "b"] {
         assert_eq!(status::<Budgeted>(pool, name).await, "SENT", "{name}");
     }
