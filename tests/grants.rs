@@ -244,9 +244,8 @@ async fn relay_publishes_and_nothing_more(owner: &PgPool, relay: &PgPool) -> Tes
     Ok(())
 }
 
-/// The operator finds the tables through the catalog, and repairs.
-async fn operator_repairs(db: &TestSchema, roles: &Roles, app: &PgPool) -> TestResult {
-    let owner = db.pool();
+/// An event enqueued through `app` that the broker refuses: `DEAD`.
+async fn poison(owner: &PgPool, app: &PgPool) -> TestResult {
     ChaosEvent {
         key: "poison".into(),
         order_seq: 99,
@@ -255,6 +254,12 @@ async fn operator_repairs(db: &TestSchema, roles: &Roles, app: &PgPool) -> TestR
     .await?;
     let claim = ChaosEvent::claim(owner).await?.ok_or("the poison event")?;
     claim.fail(owner, "unroutable").await?;
+    Ok(())
+}
+
+/// The operator finds the tables through the catalog, and repairs.
+async fn operator_repairs(db: &TestSchema, roles: &Roles, app: &PgPool) -> TestResult {
+    poison(db.pool(), app).await?;
     let alert = outbox_as(db, &roles.operator, &["status"]).await?;
     assert_eq!(alert.status.code(), Some(3), "a dead event needs attention");
     let requeued = outbox_as(
@@ -284,16 +289,8 @@ async fn an_operator_not_yet_granted_a_new_table_still_sees_and_repairs_the_othe
 
 /// `receipt_events` is new: its grants were not run yet. `chaos_events` has a dead event.
 async fn repair_beside_an_ungranted_table(db: &TestSchema, roles: &Roles) -> TestResult {
-    let owner = db.pool();
     roles.grant(db, "chaos_events").await?;
-    ChaosEvent {
-        key: "poison".into(),
-        order_seq: 1,
-    }
-    .enqueue(owner)
-    .await?;
-    let claim = ChaosEvent::claim(owner).await?.ok_or("the poison event")?;
-    claim.fail(owner, "unroutable").await?;
+    poison(db.pool(), db.pool()).await?;
 
     let status = outbox_as(db, &roles.operator, &["status"]).await?;
     let (table, alerts) = (
