@@ -61,3 +61,27 @@ async fn the_baseline_fails_the_four_scenarios_the_seed_reports() {
         panic!("{differs}\n{}", lab::render(&rows));
     }
 }
+
+#[test]
+fn a_baseline_failing_for_another_reason_than_the_scenarios_is_not_the_articles_matrix() {
+    let rows: Vec<_> = lab::SCENARIOS
+        .iter()
+        .map(|scenario| {
+            let baseline = lab::BASELINE_FAILS
+                .iter()
+                .find(|(number, _)| *number == scenario.number)
+                .map_or(Ok(()), |(_, reason)| Err(format!("check: {reason}")));
+            (scenario, Ok(()), baseline)
+        })
+        .collect();
+    assert_eq!(lab::verdict(&rows), Ok(()));
+    // Scenario 1's baseline broke (the database went away) instead of stranding the
+    // event: the same cell says FAIL, and it shows nothing.
+    let mut broken = rows.clone();
+    broken[0].2 = Err("error communicating with database: connection refused".to_owned());
+    let verdict = lab::verdict(&broken).unwrap_err();
+    assert!(
+        verdict.contains("other reasons than the scenario's"),
+        "{verdict}"
+    );
+}
