@@ -398,6 +398,26 @@ impl CatalogEntry {
         self.operations()?.requeue_all_dead(executor).await
     }
 
+    /// Requeues every dead event of this table if there are exactly `confirmed` of
+    /// them, in one transaction, and returns how many there were: when that is not
+    /// `confirmed` (events died, or were requeued, since an operator was asked),
+    /// nothing changed.
+    pub async fn requeue_all_dead_confirmed(
+        &self,
+        pool: &PgPool,
+        confirmed: u64,
+    ) -> Result<u64, OutboxError> {
+        let db = |e| OutboxError::from_sqlx(self.table, e);
+        let mut tx = pool.begin().await.map_err(db)?;
+        let dead = self.requeue_all_dead(&mut *tx).await?;
+        if dead == confirmed {
+            tx.commit().await.map_err(db)?;
+        } else {
+            tx.rollback().await.map_err(db)?;
+        }
+        Ok(dead)
+    }
+
     /// [`discard_dead`](crate::discard_dead) on this table.
     pub async fn discard_dead<'e>(
         &self,

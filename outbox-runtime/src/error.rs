@@ -309,6 +309,23 @@ pub(crate) fn storable_reason(reason: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(kept)
 }
 
+/// `reason` with every non-ASCII character escaped (`☃` as `\u{2603}`): what a
+/// database whose encoding is neither UTF-8 nor SQL_ASCII can store of it.
+pub(crate) fn ascii_reason(reason: String) -> String {
+    if reason.is_ascii() {
+        return reason;
+    }
+    let mut ascii = String::with_capacity(reason.len() + 8);
+    for c in reason.chars() {
+        if c.is_ascii() {
+            ascii.push(c);
+        } else {
+            ascii.extend(c.escape_unicode());
+        }
+    }
+    ascii
+}
+
 /// The SQLSTATE of a database error, if it is one.
 pub(crate) fn sqlstate(error: &sqlx::Error) -> Option<std::borrow::Cow<'_, str>> {
     error.as_database_error()?.code()
@@ -333,6 +350,15 @@ mod tests {
             generation: Generation::new(1),
         };
         assert!(!stale.is_transient());
+    }
+
+    #[test]
+    fn a_reason_for_a_database_that_is_not_utf8_escapes_what_is_not_ascii() {
+        assert_eq!(ascii_reason("refused".into()), "refused");
+        assert_eq!(
+            ascii_reason("colis refusé ☃".into()),
+            "colis refus\\u{e9} \\u{2603}"
+        );
     }
 
     #[test]

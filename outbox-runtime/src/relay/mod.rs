@@ -186,21 +186,9 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
     ///
     /// A sink that panics does not stop the relay: see [`Sink`].
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), OutboxError> {
-        let Some((unknown_key, ascii_reasons)) =
-            starting_checks::<T>(&self.pool, &shutdown).await?
-        else {
+        let Some(ascii_reasons) = starting_checks::<T>(&self.pool, &shutdown).await? else {
             return Ok(());
         };
-        if let Some(key) = unknown_key {
-            return Err(OutboxError::Drift {
-                table: T::SPEC.table,
-                details: format!(
-                    "a newer build orders it by the key `{key}`, which this build's event type \
-                     does not have: its relay would publish a key's events out of order; \
-                     run the relay of a build with the key"
-                ),
-            });
-        }
         let mut relay = self;
         relay.ascii_reasons = ascii_reasons;
         let relay = Arc::new(relay);
@@ -283,38 +271,46 @@ async fn spare_connection(pool: &PgPool) -> Option<PoolConnection<Postgres>> {
 /// How long a renewal waits for a spare connection to open.
 const SPARE_WAIT: Duration = Duration::from_millis(250);
 
-/// What the relay reads of its database before its workers start, waiting for a
+/// What the relay checks of its database before its workers start, waiting for a
 /// database that does not answer yet (`None` if `shutdown` comes first):
 ///
-/// - the ordering key of a table a newer build keyed, when this build's type has none
-///   (a rollback, an old replica restarting): its claims would publish a key's events
-///   out of order;
-/// - whether reasons must be stored in ASCII: a broker's error text can hold any
-///   character, and one the database's encoding lacks (LATIN1 has no `☃`) fails the
-///   statement recording the outcome (22P05), for good. UTF-8 and SQL_ASCII store
-///   anything.
+/// - a table a newer build keyed, when this build's type has no key (a rollback, an
+///   old replica restarting), is [`OutboxError::Drift`]: its claims would publish a
+///   key's events out of order;
+/// - whether reasons must be stored in ASCII (the `Some`): a broker's error text can
+///   hold any character, and one the database's encoding lacks (LATIN1 has no `☃`)
+///   fails the statement recording the outcome (22P05), for good. UTF-8 and SQL_ASCII
+///   store anything.
 async fn starting_checks<T: Outbox>(
     pool: &PgPool,
     shutdown: &CancellationToken,
-) -> Result<Option<(Option<String>, bool)>, OutboxError> {
+) -> Result<Option<bool>, OutboxError> {
     let table = T::SPEC.table;
     let read = async || {
-        let key = crate::migrate::key_unknown_to_build(pool, T::SPEC).await?;
-        let encoding: String = sqlx::query_scalar("SELECT current_setting('server_encoding')")
+        if let Some(key) = crate::migrate::key_unknown_to_build(pool, T::SPEC).await? {
+            return Err(OutboxError::Drift {
+                table,
+                details: format!(
+                    "a newer build orders it by the key `{key}`, which this build's event type \
+                     does not have: its relay would publish a key's events out of order; \
+                     run the relay of a build with the key"
+                ),
+            });
+        }
+        sqlx::query_scalar::<_, String>("SELECT current_setting('server_encoding')")
             .fetch_one(pool)
             .await
-            .map_err(|e| OutboxError::from_sqlx(table, e))?;
-        Ok::<_, OutboxError>((key, encoding))
+            .map_err(|e| OutboxError::from_sqlx(table, e))
     };
     let backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     for attempt in 1.. {
         match read().await {
-            Ok((key, encoding)) => {
+            Ok(encoding) => {
                 let ascii = !matches!(encoding.as_str(), "UTF8" | "SQL_ASCII");
                 if ascii {
                     tracing::info!(table, %encoding, "the database is not UTF-8: reasons are stored with non-ASCII characters escaped");
                 }
-                return Ok(Some((key, ascii)));
+                return Ok(Some(ascii));
             }
             Err(error) if error.is_transient() => {
                 if attempt == 1 {
@@ -794,25 +790,20 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             if found_nothing {
                 metrics::counter!(metric::IDLE_CLAIMS, "table" => table).increment(1);
             }
+            let mut outcomes = in_flight::outcomes(&rows, results, &self.relay.retry);
+            if self.relay.ascii_reasons {
+                outcomes = outcomes
+                    .into_iter()
+                    .map(|(row, outcome)| (row, outcome.in_ascii()))
+                    .collect();
+            }
             let pending = Pending {
                 // With an ordering key, recording a batch lets the next event of each of
                 // its keys go, and nobody is notified: the claim that follows the
                 // recording in its transaction finds them.
                 drained: (!full || found_nothing) && T::SPEC.key().is_none(),
                 unavailable: unavailable.is_some(),
-                ..Pending::of(
-                    in_flight::outcomes(&rows, results, &self.relay.retry)
-                        .into_iter()
-                        .map(|(row, outcome)| {
-                            if self.relay.ascii_reasons {
-                                (row, outcome.in_ascii())
-                            } else {
-                                (row, outcome)
-                            }
-                        })
-                        .collect(),
-                    lease_deadline,
-                )
+                ..Pending::of(outcomes, lease_deadline)
             };
             (pending, ahead)
         }

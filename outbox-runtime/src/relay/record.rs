@@ -8,7 +8,7 @@ use sqlx::{Connection as _, PgConnection, PgExecutor};
 use tokio::time::Instant;
 
 use crate::claim::{BEGIN_WITHOUT_JIT, Claim, ClaimedBatch, Lease, Scope, claim_on};
-use crate::error::{OutboxError, storable_reason};
+use crate::error::{OutboxError, ascii_reason, storable_reason};
 use crate::spec::{Outbox, Statement, interval};
 use outbox_internals::{Outcome as Recording, Status};
 
@@ -26,30 +26,16 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    /// This outcome, its reason with every non-ASCII character escaped (`\u{2603}`).
+    /// This outcome, its reason with every non-ASCII character escaped
+    /// ([`ascii_reason`]).
     pub(crate) fn in_ascii(self) -> Self {
-        let escape = |error: String| {
-            if error.is_ascii() {
-                return error;
-            }
-            error
-                .chars()
-                .map(|c| {
-                    if c.is_ascii() {
-                        c.to_string()
-                    } else {
-                        c.escape_unicode().to_string()
-                    }
-                })
-                .collect()
-        };
         match self {
             Self::Retry { delay, error } => Self::Retry {
                 delay,
-                error: escape(error),
+                error: ascii_reason(error),
             },
             Self::Dead { error } => Self::Dead {
-                error: escape(error),
+                error: ascii_reason(error),
             },
             other => other,
         }

@@ -81,16 +81,13 @@ pub(crate) async fn requeue(pool: &PgPool, args: RequeueArgs) -> Result<(), Fail
         )?;
         // As many as were confirmed, or nothing: events that died while the operator read
         // the question were not counted in it.
-        let mut tx = pool.begin().await?;
-        let requeued = entry.requeue_all_dead(&mut *tx).await?;
+        let requeued = entry.requeue_all_dead_confirmed(pool, count).await?;
         if requeued != count {
-            tx.rollback().await?;
             return Err(fail(format!(
                 "{table} has {requeued} dead event(s) now, not the {count} confirmed; nothing \
                  was requeued: run the command again"
             )));
         }
-        tx.commit().await?;
         println!("requeued {requeued} dead event(s) of {table}");
         return Ok(());
     }

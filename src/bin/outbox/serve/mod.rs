@@ -622,10 +622,10 @@ async fn api_requeue(
             ));
         };
         // All or nothing: what was confirmed, not what died since.
-        let mut tx = dashboard.pool.begin().await?;
-        let requeued = entry.requeue_all_dead(&mut *tx).await?;
+        let requeued = entry
+            .requeue_all_dead_confirmed(&dashboard.pool, expected)
+            .await?;
         if requeued != expected {
-            tx.rollback().await?;
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 format!(
@@ -635,7 +635,6 @@ async fn api_requeue(
                 ),
             ));
         }
-        tx.commit().await?;
         return Ok(json_response(
             &json!({ "table": entry.table(), "requeued": requeued }),
         ));
