@@ -244,6 +244,18 @@ async fn relay_publishes_and_nothing_more(owner: &PgPool, relay: &PgPool) -> Tes
     Ok(())
 }
 
+/// The operator requeues the poison event with the command line.
+async fn requeue_the_poison(db: &TestSchema, roles: &Roles) -> TestResult {
+    let requeued = outbox_as(
+        db,
+        &roles.operator,
+        &["requeue", "--table", "chaos_events", "poison"],
+    )
+    .await?;
+    assert!(printed(&requeued).starts_with("requeued 1 event(s)"));
+    Ok(())
+}
+
 /// An event enqueued through `app` that the broker refuses: `DEAD`.
 async fn poison(owner: &PgPool, app: &PgPool) -> TestResult {
     ChaosEvent {
@@ -262,13 +274,7 @@ async fn operator_repairs(db: &TestSchema, roles: &Roles, app: &PgPool) -> TestR
     poison(db.pool(), app).await?;
     let alert = outbox_as(db, &roles.operator, &["status"]).await?;
     assert_eq!(alert.status.code(), Some(3), "a dead event needs attention");
-    let requeued = outbox_as(
-        db,
-        &roles.operator,
-        &["requeue", "--table", "chaos_events", "poison"],
-    )
-    .await?;
-    assert!(printed(&requeued).starts_with("requeued 1 event(s)"));
+    requeue_the_poison(db, roles).await?;
     let operator = pool_as(db, &roles.operator, 1).await?;
     let read = sqlx::query("SELECT * FROM accounts")
         .fetch_all(&operator)
@@ -307,12 +313,6 @@ async fn repair_beside_an_ungranted_table(db: &TestSchema, roles: &Roles) -> Tes
         table.contains("chaos_events") && table.contains("receipt_events"),
         "{table}"
     );
-    let requeued = outbox_as(
-        db,
-        &roles.operator,
-        &["requeue", "--table", "chaos_events", "poison"],
-    )
-    .await?;
-    assert!(printed(&requeued).starts_with("requeued 1 event(s)"));
+    requeue_the_poison(db, roles).await?;
     Ok(())
 }
