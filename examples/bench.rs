@@ -7,8 +7,8 @@
 //! cargo run --release --example bench -- --only drain --batches 100   # one section, one batch size
 //! cargo run --release --example bench -- --only peers --payloads 2000 # the relay vs pgmq, 2 KB events
 //! cargo run --release --features nats,rabbitmq,kafka --example bench -- --only sinks # the broker sinks
-//! cargo run --release --example bench -- --only endurance \
-//!     --storage 'autovacuum_vacuum_scale_factor = 0.01'   # the endurance run on a tuned table
+//! cargo run --release --example bench -- --only peers \
+//!     --storage 'fillfactor = 100'   # every table packed, as before the derive's fillfactor
 //! ```
 //!
 //! Runs against `DATABASE_URL` (or a throwaway cluster, which runs with `fsync=off`:
@@ -104,8 +104,9 @@ struct Args {
     /// Run only these sections [default: all but endurance, which needs --endurance].
     #[arg(long, value_name = "SECTION,..", value_delimiter = ',')]
     only: Option<Vec<Section>>,
-    /// Storage parameters set on the table before the endurance run, as `ALTER TABLE ..
-    /// SET (<STORAGE>)` takes them.
+    /// Storage parameters set on every outbox table before it is filled (and on the
+    /// endurance run's table), as `ALTER TABLE .. SET (<STORAGE>)` takes them: to
+    /// compare with the derive's own (`fillfactor = 50`, ..).
     #[arg(long, value_name = "STORAGE")]
     storage: Option<String>,
     /// How long the pinned section holds a snapshot: seconds, or 10m, 1m30s, 2h.
@@ -222,6 +223,8 @@ struct Bench {
     report: RefCell<String>,
     /// Whether CHECKPOINT was refused (warned once).
     unchecked: Cell<bool>,
+    /// `--storage`, set on each table before it is filled.
+    storage: Option<String>,
 }
 
 impl Bench {
@@ -256,6 +259,13 @@ impl Bench {
     async fn fill_with<T: Outbox>(&self, events: &[T]) -> Result {
         let table = T::SPEC.table();
         self.reset_tables(table).await?;
+        if let Some(options) = &self.storage {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "ALTER TABLE {table} SET ({options})"
+            )))
+            .execute(&self.pool)
+            .await?;
+        }
         for chunk in events.chunks(10_000) {
             outbox::enqueue_all(chunk, &self.pool).await?;
         }
@@ -764,7 +774,6 @@ impl Bench {
             )))
             .execute(&self.pool)
             .await?;
-            self.line(&format!("Table storage: `{options}`.\n"));
         }
         let pool = self.pool(10).await?;
         let sink = LatencySink::default();
@@ -1192,12 +1201,16 @@ async fn run(
         url: schema.url(),
         report: RefCell::default(),
         unchecked: Cell::default(),
+        storage: args.storage.clone(),
     };
     let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
     bench.line(&format!(
         "## Benchmark\n\n`cargo run --release --example bench -- {command}`\n"
     ));
     bench.line(&environment(&bench.pool).await?);
+    if let Some(options) = &args.storage {
+        bench.line(&format!("Every table's storage: `{options}`.\n"));
+    }
     if args.selects(Section::Drain) {
         bench.drain(args).await?;
     }

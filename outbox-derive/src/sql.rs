@@ -67,11 +67,11 @@ fn create_table(model: &Model) -> String {
          )\n\
          -- Every event is updated twice, never HOT (status is in the partial indexes'\n\
          -- predicates). Half of each page is left free when rows are inserted: the claim\n\
-         -- and the outcome then write a row's new version on its own page, which the WAL\n\
-         -- records as the bytes that changed, not the whole row (a third less WAL per\n\
-         -- event, and a smaller table once its events are sent). Vacuum after 1% of the\n\
-         -- rows are dead, not autovacuum's default 20%, and at full speed, so dead\n\
-         -- entries do not pile up where claims scan.\n\
+         -- and the outcome then write a row's new version on the page of the one before,\n\
+         -- which the WAL records as the bytes that changed, not the whole row (a third\n\
+         -- less WAL per event). Vacuum after 1% of the rows are dead, not autovacuum's\n\
+         -- default 20%, and at full speed, so dead entries do not pile up where claims\n\
+         -- scan.\n\
          WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_cost_delay = 0);\n\
          -- One partial index per eligibility path of the claim; SENT and DEAD rows are in neither.\n\
          CREATE INDEX ON {t} (next_attempt_at, id) WHERE status = 'READY';\n\

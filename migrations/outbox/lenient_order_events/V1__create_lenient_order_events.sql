@@ -15,11 +15,11 @@ CREATE TABLE "lenient_order_events" (
 )
 -- Every event is updated twice, never HOT (status is in the partial indexes'
 -- predicates). Half of each page is left free when rows are inserted: the claim
--- and the outcome then write a row's new version on its own page, which the WAL
--- records as the bytes that changed, not the whole row (a third less WAL per
--- event, and a smaller table once its events are sent). Vacuum after 1% of the
--- rows are dead, not autovacuum's default 20%, and at full speed, so dead
--- entries do not pile up where claims scan.
+-- and the outcome then write a row's new version on the page of the one before,
+-- which the WAL records as the bytes that changed, not the whole row (a third
+-- less WAL per event). Vacuum after 1% of the rows are dead, not autovacuum's
+-- default 20%, and at full speed, so dead entries do not pile up where claims
+-- scan.
 WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_cost_delay = 0);
 -- One partial index per eligibility path of the claim; SENT and DEAD rows are in neither.
 CREATE INDEX ON "lenient_order_events" (next_attempt_at, id) WHERE status = 'READY';
