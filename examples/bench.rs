@@ -25,6 +25,8 @@
 #[path = "../tests/support/child.rs"]
 mod child;
 mod common;
+#[path = "bench/cpu.rs"]
+mod cpu;
 #[path = "bench/ordering.rs"]
 mod ordering;
 #[path = "bench/pinned.rs"]
@@ -49,6 +51,7 @@ use child::ChildCommand;
 use clap::Parser as _;
 use clap::builder::RangedU64ValueParser;
 use common::{BenchDeletedEvent, BenchEvent};
+use cpu::Cpu;
 use outbox::relay::{CancellationToken, Delivery, Sink, SinkError};
 use outbox::{Outbox, Relay};
 use pgmq::PGMQueueExt;
@@ -308,19 +311,37 @@ impl Bench {
         batch: u32,
         workers: usize,
     ) -> Result<f64> {
+        Ok(self.drain_relay_cpu(events, batch, workers).await?.0)
+    }
+
+    /// [`drain_relay`](Self::drain_relay), and the CPU time the drain took, in
+    /// milliseconds per 1,000 events: the server's process tree's and this process's,
+    /// `None` where the server's cannot be read (another machine's server).
+    async fn drain_relay_cpu<T: Outbox>(
+        &self,
+        events: &[T],
+        batch: u32,
+        workers: usize,
+    ) -> Result<(f64, Option<f64>)> {
         let n = events.len();
         self.fill_with(events).await?;
+        let postmaster = self.postmaster().await;
         let pool = self.pool(workers + 1).await?;
         let stop = CancellationToken::new();
         let relay = Relay::<T, _>::new(pool.clone(), CountingSink::until(n, &stop))
             .batch_size(batch)
             .concurrency(workers);
+        let cpu = Cpu::now(postmaster);
         let started = Instant::now();
         relay.run(stop).await?;
         let elapsed = started.elapsed();
+        let cpu = Cpu::now(postmaster).work_seconds(&cpu);
         pool.close().await;
         match self.pending::<T>().await? {
-            0 => Ok(n as f64 / elapsed.as_secs_f64()),
+            0 => Ok((
+                n as f64 / elapsed.as_secs_f64(),
+                cpu.map(|seconds| seconds * 1e6 / n as f64),
+            )),
             left => Err(format!("the relay stopped with {left} events not recorded").into()),
         }
     }

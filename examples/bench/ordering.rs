@@ -38,13 +38,17 @@ impl Bench {
              enqueued with keys round-robin, as many customers' orders arrive. With 10 keys or \
              one, the ordered relay has at most one event per key in flight: its rate is one \
              claim → publish → record cycle per key at a time, so those rows drain \
-             {FEW_KEYS_EVENTS} events.\n",
+             {FEW_KEYS_EVENTS} events. CPU: the server's process tree's and the bench's \
+             (the relay's), per 1,000 events, while the relay ran; on a shared machine it \
+             varies far less than events/s, and unordered / ordered CPU is what an ordered \
+             event costs the database and the relay, relative to an unordered one.\n",
             args.runs
         ));
         self.line(
-            "| keys | events | ordered events/s | unordered events/s | ordered / unordered |",
+            "| keys | events | ordered events/s | unordered events/s | ordered / unordered \
+             | ordered CPU ms / 1,000 events | unordered | unordered / ordered CPU |",
         );
-        self.line("|---|---|---|---|---|");
+        self.line("|---|---|---|---|---|---|---|---|");
         for &keys in &args.ordering_keys {
             let keys = keys as usize;
             let n = if keys >= 1_000 {
@@ -62,21 +66,43 @@ impl Bench {
             let (mut with, mut without) = (Vec::new(), Vec::new());
             for run in 0..args.runs {
                 if run % 2 == 0 {
-                    with.push(self.drain_relay(&ordered, BATCH, WORKERS).await?);
-                    without.push(self.drain_relay(&unordered, BATCH, WORKERS).await?);
+                    with.push(self.drain_relay_cpu(&ordered, BATCH, WORKERS).await?);
+                    without.push(self.drain_relay_cpu(&unordered, BATCH, WORKERS).await?);
                 } else {
-                    without.push(self.drain_relay(&unordered, BATCH, WORKERS).await?);
-                    with.push(self.drain_relay(&ordered, BATCH, WORKERS).await?);
+                    without.push(self.drain_relay_cpu(&unordered, BATCH, WORKERS).await?);
+                    with.push(self.drain_relay_cpu(&ordered, BATCH, WORKERS).await?);
                 }
             }
-            let ratio = Figure::of(with.iter().zip(&without).map(|(o, u)| o / u).collect());
+            let ratio = Figure::of(with.iter().zip(&without).map(|(o, u)| o.0 / u.0).collect());
+            let cpu = |drains: &[(f64, Option<f64>)]| {
+                drains
+                    .iter()
+                    .map(|d| d.1)
+                    .collect::<Option<Vec<f64>>>()
+                    .map(Figure::of)
+            };
+            let (cpu_with, cpu_without) = (cpu(&with), cpu(&without));
+            let cpu_ratio = with
+                .iter()
+                .zip(&without)
+                .map(|(o, u)| Some(u.1? / o.1?))
+                .collect::<Option<Vec<f64>>>()
+                .map(Figure::of);
+            let shown =
+                |figure: Option<Figure>| figure.map_or_else(|| "-".to_owned(), |f| f.show(""));
             self.line(&format!(
-                "| {keys} | {n} | {} | {} | **{:.2}** ({:.2}–{:.2}) |",
-                Figure::of(with).show(""),
-                Figure::of(without).show(""),
+                "| {keys} | {n} | {} | {} | **{:.2}** ({:.2}–{:.2}) | {} | {} | {} |",
+                Figure::of(with.iter().map(|d| d.0).collect()).show(""),
+                Figure::of(without.iter().map(|d| d.0).collect()).show(""),
                 ratio.median,
                 ratio.min,
-                ratio.max
+                ratio.max,
+                shown(cpu_with),
+                shown(cpu_without),
+                cpu_ratio.map_or_else(
+                    || "-".to_owned(),
+                    |r| format!("**{:.2}** ({:.2}–{:.2})", r.median, r.min, r.max)
+                ),
             ));
         }
         if args.no_history {
