@@ -107,9 +107,9 @@ struct Args {
     /// Run only these sections [default: all but endurance, which needs --endurance].
     #[arg(long, value_name = "SECTION,..", value_delimiter = ',')]
     only: Option<Vec<Section>>,
-    /// Storage parameters set on every outbox table before it is filled (and on the
-    /// endurance run's table), as `ALTER TABLE .. SET (<STORAGE>)` takes them: to
-    /// compare with the derive's own (`fillfactor = 50`, ..).
+    /// Storage parameters set on every outbox table the bench empties before a run,
+    /// before it is filled, as `ALTER TABLE .. SET (<STORAGE>)` takes them: to compare
+    /// with the derive's own (`fillfactor = 50`, ..).
     #[arg(long, value_name = "STORAGE")]
     storage: Option<String>,
     /// How long the pinned section holds a snapshot: seconds, or 10m, 1m30s, 2h.
@@ -235,7 +235,20 @@ impl Bench {
     /// run that follows (whichever side it fell on would write a full-page image of
     /// every page it touched first), unless `max_wal_size` forces one.
     async fn reset(&self) -> Result {
-        self.reset_tables("bench_events").await
+        self.reset_tables("bench_events").await?;
+        self.set_storage("bench_events").await
+    }
+
+    /// Sets `--storage` on `table`, emptied and not yet filled.
+    async fn set_storage(&self, table: &str) -> Result {
+        if let Some(options) = &self.storage {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "ALTER TABLE {table} SET ({options})"
+            )))
+            .execute(&self.pool)
+            .await?;
+        }
+        Ok(())
     }
 
     /// Empties `tables` (a list `TRUNCATE` takes) and checkpoints, as [`Self::reset`].
@@ -262,13 +275,7 @@ impl Bench {
     async fn fill_with<T: Outbox>(&self, events: &[T]) -> Result {
         let table = T::SPEC.table();
         self.reset_tables(table).await?;
-        if let Some(options) = &self.storage {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "ALTER TABLE {table} SET ({options})"
-            )))
-            .execute(&self.pool)
-            .await?;
-        }
+        self.set_storage(table).await?;
         for chunk in events.chunks(10_000) {
             outbox::enqueue_all(chunk, &self.pool).await?;
         }
@@ -773,7 +780,7 @@ impl Bench {
     }
 
     /// Steady enqueue + relay for 5 minutes: throughput per minute and dead tuples.
-    async fn endurance(&self, args: &Args) -> Result {
+    async fn endurance(&self) -> Result {
         self.heading(
             "5. Endurance: 5 minutes of steady enqueue (2,000 events/s offered) and a relay, beside 1,000,000 retained SENT rows",
         );
@@ -789,13 +796,6 @@ impl Bench {
         sqlx::query("VACUUM ANALYZE bench_events")
             .execute(&self.pool)
             .await?;
-        if let Some(options) = &args.storage {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "ALTER TABLE bench_events SET ({options})"
-            )))
-            .execute(&self.pool)
-            .await?;
-        }
         let pool = self.pool(10).await?;
         let sink = LatencySink::default();
         let latencies = Arc::clone(&sink.latencies);
@@ -1245,7 +1245,7 @@ async fn run(
         bench.scale().await?;
     }
     if args.selects(Section::Endurance) {
-        bench.endurance(args).await?;
+        bench.endurance().await?;
     }
     if args.selects(Section::Pinned) {
         bench.pinned(args).await?;

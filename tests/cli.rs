@@ -56,22 +56,18 @@ async fn kill_next(db: &TestSchema, reason: &str) -> TestResult<String> {
     Ok(event_id)
 }
 
-async fn status_of(db: &TestSchema, event_id: &str) -> TestResult<Option<String>> {
-    Ok(
-        sqlx::query_scalar("SELECT status FROM budget_events WHERE event_id = $1")
-            .bind(event_id)
-            .fetch_optional(db.pool())
-            .await?,
-    )
+/// The status of `event_id` in `table`, if the row is there.
+async fn status_in(db: &TestSchema, table: &str, event_id: &str) -> TestResult<Option<String>> {
+    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT status FROM {table} WHERE event_id = $1"
+    )))
+    .bind(event_id)
+    .fetch_optional(db.pool())
+    .await?)
 }
 
-async fn status_of_step(db: &TestSchema, event_id: &str) -> TestResult<Option<String>> {
-    Ok(
-        sqlx::query_scalar("SELECT status FROM order_step_events WHERE event_id = $1")
-            .bind(event_id)
-            .fetch_optional(db.pool())
-            .await?,
-    )
+async fn status_of(db: &TestSchema, event_id: &str) -> TestResult<Option<String>> {
+    status_in(db, "budget_events", event_id).await
 }
 
 #[tokio::test]
@@ -286,7 +282,12 @@ async fn discard_is_dry_run_or_confirmed(db: &TestSchema) -> TestResult {
         "{}",
         stderr(&refused)
     );
-    assert_eq!(status_of_step(db, "first").await?.as_deref(), Some("DEAD"));
+    assert_eq!(
+        status_in(db, "order_step_events", "first")
+            .await?
+            .as_deref(),
+        Some("DEAD")
+    );
     Ok(())
 }
 

@@ -312,12 +312,7 @@ async fn a_relay_of_a_build_without_the_key_refuses_a_table_a_newer_build_keyed(
         db.pool().clone(),
         outbox::relay::MemorySink::<Shipment>::new(),
     );
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn(keyed.run(shutdown.clone()));
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!running.is_finished(), "{:?}", running.await);
-    shutdown.cancel();
-    running.await??;
+    runs_until_stopped(keyed).await?;
     db.drop_schema().await?;
 
     // A table without a key, with an index of the application's own of that shape on
@@ -327,13 +322,20 @@ async fn a_relay_of_a_build_without_the_key_refuses_a_table_a_newer_build_keyed(
         .execute(db.pool())
         .await?;
     let unkeyed = Relay::<ShipmentBeforeKey, _>::new(db.pool().clone(), sink);
+    runs_until_stopped(unkeyed).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// Runs `relay` for 200 ms: it must still be running (not refused the table), then stop
+/// cleanly.
+async fn runs_until_stopped<T: Outbox, S: Sink<T>>(relay: Relay<T, S>) -> TestResult {
     let shutdown = CancellationToken::new();
-    let running = tokio::spawn(unkeyed.run(shutdown.clone()));
+    let running = tokio::spawn(relay.run(shutdown.clone()));
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!running.is_finished(), "{:?}", running.await);
     shutdown.cancel();
     running.await??;
-    db.drop_schema().await?;
     Ok(())
 }
 
