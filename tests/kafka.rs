@@ -359,43 +359,16 @@ async fn consumer_applies_each_effect_once(
             Some(generation.as_str()),
             "one claim per attempt here"
         );
-        let created_at: chrono::DateTime<chrono::Utc> =
-            sqlx::query_scalar("SELECT created_at FROM chaos_events WHERE event_id = $1")
-                .bind(&event_id)
-                .fetch_one(pool)
-                .await?;
         assert_eq!(
             record.header(header::CREATED_AT),
-            Some(outbox::message::timestamp(created_at.into()).as_str()),
+            Some(broker::enqueue_time(pool, &event_id).await?.as_str()),
             "the enqueue time, the same in both copies"
         );
         copies.entry(event_id.clone()).or_default().push(generation);
         receipts.push(broker::apply(pool, &inbox, &event_id, &record.value).await?);
     }
-    let expected: BTreeMap<String, Vec<String>> = first
-        .keys()
-        .map(|id| (id.clone(), vec!["1".to_owned(), "2".to_owned()]))
-        .collect();
-    assert_eq!(
-        copies, expected,
-        "each event twice, under its unchanged id: generation 1, then the redelivery's 2"
-    );
-    let new = receipts.iter().filter(|r| r.is_new()).count();
-    assert_eq!((new, receipts.len()), (3, 6), "{receipts:?}");
-    let applied: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT event_id, count(*), sum(parcels)::bigint FROM shipments GROUP BY event_id ORDER BY event_id",
-    )
-    .fetch_all(pool)
-    .await?;
-    assert_eq!(
-        applied,
-        [
-            ("shipment-1".to_owned(), 1, 1),
-            ("shipment-2".to_owned(), 1, 2),
-            ("shipment-3".to_owned(), 1, 3)
-        ],
-        "each effect exactly once"
-    );
+    broker::each_event_twice(first, &copies);
+    broker::each_effect_applied_once(pool, &receipts, 6).await?;
     Ok(())
 }
 
@@ -410,15 +383,6 @@ async fn kafka_bad_input_is_dead_with_its_reason_and_the_other_events_are_sent()
     // Over the producer's `message.max.bytes` below (librdkafka's least, 1000): the
     // event id is the key, a header, and in the value.
     let huge = "h".repeat(1000);
-    let names = ["ok-1", "unencodable", huge.as_str(), "missing", "ok-2"];
-    let events: Vec<ChaosEvent> = names
-        .iter()
-        .map(|name| ChaosEvent {
-            key: (*name).to_owned(),
-            order_seq: 1,
-        })
-        .collect();
-    enqueue(pool, &events).await;
     let mut config = producer_config(&tansu.bootstrap());
     config
         .set("message.max.bytes", "1000")
@@ -437,41 +401,19 @@ async fn kafka_bad_input_is_dead_with_its_reason_and_the_other_events_are_sent()
             }
         })
         .encoding(RefuseUnencodable);
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
-        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
-            .poll_interval(Duration::from_millis(50))
-            .run(shutdown.clone()),
-    );
-    wait_until("2 SENT and 3 DEAD", Duration::from_secs(30), async || {
-        let stats = outbox::stats::<ChaosEvent>(pool).await.unwrap();
-        (stats.sent, stats.dead) == (2, 3)
-    })
-    .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
-
-    for (name, reason) in [
-        (
-            "unencodable",
-            "cannot encode the event: parcels must be positive",
-        ),
-        (huge.as_str(), "MessageSizeTooLarge"),
-        ("missing", "UnknownTopicOrPartition"),
-    ] {
-        let row = row_of::<ChaosEvent>(pool, name).await;
-        let error = row.last_error.unwrap_or_default();
-        assert_eq!(
-            (row.status.as_str(), row.attempts),
-            ("DEAD", 1),
-            "{name:.20}: {error}"
-        );
-        assert!(error.contains(reason), "{name:.20}: {error}");
-    }
-    for name in ["ok-1", "ok-2"] {
-        let row = row_of::<ChaosEvent>(pool, name).await;
-        assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{name}");
-    }
+    broker::refused_events_are_dead_and_the_others_sent(
+        pool,
+        sink,
+        &[
+            (
+                "unencodable",
+                "cannot encode the event: parcels must be positive",
+            ),
+            (&huge, "MessageSizeTooLarge"),
+            ("missing", "UnknownTopicOrPartition"),
+        ],
+    )
+    .await?;
     let sent: Vec<String> = records(&tansu.bootstrap(), &topic, 2)
         .await?
         .into_iter()

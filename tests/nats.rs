@@ -381,14 +381,9 @@ async fn second_relay_redelivers(
             header_of(&message, header::CONTENT_TYPE),
             Some("application/json")
         );
-        let created_at: chrono::DateTime<chrono::Utc> =
-            sqlx::query_scalar("SELECT created_at FROM chaos_events WHERE event_id = $1")
-                .bind(&event_id)
-                .fetch_one(pool)
-                .await?;
         assert_eq!(
             header_of(&message, header::CREATED_AT),
-            Some(outbox::message::timestamp(created_at.into()).as_str()),
+            Some(broker::enqueue_time(pool, &event_id).await?.as_str()),
             "the enqueue time, unchanged by the redelivery"
         );
         redelivered.push(message);
@@ -451,22 +446,7 @@ async fn consumer_applies_each_effect_once(
     for message in redelivered {
         receipts.push(apply(pool, &inbox, message).await?);
     }
-    let new = receipts.iter().filter(|r| r.is_new()).count();
-    assert_eq!((new, receipts.len()), (3, 9), "{receipts:?}");
-    let applied: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT event_id, count(*), sum(parcels)::bigint FROM shipments GROUP BY event_id ORDER BY event_id",
-    )
-    .fetch_all(pool)
-    .await?;
-    assert_eq!(
-        applied,
-        [
-            ("shipment-1".to_owned(), 1, 1),
-            ("shipment-2".to_owned(), 1, 2),
-            ("shipment-3".to_owned(), 1, 3)
-        ],
-        "each effect exactly once"
-    );
+    broker::each_effect_applied_once(pool, &receipts, 9).await?;
 
     Ok(())
 }
@@ -503,24 +483,6 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
     })
     .await?;
     let large = "x".repeat(900);
-    let names = [
-        "ok-1",
-        "unencodable",
-        "nowhere",
-        large.as_str(),
-        "invalid-subject",
-        "wildcard",
-        "line\nbreak",
-        "ok-2",
-    ];
-    let events: Vec<ChaosEvent> = names
-        .iter()
-        .map(|name| ChaosEvent {
-            key: (*name).to_owned(),
-            order_seq: 1,
-        })
-        .collect();
-    enqueue(pool, &events).await;
     let sink = JetStreamSink::new(js.clone(), subject.clone())
         .subject_from(move |event: &ChaosEvent| {
             match event.key.as_str() {
@@ -532,50 +494,28 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
             }
         })
         .encoding(RefuseUnencodable);
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
-        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
-            .poll_interval(Duration::from_millis(50))
-            .run(shutdown.clone()),
-    );
-    wait_until("2 SENT and 6 DEAD", Duration::from_secs(30), async || {
-        let stats = outbox::stats::<ChaosEvent>(pool).await.unwrap();
-        (stats.sent, stats.dead) == (2, 6)
-    })
-    .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
-
-    for (name, reason) in [
-        (
-            "unencodable",
-            "cannot encode the event: parcels must be positive",
-        ),
-        ("nowhere", "no JetStream stream takes this subject"),
-        (large.as_str(), "message size exceeds maximum allowed"),
-        ("invalid-subject", "not a valid subject"),
-        (
-            "wildcard",
-            "a wildcard (`*` or `>`) names no single subject",
-        ),
-        (
-            "line\nbreak",
-            "the `Outbox-Event-Id` header cannot carry this value",
-        ),
-    ] {
-        let row = row_of::<ChaosEvent>(pool, name).await;
-        let error = row.last_error.unwrap_or_default();
-        assert_eq!(
-            (row.status.as_str(), row.attempts),
-            ("DEAD", 1),
-            "{name}: {error}"
-        );
-        assert!(error.contains(reason), "{name}: {error}");
-    }
-    for name in ["ok-1", "ok-2"] {
-        let row = row_of::<ChaosEvent>(pool, name).await;
-        assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{name}");
-    }
+    broker::refused_events_are_dead_and_the_others_sent(
+        pool,
+        sink,
+        &[
+            (
+                "unencodable",
+                "cannot encode the event: parcels must be positive",
+            ),
+            ("nowhere", "no JetStream stream takes this subject"),
+            (&large, "message size exceeds maximum allowed"),
+            ("invalid-subject", "not a valid subject"),
+            (
+                "wildcard",
+                "a wildcard (`*` or `>`) names no single subject",
+            ),
+            (
+                "line\nbreak",
+                "the `Outbox-Event-Id` header cannot carry this value",
+            ),
+        ],
+    )
+    .await?;
     assert_eq!(stream.info().await?.state.messages, 2);
     js.delete_stream(&stream_name).await?;
     db.drop_schema().await?;

@@ -387,44 +387,17 @@ async fn consumer_applies_each_effect_once(
             Some(generation.clone()),
             "one claim per attempt here"
         );
-        let created_at: chrono::DateTime<chrono::Utc> =
-            sqlx::query_scalar("SELECT created_at FROM chaos_events WHERE event_id = $1")
-                .bind(&event_id)
-                .fetch_one(pool)
-                .await?;
         assert_eq!(
             header_of(delivery, header::CREATED_AT),
-            Some(outbox::message::timestamp(created_at.into())),
+            Some(broker::enqueue_time(pool, &event_id).await?),
             "the enqueue time, the same in both copies"
         );
         copies.entry(event_id).or_default().push(generation);
         receipts.push(apply(pool, &inbox, delivery).await?);
         delivery.ack(BasicAckOptions::default()).await?;
     }
-    let expected: BTreeMap<String, Vec<String>> = first
-        .keys()
-        .map(|id| (id.clone(), vec!["1".to_owned(), "2".to_owned()]))
-        .collect();
-    assert_eq!(
-        copies, expected,
-        "each event twice, under its unchanged id: generation 1, then the redelivery's 2"
-    );
-    let new = receipts.iter().filter(|r| r.is_new()).count();
-    assert_eq!((new, receipts.len()), (3, 6), "{receipts:?}");
-    let applied: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT event_id, count(*), sum(parcels)::bigint FROM shipments GROUP BY event_id ORDER BY event_id",
-    )
-    .fetch_all(pool)
-    .await?;
-    assert_eq!(
-        applied,
-        [
-            ("shipment-1".to_owned(), 1, 1),
-            ("shipment-2".to_owned(), 1, 2),
-            ("shipment-3".to_owned(), 1, 3)
-        ],
-        "each effect exactly once"
-    );
+    broker::each_event_twice(first, &copies);
+    broker::each_effect_applied_once(pool, &receipts, 6).await?;
     assert_eq!(topology.messages(channel).await?, 0);
 
     Ok(())
@@ -440,22 +413,6 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
     let long = "k".repeat(300);
     // An event id AMQP's message_id cannot carry, routed like the others.
     let long_id = format!("id-{}", "i".repeat(300));
-    let names = [
-        "ok-1",
-        "unencodable",
-        "unroutable",
-        long.as_str(),
-        long_id.as_str(),
-        "ok-2",
-    ];
-    let events: Vec<ChaosEvent> = names
-        .iter()
-        .map(|name| ChaosEvent {
-            key: (*name).to_owned(),
-            order_seq: 1,
-        })
-        .collect();
-    enqueue(pool, &events).await;
     let sink = topology
         .sink(&connection)
         .await?
@@ -466,42 +423,20 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
             _ => ROUTING_KEY.to_owned(),
         })
         .encoding(RefuseUnencodable);
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
-        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
-            .poll_interval(Duration::from_millis(50))
-            .run(shutdown.clone()),
-    );
-    wait_until("2 SENT and 4 DEAD", Duration::from_secs(30), async || {
-        let stats = outbox::stats::<ChaosEvent>(pool).await.unwrap();
-        (stats.sent, stats.dead) == (2, 4)
-    })
-    .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
-
-    for (name, reason) in [
-        (
-            "unencodable",
-            "cannot encode the event: parcels must be positive",
-        ),
-        ("unroutable", "returned unroutable (312 NO_ROUTE)"),
-        (long.as_str(), "the routing key is not an AMQP short string"),
-        (long_id.as_str(), "the event id is not an AMQP short string"),
-    ] {
-        let row = row_of::<ChaosEvent>(pool, name).await;
-        let error = row.last_error.unwrap_or_default();
-        assert_eq!(
-            (row.status.as_str(), row.attempts),
-            ("DEAD", 1),
-            "{name}: {error}"
-        );
-        assert!(error.contains(reason), "{name}: {error}");
-    }
-    for name in ["ok-1", "ok-2"] {
-        let row = row_of::<ChaosEvent>(pool, name).await;
-        assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{name}");
-    }
+    broker::refused_events_are_dead_and_the_others_sent(
+        pool,
+        sink,
+        &[
+            (
+                "unencodable",
+                "cannot encode the event: parcels must be positive",
+            ),
+            ("unroutable", "returned unroutable (312 NO_ROUTE)"),
+            (&long, "the routing key is not an AMQP short string"),
+            (&long_id, "the event id is not an AMQP short string"),
+        ],
+    )
+    .await?;
     assert_eq!(topology.messages(&channel).await?, 2);
     topology.delete(&channel).await?;
     db.drop_schema().await?;

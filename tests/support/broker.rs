@@ -106,6 +106,114 @@ pub async fn apply(
     Ok(received)
 }
 
+/// The end of a broker-level redelivery test: of `receipts` (the consumer's, one per
+/// copy it received, `copies_received` in all), the first of each of the three events
+/// was new and applied, every later one recognised by the inbox and skipped, so each
+/// event's effect (its row in `shipments`) is there exactly once.
+pub async fn each_effect_applied_once(
+    pool: &PgPool,
+    receipts: &[Received],
+    copies_received: usize,
+) -> TestResult {
+    let new = receipts.iter().filter(|r| r.is_new()).count();
+    assert_eq!((new, receipts.len()), (3, copies_received), "{receipts:?}");
+    let applied: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT event_id, count(*), sum(parcels)::bigint FROM shipments GROUP BY event_id ORDER BY event_id",
+    )
+    .fetch_all(pool)
+    .await?;
+    assert_eq!(
+        applied,
+        [
+            ("shipment-1".to_owned(), 1, 1),
+            ("shipment-2".to_owned(), 1, 2),
+            ("shipment-3".to_owned(), 1, 3)
+        ],
+        "each effect exactly once"
+    );
+    Ok(())
+}
+
+/// What a broker without deduplication holds after a redelivery test: each of the
+/// events the first relay published (`first`, by event id) twice under its unchanged
+/// id, `copies` giving each copy's generation header in the order received: 1, then the
+/// redelivery's 2.
+pub fn each_event_twice(first: &BTreeMap<String, i64>, copies: &BTreeMap<String, Vec<String>>) {
+    let expected: BTreeMap<String, Vec<String>> = first
+        .keys()
+        .map(|id| (id.clone(), vec!["1".to_owned(), "2".to_owned()]))
+        .collect();
+    assert_eq!(
+        copies, &expected,
+        "each event twice, under its unchanged id: generation 1, then the redelivery's 2"
+    );
+}
+
+/// The `Outbox-Created-At` header a message of `event_id` must carry: its row's enqueue
+/// time, the same in every copy.
+pub async fn enqueue_time(pool: &PgPool, event_id: &str) -> TestResult<String> {
+    let created_at: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT created_at FROM chaos_events WHERE event_id = $1")
+            .bind(event_id)
+            .fetch_one(pool)
+            .await?;
+    Ok(outbox::message::timestamp(created_at.into()))
+}
+
+/// Bad input through `sink`: `ok-1`, an event named after each of `refused` (name, then
+/// the reason its `last_error` must give), and `ok-2` are enqueued in that order and
+/// published by a relay. Each refused event must be `DEAD` after its one attempt, with
+/// its reason, and the two good ones `SENT`: one bad event costs no other. The caller
+/// checks what the broker holds.
+pub async fn refused_events_are_dead_and_the_others_sent(
+    pool: &PgPool,
+    sink: impl Sink<ChaosEvent>,
+    refused: &[(&str, &str)],
+) -> TestResult {
+    let names = std::iter::once("ok-1")
+        .chain(refused.iter().map(|(name, _)| *name))
+        .chain(std::iter::once("ok-2"));
+    let events: Vec<ChaosEvent> = names
+        .map(|name| ChaosEvent {
+            key: name.to_owned(),
+            order_seq: 1,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let shutdown = CancellationToken::new();
+    let relay = tokio::spawn(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .run(shutdown.clone()),
+    );
+    let dead = i64::try_from(refused.len())?;
+    let done = format!("2 SENT and {dead} DEAD");
+    wait_until(&done, Duration::from_secs(30), async || {
+        let stats = outbox::stats::<ChaosEvent>(pool).await.unwrap();
+        (stats.sent, stats.dead) == (2, dead)
+    })
+    .await;
+    shutdown.cancel();
+    timeout(Duration::from_secs(15), relay).await???;
+
+    for &(name, reason) in refused {
+        let row = row_of::<ChaosEvent>(pool, name).await;
+        let error = row.last_error.unwrap_or_default();
+        // Some names are long: the start says which.
+        assert_eq!(
+            (row.status.as_str(), row.attempts),
+            ("DEAD", 1),
+            "{name:.40}: {error}"
+        );
+        assert!(error.contains(reason), "{name:.40}: {error}");
+    }
+    for name in ["ok-1", "ok-2"] {
+        let row = row_of::<ChaosEvent>(pool, name).await;
+        assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{name}");
+    }
+    Ok(())
+}
+
 /// Ten events enqueued and published through `sink`, whose broker is away behind
 /// `proxy` (down) until the relay has held back five batches: no attempt is counted
 /// while it is away, and every event is `SENT` after one counted attempt once `proxy` is
