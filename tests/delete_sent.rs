@@ -10,10 +10,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use outbox::Retried;
-use outbox::relay::{CancellationToken, Delivery, MemorySink, Relay, Sink, SinkError};
+use outbox::relay::{Delivery, MemorySink, Relay, Sink, SinkError};
 use sqlx::PgPool;
 use support::events::Receipt;
 use support::rows::{count, enqueue};
+use support::running::start;
 use support::schema::schema_from_zero;
 use support::{TestResult, wait_until};
 
@@ -133,12 +134,10 @@ async fn a_relay_deletes_what_it_published_and_keeps_what_it_could_not() -> Test
         })
         .collect();
     enqueue(pool, &names.iter().map(|n| receipt(n)).collect::<Vec<_>>()).await;
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
+    let relay = start(
         Relay::<Receipt, _>::new(pool.clone(), Refusing)
             .batch_size(10)
-            .concurrency(2)
-            .run(shutdown.clone()),
+            .concurrency(2),
     );
     wait_until(
         "only the refused rows are left",
@@ -146,8 +145,7 @@ async fn a_relay_deletes_what_it_published_and_keeps_what_it_could_not() -> Test
         async || rows(pool).await.len() == 3 && count::<Receipt>(pool, "DEAD").await == 3,
     )
     .await;
-    shutdown.cancel();
-    relay.await??;
+    relay.stop().await?;
     let left: BTreeSet<String> = rows(pool).await.into_iter().map(|r| r.0).collect();
     assert_eq!(
         left,

@@ -48,6 +48,7 @@ use support::counters::Counters;
 use support::events::{ChaosEvent, OrderStep};
 use support::proxy::Proxy;
 use support::rows::{enqueue, row_of};
+use support::running::start;
 use support::schema::schema_from_zero;
 use support::tansu::{Tansu, free_port};
 use support::{TestResult, wait_until};
@@ -296,11 +297,8 @@ async fn second_relay_redelivers(scene: &mut Scene) -> TestResult {
     let pool = db.pool();
     let bootstrap = tansu.bootstrap();
     let sink = KafkaSink::new(&producer_config(&bootstrap), topic.clone())?;
-    let shutdown = CancellationToken::new();
-    let second = tokio::spawn(
-        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
-            .poll_interval(Duration::from_millis(50))
-            .run(shutdown.clone()),
+    let second = start(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink).poll_interval(Duration::from_millis(50)),
     );
     wait_until(
         "the second relay sent all 3",
@@ -308,8 +306,7 @@ async fn second_relay_redelivers(scene: &mut Scene) -> TestResult {
         async || outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 3,
     )
     .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), second).await???;
+    second.stop().await?;
 
     for event in events.iter() {
         let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
@@ -475,18 +472,14 @@ async fn kafka_a_full_local_queue_is_transient_and_every_event_is_sent_once() ->
         sink: KafkaSink::new(&config, topic.clone())?,
         errors: Arc::clone(&errors),
     };
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
-        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
-            .poll_interval(Duration::from_millis(50))
-            .run(shutdown.clone()),
+    let relay = start(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink).poll_interval(Duration::from_millis(50)),
     );
     wait_until("all 3 SENT", Duration::from_secs(30), async || {
         outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 3
     })
     .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
+    relay.stop().await?;
 
     let errors = std::mem::take(&mut *errors.lock().unwrap_or_else(PoisonError::into_inner));
     assert!(
@@ -593,15 +586,13 @@ async fn held_back(sink: KafkaSink<ChaosEvent>, batches: u64) -> TestResult<Vec<
         sink,
         errors: Arc::clone(&errors),
     };
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
+    let relay = start(
         Relay::<ChaosEvent, _>::new(pool.clone(), sink)
             .poll_interval(Duration::from_millis(50))
             .unavailable_backoff(Backoff::new(
                 Duration::from_millis(50),
                 Duration::from_millis(500),
-            ))
-            .run(shutdown.clone()),
+            )),
     );
     let table = ChaosEvent::SPEC.table();
     wait_until(
@@ -610,8 +601,7 @@ async fn held_back(sink: KafkaSink<ChaosEvent>, batches: u64) -> TestResult<Vec<
         async || counters.get(outbox::relay::metric::UNAVAILABLE, table) >= batches,
     )
     .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
+    relay.stop().await?;
 
     for event in &events {
         let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;

@@ -44,6 +44,7 @@ use support::events::{ChaosEvent, OrderStep};
 use support::nats_server::{NatsServer, Stop};
 use support::proxy::Proxy;
 use support::rows::{enqueue, row_of};
+use support::running::start;
 use support::schema::schema_from_zero;
 use support::{TestResult, wait_until};
 use tokio::time::timeout;
@@ -317,11 +318,8 @@ async fn second_relay_redelivers(
         inner: JetStreamSink::new(js.clone(), subject.clone()),
         acked: Arc::clone(&acked),
     };
-    let shutdown = CancellationToken::new();
-    let second = tokio::spawn(
-        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
-            .poll_interval(Duration::from_millis(50))
-            .run(shutdown.clone()),
+    let second = start(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink).poll_interval(Duration::from_millis(50)),
     );
     wait_until(
         "the second relay sent all 3",
@@ -329,8 +327,7 @@ async fn second_relay_redelivers(
         async || outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 3,
     )
     .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), second).await???;
+    second.stop().await?;
 
     let second_acks = acked.lock().unwrap_or_else(PoisonError::into_inner).clone();
     assert_eq!(second_acks.len(), 3, "{second_acks:?}");
@@ -544,29 +541,21 @@ async fn two_tables_events_with_one_event_id_are_both_stored_in_a_shared_stream(
     }
     .enqueue(pool)
     .await?;
-    let shutdown = CancellationToken::new();
-    let chaos = tokio::spawn(
-        Relay::<ChaosEvent, _>::new(
-            pool.clone(),
-            JetStreamSink::new(js.clone(), format!("{prefix}.chaos")),
-        )
-        .run(shutdown.clone()),
-    );
-    let steps = tokio::spawn(
-        Relay::<OrderStep, _>::new(
-            pool.clone(),
-            JetStreamSink::new(js.clone(), format!("{prefix}.steps")),
-        )
-        .run(shutdown.clone()),
-    );
+    let chaos = start(Relay::<ChaosEvent, _>::new(
+        pool.clone(),
+        JetStreamSink::new(js.clone(), format!("{prefix}.chaos")),
+    ));
+    let steps = start(Relay::<OrderStep, _>::new(
+        pool.clone(),
+        JetStreamSink::new(js.clone(), format!("{prefix}.steps")),
+    ));
     wait_until("both SENT", Duration::from_secs(15), async || {
         outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 1
             && outbox::stats::<OrderStep>(pool).await.unwrap().sent == 1
     })
     .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), chaos).await???;
-    timeout(Duration::from_secs(15), steps).await???;
+    chaos.stop().await?;
+    steps.stop().await?;
     assert_eq!(
         stream.info().await?.state.messages,
         2,
@@ -709,8 +698,7 @@ async fn wrong_credentials_are_refused_at_connect_and_a_retrying_client_loses_no
         .await?;
     let counters = Counters::default();
     let _recording = metrics::set_default_local_recorder(&counters);
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
+    let relay = start(
         Relay::<ChaosEvent, _>::new(
             pool.clone(),
             JetStreamSink::new(jetstream::new(retrying.clone()), subject.clone()),
@@ -719,16 +707,14 @@ async fn wrong_credentials_are_refused_at_connect_and_a_retrying_client_loses_no
         .unavailable_backoff(outbox::relay::Backoff::new(
             Duration::from_millis(50),
             Duration::from_millis(200),
-        ))
-        .run(shutdown.clone()),
+        )),
     );
     let table = ChaosEvent::SPEC.table();
     wait_until("3 batches held back", Duration::from_secs(20), async || {
         counters.get(outbox::relay::metric::UNAVAILABLE, table) >= 3
     })
     .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
+    relay.stop().await?;
     assert_ne!(
         retrying.connection_state(),
         async_nats::connection::State::Connected
@@ -744,18 +730,15 @@ async fn wrong_credentials_are_refused_at_connect_and_a_retrying_client_loses_no
     assert_eq!(stream.info().await?.state.messages, 0);
 
     // The right credentials (a new client): everything is sent, on its first attempt.
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
+    let relay = start(
         Relay::<ChaosEvent, _>::new(pool.clone(), JetStreamSink::new(js.clone(), subject))
-            .poll_interval(Duration::from_millis(50))
-            .run(shutdown.clone()),
+            .poll_interval(Duration::from_millis(50)),
     );
     wait_until("all 3 SENT", Duration::from_secs(20), async || {
         outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 3
     })
     .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
+    relay.stop().await?;
     for event in &events {
         let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
         assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{row:?}");
@@ -782,15 +765,13 @@ async fn revoked_credentials_leave_the_sink_unavailable_until_they_are_restored(
     let mut stream = create_stream(&js, "SHIPMENTS", &subject, |_| {}).await?;
     let counters = Counters::default();
     let _recording = metrics::set_default_local_recorder(&counters);
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
+    let relay = start(
         Relay::<ChaosEvent, _>::new(pool.clone(), JetStreamSink::new(js, subject))
             .poll_interval(Duration::from_millis(50))
             .unavailable_backoff(outbox::relay::Backoff::new(
                 Duration::from_millis(50),
                 Duration::from_millis(200),
-            ))
-            .run(shutdown.clone()),
+            )),
     );
     let shipments = |range: std::ops::RangeInclusive<i64>| -> Vec<ChaosEvent> {
         range
@@ -839,8 +820,7 @@ async fn revoked_credentials_leave_the_sink_unavailable_until_they_are_restored(
         outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 6
     })
     .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
+    relay.stop().await?;
     for event in shipments(4..=6) {
         let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
         assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{row:?}");
@@ -869,8 +849,7 @@ async fn server_restarts_under_load_send_nothing_to_dead() -> TestResult {
         })
         .collect();
     let mut chunks = events.chunks(500);
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
+    let relay = start(
         Relay::<ChaosEvent, _>::new(pool.clone(), JetStreamSink::new(js, subject))
             .batch_size(50)
             .concurrency(4)
@@ -878,8 +857,7 @@ async fn server_restarts_under_load_send_nothing_to_dead() -> TestResult {
             .unavailable_backoff(outbox::relay::Backoff::new(
                 Duration::from_millis(20),
                 Duration::from_millis(200),
-            ))
-            .run(shutdown.clone()),
+            )),
     );
     // Restarts while batches are in flight (each follows a fresh 500 events by a few
     // milliseconds, well within their drain): a clean shutdown (SIGTERM) stops
@@ -907,8 +885,7 @@ async fn server_restarts_under_load_send_nothing_to_dead() -> TestResult {
         },
     )
     .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
+    relay.stop().await?;
     let dead: Vec<(String, Option<String>)> = sqlx::query_as(
         "SELECT event_id, last_error FROM chaos_events WHERE status = 'DEAD' LIMIT 5",
     )

@@ -17,6 +17,7 @@ use outbox::{Claim, Outbox};
 use sqlx::PgPool;
 use support::events::{LenientStep, OrderStep, Shipment, ShipmentBeforeKey};
 use support::rows::{due_in, enqueue, expire, status};
+use support::running::start;
 use support::schema::{schema_from_zero, schema_with};
 use support::{TestResult, wait_until};
 
@@ -330,12 +331,14 @@ async fn a_relay_of_a_build_without_the_key_refuses_a_table_a_newer_build_keyed(
 /// Runs `relay` for 200 ms: it must still be running (not refused the table), then stop
 /// cleanly.
 async fn runs_until_stopped<T: Outbox, S: Sink<T>>(relay: Relay<T, S>) -> TestResult {
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn(relay.run(shutdown.clone()));
+    let running = start(relay);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!running.is_finished(), "{:?}", running.await);
-    shutdown.cancel();
-    running.await??;
+    assert!(
+        running.is_running(),
+        "the relay stopped: {:?}",
+        running.stop().await
+    );
+    running.stop().await?;
     Ok(())
 }
 
@@ -457,10 +460,9 @@ async fn four_workers_publish_each_key_in_order_through_retries() -> TestResult 
         pool: pool.clone(),
         seen: Arc::default(),
     };
-    let stop = CancellationToken::new();
     // The relay's own pool: four workers and its listener, beside the sink's lookups.
     let relay_pool = db.connect(6).await?;
-    let relay = tokio::spawn(
+    let relay = start(
         Relay::<OrderStep, _>::new(relay_pool, sink.clone())
             .concurrency(4)
             .batch_size(8)
@@ -468,16 +470,14 @@ async fn four_workers_publish_each_key_in_order_through_retries() -> TestResult 
             .retry_backoff(outbox::Backoff::new(
                 Duration::from_millis(50),
                 Duration::from_millis(50),
-            ))
-            .run(stop.clone()),
+            )),
     );
     let total = i64::from(PER_KEY) * KEYS;
     wait_until("every event is SENT", Duration::from_mins(1), async || {
         outbox::stats::<OrderStep>(pool).await.unwrap().sent == total
     })
     .await;
-    stop.cancel();
-    relay.await??;
+    relay.stop().await?;
 
     let seen = std::mem::take(&mut *sink.seen.lock().unwrap_or_else(PoisonError::into_inner));
     assert!(seen.early.is_empty(), "published early: {:?}", seen.early);
@@ -558,13 +558,11 @@ async fn hot_keys_drain_on_wake_ups_alone_without_waiting_for_the_poll() -> Test
     let db = schema_with(&[OrderStep::migrations()]).await?;
     let pool = db.pool();
     let sink = outbox::MemorySink::new();
-    let stop = CancellationToken::new();
-    let relay = tokio::spawn(
+    let relay = start(
         Relay::<OrderStep, _>::new(db.connect(5).await?, sink.clone())
             .concurrency(4)
             .batch_size(10)
-            .poll_interval(Duration::from_hours(1))
-            .run(stop.clone()),
+            .poll_interval(Duration::from_hours(1)),
     );
     for round in 0..3 {
         let events: Vec<OrderStep> = (0..PER_KEY)
@@ -580,8 +578,7 @@ async fn hot_keys_drain_on_wake_ups_alone_without_waiting_for_the_poll() -> Test
         )
         .await;
     }
-    stop.cancel();
-    relay.await??;
+    relay.stop().await?;
     assert_eq!(sink.published().len(), usize::try_from(3 * KEYS * PER_KEY)?);
     db.drop_schema().await?;
     Ok(())

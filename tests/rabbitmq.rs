@@ -43,6 +43,7 @@ use support::child::{self, ChildCommand};
 use support::events::{ChaosEvent, OrderStep};
 use support::proxy::Proxy;
 use support::rows::{enqueue, row_of};
+use support::running::start;
 use support::schema::schema_from_zero;
 use support::{TestResult, wait_until};
 use tokio::time::timeout;
@@ -310,11 +311,8 @@ async fn second_relay_redelivers(scene: &mut Scene) -> TestResult {
     let pool = db.pool();
     let connection = connect_rabbitmq().await;
     let sink = topology.sink(&connection).await?;
-    let shutdown = CancellationToken::new();
-    let second = tokio::spawn(
-        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
-            .poll_interval(Duration::from_millis(50))
-            .run(shutdown.clone()),
+    let second = start(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink).poll_interval(Duration::from_millis(50)),
     );
     wait_until(
         "the second relay sent all 3",
@@ -322,8 +320,7 @@ async fn second_relay_redelivers(scene: &mut Scene) -> TestResult {
         async || outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 3,
     )
     .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), second).await???;
+    second.stop().await?;
 
     for event in events.iter() {
         let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
@@ -470,13 +467,11 @@ async fn each_returned_message_is_its_own_events_among_routed_ones() -> TestResu
                 ROUTING_KEY.to_owned()
             }
         });
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
+    let relay = start(
         Relay::<ChaosEvent, _>::new(pool.clone(), sink)
             .concurrency(4)
             .batch_size(10)
-            .poll_interval(Duration::from_millis(50))
-            .run(shutdown.clone()),
+            .poll_interval(Duration::from_millis(50)),
     );
     wait_until(
         "every event SENT or DEAD",
@@ -487,8 +482,7 @@ async fn each_returned_message_is_its_own_events_among_routed_ones() -> TestResu
         },
     )
     .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
+    relay.stop().await?;
 
     // Every third event had no queue: DEAD, and only those; the queue holds the rest.
     let wrong: Vec<(String, String)> = sqlx::query_as(
@@ -590,11 +584,9 @@ async fn a_missing_exchange_is_dead_with_its_reason_and_the_sink_goes_on_on_a_ne
     let exchange = format!("outbox.test.{}", db.name());
     let sink = RabbitSink::new(Arc::clone(&connection), exchange, ROUTING_KEY).await?;
     let first_channel = sink.channel();
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
+    let relay = start(
         Relay::<ChaosEvent, _>::new(pool.clone(), sink.clone())
-            .poll_interval(Duration::from_millis(50))
-            .run(shutdown.clone()),
+            .poll_interval(Duration::from_millis(50)),
     );
     wait_until("DEAD", Duration::from_secs(30), async || {
         outbox::stats::<ChaosEvent>(pool).await.unwrap().dead == 1
@@ -614,8 +606,7 @@ async fn a_missing_exchange_is_dead_with_its_reason_and_the_sink_goes_on_on_a_ne
         outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 2
     })
     .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
+    relay.stop().await?;
     assert!(sink.channel().status().connected());
     assert_eq!(topology.messages(&admin).await?, 2);
     for n in [2, 3] {
@@ -649,11 +640,9 @@ async fn an_exchange_that_refuses_publishers_is_dead_with_its_reason_not_retried
         )
         .await?;
     let sink = RabbitSink::new(Arc::clone(&connection), exchange.as_str(), ROUTING_KEY).await?;
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
+    let relay = start(
         Relay::<ChaosEvent, _>::new(pool.clone(), sink.clone())
-            .poll_interval(Duration::from_millis(50))
-            .run(shutdown.clone()),
+            .poll_interval(Duration::from_millis(50)),
     );
     for n in 1..=2 {
         let event = ChaosEvent {
@@ -672,8 +661,7 @@ async fn an_exchange_that_refuses_publishers_is_dead_with_its_reason_not_retried
         assert_eq!((row.status.as_str(), row.attempts), ("DEAD", 1), "{error}");
         assert!(error.contains("ACCESS_REFUSED"), "{error}");
     }
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
+    relay.stop().await?;
     admin
         .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
         .await?;

@@ -23,13 +23,13 @@ use sqlx::{AssertSqlSafe, PgPool};
 use support::events::{Budgeted, ChaosEvent};
 use support::proxy::Proxy;
 use support::rows::{Row, count, enqueue, row_of, status};
+use support::running::{Running, start};
 // Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
 // 3 (`events.rs` checks the random start of production).
 use support::counters::Counters;
 use support::logs::Captured;
 use support::schema::schema_from_zero;
 use support::{TestResult, wait_until};
-use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 
 const IDLE_CLAIMS: &str = outbox::relay::metric::IDLE_CLAIMS;
@@ -42,33 +42,6 @@ fn payment(amount_cents: i64) -> PaymentCaptured {
     PaymentCaptured {
         payment_id: uuid::Uuid::now_v7(),
         amount_cents,
-    }
-}
-
-/// A relay running in the background.
-struct Running {
-    shutdown: CancellationToken,
-    handle: JoinHandle<Result<(), OutboxError>>,
-}
-
-fn start<T: Outbox, S: Sink<T>>(relay: Relay<T, S>) -> Running {
-    let shutdown = CancellationToken::new();
-    let handle = tokio::spawn(relay.run(shutdown.clone()));
-    Running { shutdown, handle }
-}
-
-impl Running {
-    fn is_running(&self) -> bool {
-        !self.handle.is_finished()
-    }
-
-    /// Cancels the shutdown token and waits for `run` to return.
-    async fn stop(self) -> Result<(), OutboxError> {
-        self.shutdown.cancel();
-        timeout(Duration::from_secs(15), self.handle)
-            .await
-            .expect("the relay returns after a shutdown")
-            .expect("the relay did not panic")
     }
 }
 

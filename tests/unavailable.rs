@@ -9,14 +9,15 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use outbox::Outbox;
-use outbox::relay::{Backoff, CancellationToken, Delivery, MemorySink, Relay, Sink, SinkError};
+use outbox::relay::{Backoff, Delivery, MemorySink, Relay, Sink, SinkError};
 use support::counters::Counters;
 use support::events::{Budgeted, LabEvent};
 use support::logs::Captured;
 use support::rows::{count, enqueue, row_of};
+use support::running::start;
 use support::schema::schema_from_zero;
 use support::{TestResult, wait_until};
-use tokio::time::{Instant, timeout};
+use tokio::time::Instant;
 
 /// Refuses its first `down_for` publish calls as unavailable, then publishes into a
 /// [`MemorySink`]. Remembers when each call came and how many deliveries it had.
@@ -99,19 +100,16 @@ async fn a_long_outage_burns_no_attempts_backs_off_and_logs_twice() -> TestResul
         up: MemorySink::new(),
     };
     let (base, cap) = (Duration::from_millis(20), Duration::from_millis(200));
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
+    let relay = start(
         Relay::<Budgeted, _>::new(pool.clone(), sink.clone())
             .batch_size(100)
-            .unavailable_backoff(Backoff::new(base, cap))
-            .run(shutdown.clone()),
+            .unavailable_backoff(Backoff::new(base, cap)),
     );
     wait_until("all 25 are SENT", Duration::from_secs(30), async || {
         count::<Budgeted>(pool, "SENT").await == 25
     })
     .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
+    relay.stop().await?;
 
     // Every claim was delivered; the first `refused` were handed back.
     let calls = sink.calls();
@@ -210,21 +208,16 @@ async fn only_the_unavailable_deliveries_of_a_batch_are_handed_back() -> TestRes
         .collect();
     enqueue(pool, &events).await;
     captured_log(); // whichever test starts first installs the subscriber
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
-        Relay::<LabEvent, _>::new(pool.clone(), HalfDown::default())
-            .unavailable_backoff(Backoff::new(
-                Duration::from_millis(10),
-                Duration::from_millis(10),
-            ))
-            .run(shutdown.clone()),
+    let relay = start(
+        Relay::<LabEvent, _>::new(pool.clone(), HalfDown::default()).unavailable_backoff(
+            Backoff::new(Duration::from_millis(10), Duration::from_millis(10)),
+        ),
     );
     wait_until("'down' is SENT", Duration::from_secs(30), async || {
         row_of::<LabEvent>(pool, "down").await.status == "SENT"
     })
     .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
+    relay.stop().await?;
     let rows = [
         row_of::<LabEvent>(pool, "ok").await,
         row_of::<LabEvent>(pool, "down").await,

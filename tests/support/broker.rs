@@ -9,14 +9,14 @@ use std::time::Duration;
 use outbox::Outbox as _;
 use outbox::inbox::{Inbox, Received};
 use outbox::message::{Encoding, Json};
-use outbox::relay::{Backoff, CancellationToken, Relay, Sink};
+use outbox::relay::{Backoff, Relay, Sink};
 use sqlx::PgPool;
-use tokio::time::timeout;
 
 use super::counters::Counters;
 use super::events::{ChaosEvent, OrderStep};
 use super::proxy::Proxy;
 use super::rows::{enqueue, row_of};
+use super::running::start;
 use super::{TestResult, wait_until};
 
 /// JSON, except for the event named `unencodable`: a stand-in for an event a real
@@ -40,19 +40,16 @@ impl Encoding<ChaosEvent> for RefuseUnencodable {
 /// workers, until all six are `SENT`.
 pub async fn publish_order_steps<S: Sink<OrderStep>>(pool: &PgPool, sink: S) -> TestResult {
     enqueue(pool, &order_steps()).await;
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
+    let relay = start(
         Relay::<OrderStep, _>::new(pool.clone(), sink)
             .concurrency(2)
-            .poll_interval(Duration::from_millis(50))
-            .run(shutdown.clone()),
+            .poll_interval(Duration::from_millis(50)),
     );
     wait_until("all 6 SENT", Duration::from_secs(30), async || {
         outbox::stats::<OrderStep>(pool).await.unwrap().sent == 6
     })
     .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
+    relay.stop().await?;
     Ok(())
 }
 
@@ -180,11 +177,8 @@ pub async fn refused_events_are_dead_and_the_others_sent(
         })
         .collect();
     enqueue(pool, &events).await;
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
-        Relay::<ChaosEvent, _>::new(pool.clone(), sink)
-            .poll_interval(Duration::from_millis(50))
-            .run(shutdown.clone()),
+    let relay = start(
+        Relay::<ChaosEvent, _>::new(pool.clone(), sink).poll_interval(Duration::from_millis(50)),
     );
     let dead = i64::try_from(refused.len())?;
     let done = format!("2 SENT and {dead} DEAD");
@@ -193,8 +187,7 @@ pub async fn refused_events_are_dead_and_the_others_sent(
         (stats.sent, stats.dead) == (2, dead)
     })
     .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
+    relay.stop().await?;
 
     for &(name, reason) in refused {
         let row = row_of::<ChaosEvent>(pool, name).await;
@@ -233,15 +226,13 @@ pub async fn ride_out_an_outage(
         })
         .collect();
     enqueue(pool, &events).await;
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(
+    let relay = start(
         Relay::<ChaosEvent, _>::new(pool.clone(), sink)
             .poll_interval(Duration::from_millis(50))
             .unavailable_backoff(Backoff::new(
                 Duration::from_millis(50),
                 Duration::from_millis(500),
-            ))
-            .run(shutdown.clone()),
+            )),
     );
     let table = ChaosEvent::SPEC.table();
     wait_until("5 batches held back", Duration::from_secs(20), async || {
@@ -260,8 +251,7 @@ pub async fn ride_out_an_outage(
         outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 10
     })
     .await;
-    shutdown.cancel();
-    timeout(Duration::from_secs(15), relay).await???;
+    relay.stop().await?;
 
     for event in &events {
         let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
