@@ -71,7 +71,8 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 3)]
     outages: u32,
     /// JetStream's duplicate window, in seconds: a copy published within it of the first
-    /// is stored once. Shorter than the lease (2 s) to see copies outside it.
+    /// is stored once. The default keeps every reclaimed redelivery out of the stream;
+    /// one shorter than the lease (2 s), e.g. 1, lets copies in for the inbox to absorb.
     #[arg(long, value_name = "SECS", default_value_t = 120.0)]
     duplicate_window: f64,
     /// Seed of the driver's choices [default: random, printed].

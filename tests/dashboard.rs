@@ -3,8 +3,8 @@
 //! headless Chromium (what it shows, and its Requeue button).
 //!
 //! The browser test needs Debian's `chromium` and `chromium-driver` (CI installs them);
-//! without them it fails saying so (to leave it out, `cargo test -- --skip
-//! the_page_in_a_browser`, which reports it filtered out, not passed).
+//! without them it fails saying so (to leave it out, `cargo test --features cli --test
+//! dashboard -- --skip the_page_in_a_browser`, which reports it filtered out, not passed).
 
 mod support;
 
@@ -745,7 +745,8 @@ async fn the_page_in_a_browser_shows_the_tables_requeues_a_dead_event_and_prunes
         panic!(
             "the dashboard's browser test needs Debian's headless Chromium and its WebDriver: \
              apt-get install chromium chromium-driver (CI installs them), or leave this \
-             test out with `cargo test -- --skip the_page_in_a_browser`"
+             test out with `cargo test --features cli --test dashboard -- --skip \
+             the_page_in_a_browser`"
         );
     };
 

@@ -720,6 +720,47 @@ async fn a_payload_that_cannot_be_decoded_is_moved_to_dead_not_lost() -> TestRes
 }
 
 #[tokio::test]
+async fn timestamps_beyond_rusts_range_neither_panic_a_claim_nor_lose_an_event() -> TestResult {
+    let db = schema_with(&[EveryType::migrations()]).await?;
+    let pool = db.pool();
+    for key in 1..=3 {
+        every_type(key).enqueue(pool).await?;
+    }
+    // Written by hand: an operator puts event 1 at the front of the queue, and a payload
+    // column of event 2 holds a timestamp that no chrono or time value can hold.
+    sqlx::query(
+        "UPDATE every_type_events SET next_attempt_at = '-infinity', created_at = '-infinity'
+         WHERE event_id = '1'",
+    )
+    .execute(pool)
+    .await?;
+    sqlx::query("UPDATE every_type_events SET chrono_utc = 'infinity' WHERE event_id = '2'")
+        .execute(pool)
+        .await?;
+
+    let claims = EveryType::claim_batch(pool, 10).await?;
+    assert_eq!(
+        claims.iter().map(|c| c.event().key).collect::<Vec<_>>(),
+        [1, 3],
+        "event 1 first, event 2 set aside"
+    );
+    assert!(claims[0].created_at() < std::time::UNIX_EPOCH);
+    let (status, _, reason) = status_of::<EveryType>(pool, 2).await;
+    assert_eq!(status, "DEAD");
+    let reason = reason.unwrap_or_default();
+    assert!(
+        reason.starts_with("cannot decode payload") && reason.contains("panicked"),
+        "{reason}"
+    );
+    for claim in claims {
+        claim.complete(pool).await?;
+    }
+    assert_eq!(outbox::stats::<EveryType>(pool).await?.sent, 2);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_missing_table_is_a_typed_error() -> TestResult {
     let db = TestSchema::new().await?;
     let err = OrderPlaced::claim(db.pool()).await.unwrap_err();

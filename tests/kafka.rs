@@ -39,9 +39,8 @@ use outbox::kafka::rdkafka::message::{BorrowedMessage, Headers as _};
 use outbox::kafka::rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
 use outbox::kafka::{ConfigError, KafkaSink};
 use outbox::message::header;
-use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError};
+use outbox::relay::{Backoff, Delivery, Relay, Sink, SinkError};
 use outbox::testing::TestSchema;
-use sqlx::postgres::PgPoolOptions;
 use support::broker::{self, RefuseUnencodable};
 use support::child::{self, ChildCommand};
 use support::counters::Counters;
@@ -164,24 +163,12 @@ fn kafka_redeliver_child() {
     if !child::requested(ROLE) {
         return;
     }
-    let param = |name: &str| child::param(name).unwrap_or_else(|| panic!("no {name} given"));
-    let (url, bootstrap, topic) = (param("URL"), param("BOOTSTRAP"), param("TOPIC"));
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    runtime.block_on(async move {
-        let pool = PgPoolOptions::new()
-            .max_connections(3)
-            .connect(&url)
-            .await
-            .expect("the test's schema");
-        let sink =
-            KillAfterAcks(KafkaSink::new(&producer_config(&bootstrap), topic).expect("a producer"));
-        let result = Relay::<ChaosEvent, _>::new(pool, sink)
-            .run(CancellationToken::new())
-            .await;
-        child::say(&format!("{MARK} FAILED the relay returned: {result:?}"));
+    let (bootstrap, topic) = (
+        broker::child_param("BOOTSTRAP"),
+        broker::child_param("TOPIC"),
+    );
+    broker::relay_until_killed(MARK, async || {
+        KillAfterAcks(KafkaSink::new(&producer_config(&bootstrap), topic).expect("a producer"))
     });
 }
 

@@ -33,10 +33,9 @@ use outbox::inbox::{self, Inbox, Received};
 use outbox::message::header;
 use outbox::nats::async_nats::jetstream::{self, consumer, stream};
 use outbox::nats::{JetStreamSink, async_nats};
-use outbox::relay::{CancellationToken, Delivery, Relay, Sink, SinkError};
+use outbox::relay::{Delivery, Relay, Sink, SinkError};
 use outbox::testing::TestSchema;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use support::broker::{self, RefuseUnencodable};
 use support::child::{self, ChildCommand};
 use support::counters::Counters;
@@ -87,26 +86,12 @@ fn nats_redeliver_child() {
     if !child::requested(ROLE) {
         return;
     }
-    let param = |name: &str| child::param(name).unwrap_or_else(|| panic!("no {name} given"));
-    let (url, subject) = (param("URL"), param("SUBJECT"));
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    runtime.block_on(async move {
-        let pool = PgPoolOptions::new()
-            .max_connections(3)
-            .connect(&url)
-            .await
-            .expect("the test's schema");
-        let sink = KillAfterAcks(JetStreamSink::new(
+    let subject = broker::child_param("SUBJECT");
+    broker::relay_until_killed(MARK, async || {
+        KillAfterAcks(JetStreamSink::new(
             jetstream::new(connect_nats().await),
             subject,
-        ));
-        let result = Relay::<ChaosEvent, _>::new(pool, sink)
-            .run(CancellationToken::new())
-            .await;
-        child::say(&format!("{MARK} FAILED the relay returned: {result:?}"));
+        ))
     });
 }
 

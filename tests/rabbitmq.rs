@@ -34,10 +34,9 @@ use outbox::rabbitmq::lapin::options::{
 };
 use outbox::rabbitmq::lapin::types::{AMQPValue, FieldTable, ShortString};
 use outbox::rabbitmq::lapin::{self, Channel, Connection, ExchangeKind};
-use outbox::relay::{CancellationToken, Delivery, Relay, Sink, SinkError};
+use outbox::relay::{Delivery, Relay, Sink, SinkError};
 use outbox::testing::TestSchema;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use support::broker::{self, RefuseUnencodable};
 use support::child::{self, ChildCommand};
 use support::events::{ChaosEvent, OrderStep};
@@ -153,28 +152,13 @@ fn rabbitmq_redeliver_child() {
     if !child::requested(ROLE) {
         return;
     }
-    let param = |name: &str| child::param(name).unwrap_or_else(|| panic!("no {name} given"));
-    let (url, exchange) = (param("URL"), param("EXCHANGE"));
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    runtime.block_on(async move {
-        let pool = PgPoolOptions::new()
-            .max_connections(3)
-            .connect(&url)
-            .await
-            .expect("the test's schema");
-        let connection = connect_rabbitmq().await;
-        let sink = KillAfterConfirms(
-            RabbitSink::new(connection, exchange, ROUTING_KEY)
+    let exchange = broker::child_param("EXCHANGE");
+    broker::relay_until_killed(MARK, async || {
+        KillAfterConfirms(
+            RabbitSink::new(connect_rabbitmq().await, exchange, ROUTING_KEY)
                 .await
                 .expect("a channel in confirm mode"),
-        );
-        let result = Relay::<ChaosEvent, _>::new(pool, sink)
-            .run(CancellationToken::new())
-            .await;
-        child::say(&format!("{MARK} FAILED the relay returned: {result:?}"));
+        )
     });
 }
 

@@ -800,7 +800,8 @@ async fn a_batch_published_after_a_takeover_records_sent_for_every_row_but_the_t
         1,
         "the relay did not publish the victim again"
     );
-    // What an operator sees of it: one stale outcome, one SENT, two claimed.
+    // What an operator sees of it: one stale outcome, one SENT, two claimed, in one
+    // batch that spent its second in the sink.
     let table = Budgeted::SPEC.table();
     let metric = |name| counters.get(name, table);
     assert_eq!(
@@ -810,6 +811,15 @@ async fn a_batch_published_after_a_takeover_records_sent_for_every_row_but_the_t
             metric(outbox::relay::metric::CLAIMED)
         ),
         (1, 1, 2)
+    );
+    assert_eq!(
+        counters.samples(outbox::relay::metric::BATCH_SIZE, table),
+        [2.0]
+    );
+    let publish = counters.samples(outbox::relay::metric::PUBLISH_SECONDS, table);
+    assert!(
+        matches!(publish[..], [seconds] if seconds >= 1.0),
+        "one batch, in the sink for the script's second: {publish:?}"
     );
     db.drop_schema().await?;
     Ok(())

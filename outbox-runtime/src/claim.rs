@@ -1,9 +1,10 @@
 //! The claim token: proof of ownership of one outbox row, consumed by its outcome.
 
+use std::panic::AssertUnwindSafe;
 use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
-use sqlx::postgres::PgRow;
+use sqlx::postgres::{PgRow, PgValueFormat};
 use sqlx::{Acquire, Connection as _, PgConnection, PgExecutor, Postgres, Row};
 use tokio::time::Instant;
 
@@ -358,7 +359,9 @@ pub(crate) async fn claim_on<T: Outbox>(
     let mut reached = None;
     let mut took = Duration::ZERO;
     loop {
-        let wanted = limit.saturating_sub(u32::try_from(claims.len()).unwrap_or(u32::MAX));
+        // Undecodable rows were claimed too: they count against the limit.
+        let found = claims.len() + undecodable.len();
+        let wanted = limit.saturating_sub(u32::try_from(found).unwrap_or(u32::MAX));
         let sent = Instant::now();
         let rows = match scope {
             Scope::All => {
@@ -453,17 +456,16 @@ pub(crate) fn decode_claim<T: Outbox>(
         metrics::counter!(metric::DEAD, "table" => T::SPEC.table).increment(1);
         return Ok((Claimed::Exhausted, None));
     };
-    let created_at: DateTime<Utc> = row.try_get(header::CREATED_AT)?;
+    let created_at = timestamp(row, header::CREATED_AT)?;
     let reclaimed: bool = row.try_get(header::RECLAIMED)?;
     let key = match T::SPEC.key() {
         Some(_) => row.try_get::<Option<String>, _>(header::KEY_NAME)?,
         None => None,
     };
     let due = (!reclaimed)
-        .then(|| row.try_get::<DateTime<Utc>, _>(header::NEXT_ATTEMPT_AT))
-        .transpose()?
-        .map(|due| due.timestamp_micros());
-    let claimed = match T::decode(row, &event_id) {
+        .then(|| unix_micros(row, header::NEXT_ATTEMPT_AT))
+        .transpose()?;
+    let claimed = match decode_event::<T>(row, &event_id) {
         Ok(event) => Claimed::Claim(Claim {
             id,
             event_id: EventId::from_column(event_id),
@@ -483,6 +485,57 @@ pub(crate) fn decode_claim<T: Outbox>(
         }),
     };
     Ok((claimed, due))
+}
+
+/// Decodes the event of a claimed row. A decoder that panics is an undecodable row,
+/// not a dead worker: sqlx's chrono and time decoders panic on a timestamp outside
+/// their range, such as `'infinity'` written into a payload column by hand.
+fn decode_event<T: Outbox>(row: &PgRow, event_id: &str) -> Result<T, sqlx::Error> {
+    std::panic::catch_unwind(AssertUnwindSafe(|| T::decode(row, event_id))).unwrap_or_else(
+        |panic| {
+            let message = panic
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("no message");
+            Err(sqlx::Error::Decode(
+                format!("a column's decoder panicked: {message}").into(),
+            ))
+        },
+    )
+}
+
+/// Microseconds from 2000-01-01, PostgreSQL's epoch, back to the Unix epoch.
+const POSTGRES_EPOCH_MICROS: i64 = 946_684_800_000_000;
+
+/// A `timestamptz` column of the header in microseconds since the Unix epoch. Read
+/// from its binary form, so that `±infinity` (an operator's `UPDATE`) saturates where
+/// sqlx's own decoder would panic.
+fn unix_micros(row: &PgRow, column: usize) -> Result<i64, sqlx::Error> {
+    let value = row.try_get_raw(column)?;
+    if value.format() == PgValueFormat::Text {
+        return row
+            .try_get::<DateTime<Utc>, _>(column)
+            .map(|t| t.timestamp_micros());
+    }
+    <i64 as sqlx::Decode<'_, Postgres>>::decode(value)
+        .map(|since_2000| since_2000.saturating_add(POSTGRES_EPOCH_MICROS))
+        .map_err(|source| sqlx::Error::ColumnDecode {
+            index: column.to_string(),
+            source,
+        })
+}
+
+/// A `timestamptz` column of the header, one beyond chrono's range clamped to it.
+fn timestamp(row: &PgRow, column: usize) -> Result<DateTime<Utc>, sqlx::Error> {
+    let micros = unix_micros(row, column)?;
+    Ok(
+        DateTime::from_timestamp_micros(micros).unwrap_or(if micros < 0 {
+            DateTime::<Utc>::MIN_UTC
+        } else {
+            DateTime::<Utc>::MAX_UTC
+        }),
+    )
 }
 
 /// Claims the next due event, if any. See [`claim_batch`].

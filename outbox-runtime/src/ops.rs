@@ -190,9 +190,12 @@ pub async fn stats<'e, T: Outbox>(executor: impl PgExecutor<'e>) -> Result<Stats
     Operations::of::<T>().stats(executor).await
 }
 
-/// `timestamptz - timestamptz` has no months; a negative interval (clock skew) is zero.
+/// `timestamptz - timestamptz` has no months; a negative interval (clock skew) is zero,
+/// an infinite one (PostgreSQL 17's) the longest.
 pub(crate) fn interval_to_duration(i: PgInterval) -> Duration {
-    let micros = i64::from(i.days) * 86_400_000_000 + i.microseconds;
+    let micros = i64::from(i.days)
+        .saturating_mul(86_400_000_000)
+        .saturating_add(i.microseconds);
     Duration::from_micros(micros.max(0).unsigned_abs())
 }
 

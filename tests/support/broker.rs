@@ -9,9 +9,11 @@ use std::time::Duration;
 use outbox::Outbox as _;
 use outbox::inbox::{Inbox, Received};
 use outbox::message::{Encoding, Json};
-use outbox::relay::{Backoff, Relay, Sink};
+use outbox::relay::{Backoff, CancellationToken, Relay, Sink};
 use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
 
+use super::child;
 use super::counters::Counters;
 use super::events::{ChaosEvent, OrderStep};
 use super::proxy::Proxy;
@@ -34,6 +36,34 @@ impl Encoding<ChaosEvent> for RefuseUnencodable {
         }
         Json.encode(event)
     }
+}
+
+/// In a redelivery test's child process: the parameter `name` its parent passed.
+pub fn child_param(name: &str) -> String {
+    child::param(name).unwrap_or_else(|| panic!("no {name} given"))
+}
+
+/// The body of a redelivery test's child process: a relay of [`ChaosEvent`] on the
+/// test's schema (the parameter `URL`), publishing through the sink `sink` makes, which
+/// SIGKILLs the process once the broker acknowledged a batch. Says `FAILED` under `mark`
+/// if the relay returns instead.
+pub fn relay_until_killed<S: Sink<ChaosEvent>>(mark: &str, sink: impl AsyncFnOnce() -> S) {
+    let url = child_param("URL");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(async move {
+        let pool = PgPoolOptions::new()
+            .max_connections(3)
+            .connect(&url)
+            .await
+            .expect("the test's schema");
+        let result = Relay::<ChaosEvent, _>::new(pool, sink().await)
+            .run(CancellationToken::new())
+            .await;
+        child::say(&format!("{mark} FAILED the relay returned: {result:?}"));
+    });
 }
 
 /// Enqueues [`order_steps`] and publishes them through `sink`, with a relay of two

@@ -1,4 +1,5 @@
-//! A `metrics` recorder that counts and keeps each gauge's last value, for tests.
+//! A `metrics` recorder that counts, keeps each gauge's last value and each
+//! histogram's samples, for tests.
 //! Install it on the test's thread with `metrics::set_default_local_recorder`: a
 //! `#[tokio::test]` runs every task it spawns on that thread.
 
@@ -6,23 +7,39 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use metrics::{
+    Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+};
 
 /// Metric values by (name, `table` label).
-type Values = Mutex<HashMap<(String, String), Arc<AtomicU64>>>;
+type Values<V = AtomicU64> = Mutex<HashMap<(String, String), Arc<V>>>;
 
-/// Counter values, and gauge values (an `f64`'s bits, as `metrics` stores them in an
-/// `AtomicU64`), by (name, `table` label).
+/// Counter values, gauge values (an `f64`'s bits, as `metrics` stores them in an
+/// `AtomicU64`) and histogram samples, by (name, `table` label).
 #[derive(Default)]
 pub(crate) struct Counters {
-    counters: Values,
+    counts: Values,
     gauges: Values,
+    histograms: Values<Samples>,
+}
+
+/// A histogram's samples, in the order they were recorded.
+#[derive(Default)]
+struct Samples(Mutex<Vec<f64>>);
+
+impl HistogramFn for Samples {
+    fn record(&self, value: f64) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(value);
+    }
 }
 
 impl Counters {
     /// The value of counter `name` labelled `table`.
     pub(crate) fn get(&self, name: &str, table: &str) -> u64 {
-        value(&self.counters, name, table).map_or(0, |c| c.load(Ordering::Relaxed))
+        value(&self.counts, name, table).map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
     /// The last value of gauge `name` labelled `table`, or `None` if it was never
@@ -30,9 +47,16 @@ impl Counters {
     pub(crate) fn gauge(&self, name: &str, table: &str) -> Option<f64> {
         value(&self.gauges, name, table).map(|g| f64::from_bits(g.load(Ordering::Relaxed)))
     }
+
+    /// The samples recorded by histogram `name` labelled `table`, oldest first.
+    pub(crate) fn samples(&self, name: &str, table: &str) -> Vec<f64> {
+        value(&self.histograms, name, table).map_or_else(Vec::new, |h| {
+            h.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        })
+    }
 }
 
-fn value(values: &Values, name: &str, table: &str) -> Option<Arc<AtomicU64>> {
+fn value<V>(values: &Values<V>, name: &str, table: &str) -> Option<Arc<V>> {
     values
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -41,7 +65,7 @@ fn value(values: &Values, name: &str, table: &str) -> Option<Arc<AtomicU64>> {
 }
 
 /// The value registered for `key` in `values`, created at 0 the first time.
-fn register(values: &Values, key: &Key) -> Arc<AtomicU64> {
+fn register<V: Default>(values: &Values<V>, key: &Key) -> Arc<V> {
     let table = key
         .labels()
         .find(|l| l.key() == "table")
@@ -57,14 +81,14 @@ impl Recorder for Counters {
     fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
 
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        Counter::from_arc(register(&self.counters, key))
+        Counter::from_arc(register(&self.counts, key))
     }
 
     fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
         Gauge::from_arc(register(&self.gauges, key))
     }
 
-    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::noop()
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::from_arc(register(&self.histograms, key))
     }
 }

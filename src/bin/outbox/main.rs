@@ -180,6 +180,18 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     result
 }
 
+/// `statement_timeout` in PostgreSQL's unit: `0` is no limit, so a shorter one than a
+/// millisecond rounds up to one; one longer than the server takes (an `int` of
+/// milliseconds, 24.8 days) is that.
+fn timeout_millis(timeout: Duration) -> u128 {
+    if timeout.is_zero() {
+        return 0;
+    }
+    timeout
+        .as_millis()
+        .clamp(1, u128::from(i32::MAX.unsigned_abs()))
+}
+
 /// A small lazy pool: nothing connects until the first command needs it, which then
 /// reports a refused connection with where and why.
 fn connect(
@@ -201,7 +213,7 @@ fn connect(
         // Milliseconds, the setting's unit; 0 turns it off, as in PostgreSQL.
         .options([(
             "statement_timeout",
-            statement_timeout.as_millis().to_string(),
+            timeout_millis(statement_timeout).to_string(),
         )]);
     if let Some(schema) = schema {
         options = options.options([("search_path", schema)]);
@@ -232,4 +244,21 @@ async fn grants(pool: &PgPool, args: &GrantsArgs) -> Result<(), Failure> {
         })
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_statement_timeout_shorter_than_a_millisecond_is_one_not_none() {
+        assert_eq!(timeout_millis(Duration::ZERO), 0, "no limit");
+        assert_eq!(timeout_millis(Duration::from_micros(500)), 1);
+        assert_eq!(timeout_millis(Duration::from_secs(30)), 30_000);
+        assert_eq!(
+            timeout_millis(Duration::from_hours(100 * 24)),
+            2_147_483_647,
+            "the longest the server takes"
+        );
+    }
 }
