@@ -53,6 +53,9 @@ pub(crate) fn fields(
             continue;
         };
         let fattrs = attr::parse_field(&field.attrs, errors);
+        // Before the `event_id` branch: a key there too is reported as such, and the
+        // struct is keyed all the same (no second error about `dead_releases_key`).
+        keyed |= fattrs.key.is_some();
         if let Some(flag) = &fattrs.event_id {
             validate_event_id(field, &fattrs, errors);
             if let Some(first) = &event_id {
@@ -70,7 +73,6 @@ pub(crate) fn fields(
             });
             continue;
         }
-        keyed |= fattrs.key.is_some();
         let column_span = fattrs
             .column
             .as_ref()

@@ -6,7 +6,8 @@ use syn::ext::IdentExt;
 use syn::{Ident, LitStr};
 
 use outbox_internals::{
-    BOOKKEEPING, HISTORY_PREFIX, MAX_IDENTIFIER, OWN_TABLES, claim_header, is_plain_identifier,
+    BOOKKEEPING, HISTORY_PREFIX, MAX_IDENTIFIER, OWN_TABLES, STATEMENT_STEPS, claim_header,
+    is_plain_identifier,
 };
 
 use crate::attr::{self, Errors};
@@ -38,6 +39,11 @@ pub(crate) fn table_name(ident: &Ident, attr: Option<&LitStr>, errors: &mut Erro
         format!(
             "is one of the outbox's own tables ({})",
             OWN_TABLES.join(", ")
+        )
+    } else if STATEMENT_STEPS.binary_search(&table.as_str()).is_ok() {
+        format!(
+            "names a step of the generated statements (`WITH {table} AS (..)`), which would \
+             stand for the table inside them"
         )
     } else if table.starts_with(HISTORY_PREFIX) {
         format!("starts with `{HISTORY_PREFIX}`, which names the tables of applied migrations")

@@ -65,7 +65,7 @@ use syn::{DeriveInput, parse_macro_input};
 ///
 /// | attribute | meaning | default |
 /// |---|---|---|
-/// | `table = "order_events"` | The table's name: a plain lowercase SQL identifier (`a`–`z`, `0`–`9`, `_`, not starting with a digit), at most 63 bytes, and none of the outbox's own (`outbox_catalog`, `outbox_inbox`, `_outbox_history_*`). It is also the `NOTIFY` channel. | the struct's name in snake case (`OrderPlaced` → `order_placed`) |
+/// | `table = "order_events"` | The table's name: a plain lowercase SQL identifier (`a`–`z`, `0`–`9`, `_`, not starting with a digit), at most 63 bytes, and none of the outbox's own (`outbox_catalog`, `outbox_inbox`, `_outbox_history_*`) nor a name the generated statements give their steps (`done`, `doomed`, `enqueued`, `expired`, `next`, `other`, `parked`, `reach`, `ready`, `requeued`, `sent`, `u`, `woken`), which would stand for the step inside them. It is also the `NOTIFY` channel. | the struct's name in snake case (`OrderPlaced` → `order_placed`) |
 /// | `lease = "30s"` | How long a claim owns its row. The relay renews a claim every third of its lease, and each renewal must complete a database round trip before the lease ends, so the lease must be **at least `1s`**. A lease is also how long a crashed publisher's events wait before another publisher may claim them: typical values are `10s` to `5m`. | `"30s"` |
 /// | `retry_delay = "1m"` | How long a retried event waits before it is due again, when the retry names no delay (the relay backs off from it). Greater than zero. | `"1m"` |
 /// | `max_attempts = 10` | How many claims an event may use before it moves to `DEAD` (an integer from 1 to 2147483647). | `10` |

@@ -55,7 +55,7 @@ pub mod __private {
         PgQuery, TableMigrations, TableSpec, claim, claim_batch, enqueue, enqueue_all,
     };
     pub use core::time::Duration;
-    pub use outbox_internals::Statement;
+    pub use outbox_internals::{STATEMENT_STEPS, Statement};
     pub use sqlx::postgres::PgRow;
     pub use sqlx::types::Json;
     pub use sqlx::{self, Acquire, PgExecutor, Postgres, Row};

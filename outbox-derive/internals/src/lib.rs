@@ -286,6 +286,14 @@ pub const INBOX_TABLE: &str = "outbox_inbox";
 /// table may take one of these names.
 pub const OWN_TABLES: [&str; 2] = [CATALOG_TABLE, INBOX_TABLE];
 
+/// The names the generated statements give their steps (`WITH ready AS (..)`), sorted.
+/// Inside a statement, an unqualified table name that is also a step's name means the
+/// step, not the table: no event type's table may take one of these names.
+pub const STATEMENT_STEPS: [&str; 13] = [
+    "done", "doomed", "enqueued", "expired", "next", "other", "parked", "reach", "ready",
+    "requeued", "sent", "u", "woken",
+];
+
 /// The prefix of every table that holds a table's applied migrations
 /// (`_outbox_history_<table>`): no event type's table may start with it.
 pub const HISTORY_PREFIX: &str = "_outbox_history_";
@@ -317,6 +325,11 @@ mod tests {
         for (i, s) in Statement::ALL.into_iter().enumerate() {
             assert_eq!(s.index(), i, "{}", s.name());
         }
+    }
+
+    #[test]
+    fn the_statement_steps_are_sorted_for_their_binary_search() {
+        assert!(STATEMENT_STEPS.is_sorted());
     }
 
     #[test]
