@@ -79,9 +79,15 @@ fn set_once<T>(slot: &mut Option<T>, value: Option<T>, key: &syn::Path, errors: 
     }
 }
 
+/// The key as written: `lease`, or a path such as `outbox::json`.
 fn key_name(path: &syn::Path) -> String {
-    path.get_ident()
-        .map_or_else(|| "?".into(), ToString::to_string)
+    let segments = path.segments.iter().map(|s| s.ident.to_string());
+    let joined = segments.collect::<Vec<_>>().join("::");
+    if path.leading_colon.is_some() {
+        format!("::{joined}")
+    } else {
+        joined
+    }
 }
 
 fn outbox_attrs(attrs: &[Attribute]) -> impl Iterator<Item = &Attribute> {

@@ -48,6 +48,7 @@ pub(crate) fn fields(
     let mut fields = Vec::new();
     let mut column_spans = Vec::new();
     let mut first_key: Option<Ident> = None;
+    let mut versions = Vec::new();
     for field in named.into_iter().flat_map(|n| &n.named) {
         let Some(ident) = field.ident.clone() else {
             continue;
@@ -82,11 +83,15 @@ pub(crate) fn fields(
                 validate_key(field, &fattrs, flag, first_key.as_ref(), errors);
                 first_key.get_or_insert_with(|| f.ident.clone());
             }
+            if let Some(lit) = fattrs.since.as_ref().filter(|_| f.since > 1) {
+                versions.push((f.since, lit.span()));
+            }
             fields.push(f);
             column_spans.push(column_span);
         }
     }
     check_column_names(&fields, &column_spans, errors);
+    check_versions(versions, errors);
     (event_id, fields, keyed)
 }
 
@@ -194,6 +199,26 @@ fn since(
             errors.push(syn::Error::new(lit.span(), "`since` is the migration version that adds this column: from 2 to 2147483647, as version 1 creates the table; leave `since` out for a column the table was created with"));
             None
         }
+    }
+}
+
+/// The `since` versions follow each other from 2 (fields may share one): a version
+/// left out now could not be added later, as refinery does not apply a version below
+/// one already applied. The first that skips one is the error, at its literal.
+fn check_versions(mut versions: Vec<(u32, Span)>, errors: &mut Errors) {
+    versions.sort_by_key(|&(version, _)| version);
+    let mut next = 2;
+    for (version, span) in versions {
+        if version > next {
+            errors.push(syn::Error::new(
+                span,
+                format!(
+                    "`since = {version}` skips version {next}: a table's migration versions follow each other from 2, so this one is `since = {next}` (a version left out could not be added later: refinery does not apply a version below one already applied)"
+                ),
+            ));
+            return;
+        }
+        next = next.max(version + 1);
     }
 }
 

@@ -193,8 +193,14 @@ fn check_identifier(
             let example = plain_suggestion(&name)
                 .map(|s| format!(", as in `{s}`"))
                 .unwrap_or_default();
+            // The schema is the connection's: a qualified name is not for the derive.
+            let schema = if name.contains('.') {
+                "; the schema is not part of the name: it is the connection's `search_path`"
+            } else {
+                ""
+            };
             let message =
-                format!("{what} `{name}` is not a plain identifier: use {PLAIN}{example}");
+                format!("{what} `{name}` is not a plain identifier: use {PLAIN}{example}{schema}");
             (lit.span(), message)
         }
         NameSource::Item { ident, item, key } => {

@@ -118,6 +118,11 @@ fn unmapped_type(ty: &Type) -> String {
     if let Type::Reference(_) = ty {
         return "a field cannot borrow: an event is decoded from a row, so it owns its data; use `String` for `&str`, `Vec<u8>` for `&[u8]`".to_owned();
     }
+    if option_inner(ty).is_some() {
+        return "a column is NULL or holds one value: it has no room for `Some(None)`; use a single \
+                `Option`, or mark the field #[outbox(json)] to keep both levels in jsonb"
+            .to_owned();
+    }
     if let Some(name) = UNMAPPED_INTEGERS.iter().find(|name| is_ident(ty, name)) {
         return format!(
             "`{name}` has no PostgreSQL column type (PostgreSQL has no unsigned, 8-bit or 128-bit integers): use `i16`, `i32` or `i64`"
@@ -129,7 +134,8 @@ fn unmapped_type(ty: &Type) -> String {
         "{this} has no PostgreSQL column type: mark the field #[outbox(json)] to store it as jsonb \
          ({this} must implement serde's Serialize and Deserialize), or use one of i16, i32, i64, \
          f32, f64, bool, String, Vec<u8>, uuid::Uuid, a chrono or time date, time or timestamp, \
-         serde_json::Value, or an Option of one of these"
+         serde_json::Value, or an Option of one of these (the derive reads a type's name, not \
+         its definition: a type alias or a newtype of one of them is not recognised)"
     )
 }
 
