@@ -571,7 +571,9 @@ async fn status_watch_refreshes_until_interrupted() -> TestResult {
     }
     let pid = nix::unistd::Pid::from_raw(i32::try_from(watch.id().ok_or("pid")?)?);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT)?;
-    let status = watch.wait().await?;
+    let status = tokio::time::timeout(std::time::Duration::from_secs(30), watch.wait())
+        .await
+        .map_err(|_| "the watch went on after Ctrl-C")??;
     assert_eq!(status.code(), Some(0), "Ctrl-C ends a watch cleanly");
     db.drop_schema().await?;
     Ok(())

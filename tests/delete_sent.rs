@@ -7,6 +7,7 @@ mod common;
 mod support;
 
 use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use outbox::Retried;
@@ -100,17 +101,27 @@ async fn retry_and_fail_keep_the_row_as_without_delete_sent() -> TestResult {
     Ok(())
 }
 
-/// Publishes every event but those named `refused-*`, which it refuses for good.
-struct Refusing;
+/// Publishes every event but those named `refused-*`, which it refuses for good; keeps
+/// the names it published.
+#[derive(Clone, Default)]
+struct Refusing {
+    published: Arc<Mutex<Vec<String>>>,
+}
 
 impl Sink<Receipt> for Refusing {
     async fn publish(&self, batch: &[Delivery<'_, Receipt>]) -> Vec<Result<(), SinkError>> {
+        let mut published = self
+            .published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         batch
             .iter()
             .map(|d| {
-                if d.event().name.starts_with("refused") {
+                let name = &d.event().name;
+                if name.starts_with("refused") {
                     Err(SinkError::permanent("refused"))
                 } else {
+                    published.push(name.clone());
                     Ok(())
                 }
             })
@@ -134,8 +145,9 @@ async fn a_relay_deletes_what_it_published_and_keeps_what_it_could_not() -> Test
         })
         .collect();
     enqueue(pool, &names.iter().map(|n| receipt(n)).collect::<Vec<_>>()).await;
+    let sink = Refusing::default();
     let relay = start(
-        Relay::<Receipt, _>::new(pool.clone(), Refusing)
+        Relay::<Receipt, _>::new(pool.clone(), sink.clone())
             .batch_size(10)
             .concurrency(2),
     );
@@ -153,6 +165,15 @@ async fn a_relay_deletes_what_it_published_and_keeps_what_it_could_not() -> Test
             .map(String::from)
             .into()
     );
+    let mut published = sink.published.lock().unwrap().clone();
+    published.sort_unstable();
+    let accepted: Vec<&String> = names.iter().filter(|n| !left.contains(*n)).collect();
+    assert_eq!(
+        published.len(),
+        57,
+        "each accepted receipt once: {published:?}"
+    );
+    assert_eq!(published.iter().collect::<Vec<_>>(), accepted);
     db.drop_schema().await?;
     Ok(())
 }

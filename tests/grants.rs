@@ -157,9 +157,14 @@ async fn prove(db: &TestSchema, roles: &Roles) -> TestResult {
     for pool in [&app, &relay] {
         outbox::verify(pool, &tables).await?;
     }
+    // Refused by PostgreSQL for want of a privilege (SQLSTATE 42501), at its first step.
+    let refused = outbox::migrate(&app, &tables)
+        .await
+        .expect_err("the application cannot migrate");
     assert!(
-        outbox::migrate(&app, &tables).await.is_err(),
-        "the application cannot migrate"
+        matches!(&refused, OutboxError::Migration { .. })
+            && format!("{refused:?}").contains("\"42501\""),
+        "{refused:?}"
     );
     application_enqueues_and_nothing_more(&app).await?;
     relay_publishes_and_nothing_more(owner, &relay).await?;

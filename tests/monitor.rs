@@ -9,12 +9,14 @@ mod support;
 use std::time::Duration;
 
 use outbox::monitor::metric;
+use outbox::testing::TestSchema;
 use outbox::{CancellationToken, Monitor, OutboxError};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
 use support::counters::Counters;
 use support::events::{OrderStep, Receipt};
 use support::logs::Captured;
+use support::role::with_role;
 use support::rows::{enqueue, expire};
 use support::schema::schema_with;
 use support::{TestResult, wait_until};
@@ -32,8 +34,12 @@ struct Running {
 }
 
 fn start(pool: &PgPool, tables: &[outbox::TableMigrations]) -> Running {
+    start_every(Duration::from_millis(20), pool, tables)
+}
+
+fn start_every(interval: Duration, pool: &PgPool, tables: &[outbox::TableMigrations]) -> Running {
     let shutdown = CancellationToken::new();
-    let monitor = Monitor::new(pool.clone(), tables).interval(Duration::from_millis(20));
+    let monitor = Monitor::new(pool.clone(), tables).interval(interval);
     let handle = tokio::spawn(monitor.run(shutdown.clone()));
     Running { shutdown, handle }
 }
@@ -218,27 +224,16 @@ async fn the_gauges_follow_each_tables_claims_failures_and_repairs() -> TestResu
 
 #[tokio::test]
 async fn it_stops_on_cancel_even_in_the_middle_of_a_sample() -> TestResult {
-    let counters = Counters::default();
-    let _recording = metrics::set_default_local_recorder(&counters);
     let db = schema_with(&[Receipt::migrations()]).await?;
     let pool = db.pool();
-    let monitor = start(pool, &[Receipt::migrations()]);
-    wait_for_gauges(
-        &counters,
-        RECEIPTS,
-        Gauges {
-            held_keys: None,
-            sent_last_minute: None,
-            ..Gauges::counts(0.0, 0.0, 0.0, 0.0, 0.0)
-        },
-    )
-    .await;
-
-    // A migration holds the table: the next sample waits on the lock.
+    // A migration holds the table: the monitor's first sample waits on the lock, and
+    // with a minute's interval the server would cancel it only after a minute (its
+    // statement timeout), so only the monitor's own cancel can end it within 5 s.
     let mut migration = pool.begin().await?;
     sqlx::query("LOCK TABLE receipt_events IN ACCESS EXCLUSIVE MODE")
         .execute(&mut *migration)
         .await?;
+    let monitor = start_every(Duration::from_mins(1), pool, &[Receipt::migrations()]);
     waiting_sample(pool, db.name()).await?;
     monitor.stop().await?;
     migration.rollback().await?;
@@ -298,19 +293,29 @@ async fn select_on_the_tables_is_all_it_needs_and_a_missing_grant_stops_it() -> 
     let db = schema_with(&[OrderStep::migrations(), Receipt::migrations()]).await?;
     let role = format!("{}_monitor", db.name());
     let grants = format!(
-        "CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA {schema} TO {role}; \
+        "GRANT USAGE ON SCHEMA {schema} TO {role}; \
          GRANT SELECT ON {schema}.order_step_events TO {role};",
         schema = db.name()
     );
-    sqlx::raw_sql(AssertSqlSafe(grants))
-        .execute(db.pool())
-        .await?;
+    with_role(
+        &db,
+        &role,
+        &grants,
+        sampled_with_select_alone(&db, &counters, &role),
+    )
+    .await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// As `role`, which may read `order_step_events` and nothing more.
+async fn sampled_with_select_alone(db: &TestSchema, counters: &Counters, role: &str) -> TestResult {
     let options: PgConnectOptions = outbox::testing::database_url().await?.parse()?;
     let as_monitor = PgPoolOptions::new()
         .max_connections(1)
         .connect_with(
             options
-                .username(&role)
+                .username(role)
                 .options([("search_path", db.name())])
                 .application_name(db.name()),
         )
@@ -351,14 +356,7 @@ async fn select_on_the_tables_is_all_it_needs_and_a_missing_grant_stops_it() -> 
     )
     .await;
     monitor.stop().await?;
-
     as_monitor.close().await;
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "DROP OWNED BY {role}; DROP ROLE {role};"
-    )))
-    .execute(db.pool())
-    .await?;
-    db.drop_schema().await?;
     Ok(())
 }
 

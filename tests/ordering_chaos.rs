@@ -181,8 +181,11 @@ async fn four_relays_publish_each_key_in_order_through_kills_pauses_and_terminat
         })
         .collect();
     let total = i64::try_from(events.len())?;
-    // The business transactions keep coming while the relays are under chaos.
-    let mut waves = events.chunks(events.len().div_ceil(40));
+    // The business transactions keep coming while the relays are under chaos: a wave
+    // per round of chaos (1.6 s on average), as many waves as 2.1 s rounds would take,
+    // so that all of them go out under chaos but in an unlucky run.
+    let rounds = usize::try_from(chaos_for.as_secs() * 10 / 21)?.max(1);
+    let mut waves = events.chunks(events.len().div_ceil(rounds));
 
     let mut relays = Relays {
         command: ChildCommand::test("ordering_chaos_child"),
@@ -195,13 +198,17 @@ async fn four_relays_publish_each_key_in_order_through_kills_pauses_and_terminat
     }
     let mut actions: HashMap<&str, u32> = HashMap::new();
     let until = Instant::now() + chaos_for;
-    while Instant::now() < until {
+    // Each kind of chaos in turn, on a relay drawn at random.
+    for round in 0.. {
+        if Instant::now() >= until {
+            break;
+        }
         if let Some(wave) = waves.next() {
             OrderedChaosEvent::enqueue_all(wave, pool).await?;
         }
         sleep(Duration::from_millis(fastrand::u64(300..900))).await;
         let slot = fastrand::usize(0..RELAYS);
-        match fastrand::u8(0..3) {
+        match round % 3 {
             0 => {
                 relays.kill_and_restart(slot)?;
                 *actions.entry("SIGKILL and restart").or_default() += 1;
@@ -221,10 +228,19 @@ async fn four_relays_publish_each_key_in_order_through_kills_pauses_and_terminat
                 .bind(format!("{APP}{}", relays.children[slot].pid()))
                 .fetch_one(pool)
                 .await?;
+                *actions.entry("pg_terminate_backend rounds").or_default() += 1;
                 *actions.entry("sessions terminated").or_default() += u32::try_from(terminated)?;
             }
         }
     }
+    for kind in [
+        "SIGKILL and restart",
+        "SIGSTOP past the lease",
+        "pg_terminate_backend rounds",
+    ] {
+        assert!(actions.get(kind) > Some(&0), "no {kind}: {actions:?}");
+    }
+    let late = waves.len();
     for wave in waves {
         OrderedChaosEvent::enqueue_all(wave, pool).await?;
     }
@@ -236,7 +252,8 @@ async fn four_relays_publish_each_key_in_order_through_kills_pauses_and_terminat
         child.signal(Signal::SIGTERM)?;
     }
     for child in &mut relays.children {
-        child.wait()?;
+        let status = child.wait()?;
+        assert!(status.success(), "a relay ended its shutdown with {status}");
     }
 
     let deliveries = verify_first_deliveries(pool, total).await?;
@@ -248,7 +265,8 @@ async fn four_relays_publish_each_key_in_order_through_kills_pauses_and_terminat
             .await?;
     println!(
         "ordering chaos: {total} events of {keys} orders, {deliveries} deliveries \
-         ({} duplicates, skipped by the inbox: {skipped}), {applied} effects applied; {actions:?}",
+         ({} duplicates, skipped by the inbox: {skipped}), {applied} effects applied; \
+         {late} of {rounds} waves enqueued after the chaos; {actions:?}",
         deliveries - total
     );
     assert_eq!((applied, complete), (total, keys));

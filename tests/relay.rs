@@ -22,6 +22,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
 use support::events::{Budgeted, ChaosEvent};
 use support::proxy::Proxy;
+use support::role::with_role;
 use support::rows::{Row, count, enqueue, row_of, status};
 use support::running::{Running, start};
 // Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
@@ -360,6 +361,8 @@ async fn an_event_committed_seconds_after_its_insert_is_published_behind_later_o
 
 #[tokio::test]
 async fn a_notification_wakes_an_idle_relay_long_before_its_poll_interval() -> TestResult {
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
     let db = schema_from_zero(&[EmailChanged::migrations()]).await?;
     let pool = db.pool();
     let sink = MemorySink::new();
@@ -379,8 +382,14 @@ async fn a_notification_wakes_an_idle_relay_long_before_its_poll_interval() -> T
     })
     .await;
     for n in 1..=2 {
-        // Idle: its claims found nothing, and the next poll is a minute away.
-        sleep(Duration::from_millis(300)).await;
+        // Idle: its first claim found nothing, the event before is recorded, and the
+        // next poll is a minute away.
+        wait_until("the relay is idle", Duration::from_secs(10), async || {
+            counters.get(IDLE_CLAIMS, "customer_events") >= 1
+                && outbox::stats::<EmailChanged>(pool).await.unwrap().sent
+                    == i64::try_from(n - 1).unwrap()
+        })
+        .await;
         let event = EmailChanged {
             customer: format!("customer {n}"),
             email: format!("{n}@example.com"),
@@ -1241,12 +1250,8 @@ async fn a_shutdown_hands_unsent_claims_back_without_counting_the_attempt() -> T
             Seen::new("third", 1, 1)
         ]]
     );
-    let stopping = Instant::now();
+    // The send never returns: `stop` returns because the grace ended it.
     relay.stop().await?;
-    assert!(
-        stopping.elapsed() < Duration::from_secs(5),
-        "the grace is bounded"
-    );
     assert_eq!(sink.abandoned(), 1, "the hung send was dropped");
 
     for (name, generation, attempts, last_error) in [
@@ -1839,39 +1844,34 @@ async fn a_relay_whose_role_may_not_update_stops_with_permission_denied() -> Tes
     budgeted("e").enqueue(db.pool()).await?;
     // The application's role: it may enqueue, not publish.
     let role = format!("outbox_app_{}", db.name());
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA {schema} TO {role}; \
+    let grants = format!(
+        "GRANT USAGE ON SCHEMA {schema} TO {role}; \
          GRANT SELECT, INSERT ON budget_events TO {role};",
         schema = db.name()
-    )))
-    .execute(db.pool())
-    .await?;
-    let pool = pool_as(&db, &role, None)?;
-
-    let sink = MemorySink::<Budgeted>::new();
-    let error = run_until_it_gives_up(fast(Relay::new(pool.clone(), sink.clone()))).await;
-    assert!(
-        matches!(
-            error,
-            OutboxError::PermissionDenied {
-                table: "budget_events",
-                ..
-            }
-        ),
-        "{error:?}"
     );
-    assert!(sink.published().is_empty());
-    assert_eq!(
-        status::<Budgeted>(db.pool(), "e").await,
-        "READY",
-        "nothing lost"
-    );
-
-    pool.close().await;
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "DROP OWNED BY {role}; DROP ROLE {role}"
-    )))
-    .execute(db.pool())
+    with_role(&db, &role, &grants, async {
+        let pool = pool_as(&db, &role, None)?;
+        let sink = MemorySink::<Budgeted>::new();
+        let error = run_until_it_gives_up(fast(Relay::new(pool.clone(), sink.clone()))).await;
+        assert!(
+            matches!(
+                error,
+                OutboxError::PermissionDenied {
+                    table: "budget_events",
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        assert!(sink.published().is_empty());
+        assert_eq!(
+            status::<Budgeted>(db.pool(), "e").await,
+            "READY",
+            "nothing lost"
+        );
+        pool.close().await;
+        Ok(())
+    })
     .await?;
     db.drop_schema().await?;
     Ok(())

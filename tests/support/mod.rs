@@ -9,6 +9,7 @@
 //! - [`counters`]: a `metrics` recorder that counts;
 //! - [`logs`]: the relay's log lines, captured;
 //! - [`running`]: a relay running in the background, and its stop;
+//! - [`role`]: a login role of the test's own, dropped whatever the test did;
 //! - [`broker`]: what the broker sinks' tests share (a consumer's effect, an outage);
 //! - [`proxy`]: a TCP proxy between clients and a server, to cut or to silence;
 //! - [`nats_server`]: a NATS server of the test's own, to restart or to start with
@@ -28,6 +29,7 @@ pub mod events;
 pub mod logs;
 pub mod nats_server;
 pub mod proxy;
+pub mod role;
 pub mod rows;
 pub mod running;
 pub mod schema;

@@ -1,0 +1,33 @@
+//! A login role of a test's own. Roles belong to the whole cluster, not to the test's
+//! schema, so the role is dropped whatever the test did: returned an error or panicked.
+
+use std::panic::AssertUnwindSafe;
+
+use futures_util::FutureExt as _;
+use outbox::testing::TestSchema;
+use sqlx::AssertSqlSafe;
+
+use super::TestResult;
+
+/// Creates the login role `role` with `grants` (statements naming it, run as the
+/// owner), runs `test`, then drops the role and everything granted to it.
+pub async fn with_role<T>(
+    db: &TestSchema,
+    role: &str,
+    grants: &str,
+    test: impl Future<Output = TestResult<T>>,
+) -> TestResult<T> {
+    sqlx::raw_sql(AssertSqlSafe(format!("CREATE ROLE {role} LOGIN; {grants}")))
+        .execute(db.pool())
+        .await?;
+    let outcome = AssertUnwindSafe(test).catch_unwind().await;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "DROP OWNED BY {role}; DROP ROLE {role}"
+    )))
+    .execute(db.pool())
+    .await?;
+    match outcome {
+        Ok(result) => result,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
