@@ -519,6 +519,18 @@ async fn a_batch_claimed_ahead_keeps_its_lease_behind_a_send_longer_than_the_lea
     let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;
     let pool = db.pool();
     let (first, second, sink, relay) = behind_a_slow_send(pool).await?;
+    // Claimed ahead: the second is claimed while the first is still in the sink (a
+    // relay in sequence claims it in the transaction that records the first SENT).
+    wait_until(
+        "the second claimed behind the first's send",
+        Duration::from_secs(5),
+        async || {
+            status::<PaymentCaptured>(pool, &first).await == "INPROGRESS"
+                && status::<PaymentCaptured>(pool, &second).await == "INPROGRESS"
+        },
+    )
+    .await;
+    assert_eq!(sink.calls().len(), 1, "the first is still in the sink");
     wait_until("both SENT", Duration::from_secs(10), async || {
         outbox::stats::<PaymentCaptured>(pool).await.unwrap().sent == 2
     })
