@@ -4,18 +4,17 @@
 
 mod support;
 
-use std::panic::AssertUnwindSafe;
 use std::process::Output;
 use std::str::FromStr as _;
 use std::time::Duration;
 
-use futures_util::FutureExt as _;
 use outbox::OutboxError;
 use outbox::relay::{CancellationToken, MemorySink, Relay};
 use outbox::testing::TestSchema;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions as _, PgPool};
 use support::events::{ChaosEvent, Receipt};
+use support::role::with_roles;
 use support::schema::schema_with;
 use support::{TestResult, wait_until};
 
@@ -40,15 +39,6 @@ impl Roles {
         [&self.application, &self.relay, &self.operator]
     }
 
-    async fn create(&self, owner: &PgPool) -> TestResult {
-        for role in self.all() {
-            sqlx::raw_sql(AssertSqlSafe(format!("CREATE ROLE {role} LOGIN")))
-                .execute(owner)
-                .await?;
-        }
-        Ok(())
-    }
-
     /// Runs what `outbox grants --table <table>` prints for these roles, as the owner.
     async fn grant(&self, db: &TestSchema, table: &str) -> TestResult {
         let grants = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
@@ -61,17 +51,6 @@ impl Roles {
         sqlx::raw_sql(AssertSqlSafe(printed(&grants)))
             .execute(db.pool())
             .await?;
-        Ok(())
-    }
-
-    async fn drop(&self, owner: &PgPool) -> TestResult {
-        for role in self.all() {
-            sqlx::raw_sql(AssertSqlSafe(format!(
-                "DROP OWNED BY {role}; DROP ROLE {role}"
-            )))
-            .execute(owner)
-            .await?;
-        }
         Ok(())
     }
 }
@@ -124,24 +103,18 @@ async fn each_role_does_its_job_with_the_grants_of_outbox_grants_and_nothing_mor
     sqlx::raw_sql("CREATE TABLE accounts (id int PRIMARY KEY, balance bigint)")
         .execute(db.pool())
         .await?;
-    with_roles(db, prove).await
+    with_three_roles(db, prove).await
 }
 
-/// Runs `test` with three fresh roles; drops them and `db` whatever it did (roles
-/// belong to the whole cluster).
-async fn with_roles(
+/// Runs `test` with three fresh roles (dropped whatever it did), then drops `db`.
+async fn with_three_roles(
     db: TestSchema,
     test: impl AsyncFnOnce(&TestSchema, &Roles) -> TestResult,
 ) -> TestResult {
     let roles = Roles::new();
-    roles.create(db.pool()).await?;
-    let outcome = AssertUnwindSafe(test(&db, &roles)).catch_unwind().await;
-    roles.drop(db.pool()).await?;
+    let outcome = with_roles(&db, &roles.all(), "", test(&db, &roles)).await;
     db.drop_schema().await?;
-    match outcome {
-        Ok(result) => result,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
+    outcome
 }
 
 async fn prove(db: &TestSchema, roles: &Roles) -> TestResult {
@@ -304,7 +277,7 @@ async fn operator_repairs(db: &TestSchema, roles: &Roles, app: &PgPool) -> TestR
 #[tokio::test]
 async fn an_operator_not_yet_granted_a_new_table_still_sees_and_repairs_the_others() -> TestResult {
     let db = schema_with(&[ChaosEvent::migrations(), Receipt::migrations()]).await?;
-    with_roles(db, repair_beside_an_ungranted_table).await
+    with_three_roles(db, repair_beside_an_ungranted_table).await
 }
 
 /// `receipt_events` is new: its grants were not run yet. `chaos_events` has a dead event.

@@ -40,7 +40,7 @@ pub(crate) fn table_name(ident: &Ident, attr: Option<&LitStr>, errors: &mut Erro
             "is one of the outbox's own tables ({})",
             OWN_TABLES.join(", ")
         )
-    } else if STATEMENT_STEPS.binary_search(&table.as_str()).is_ok() {
+    } else if STATEMENT_STEPS.contains(&table.as_str()) {
         format!(
             "names a step of the generated statements (`WITH {table} AS (..)`), which would \
              stand for the table inside them"

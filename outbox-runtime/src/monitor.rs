@@ -170,8 +170,11 @@ impl Monitor {
     /// all, returns at once: the next tables would fail the same way.
     async fn sample(&self, gauges: &[TableGauges]) -> Result<(), OutboxError> {
         // In milliseconds, at most PostgreSQL's limit (an `int`: 24.8 days).
-        let timeout =
-            (self.interval.max(MIN_TIMEOUT).as_millis()).min(u128::from(i32::MAX.unsigned_abs()));
+        let timeout = self
+            .interval
+            .max(MIN_TIMEOUT)
+            .as_millis()
+            .min(u128::from(i32::MAX.unsigned_abs()));
         let begin = format!("BEGIN READ ONLY; SET LOCAL statement_timeout = {timeout}");
         let mut first_failure = None;
         for (spec, gauges) in self.tables.iter().zip(gauges) {

@@ -1,5 +1,5 @@
-//! A login role of a test's own. Roles belong to the whole cluster, not to the test's
-//! schema, so the role is dropped whatever the test did: returned an error or panicked.
+//! Login roles of a test's own. Roles belong to the whole cluster, not to the test's
+//! schema, so they are dropped whatever the test did: returned an error or panicked.
 
 use std::panic::AssertUnwindSafe;
 
@@ -17,15 +17,34 @@ pub async fn with_role<T>(
     grants: &str,
     test: impl Future<Output = TestResult<T>>,
 ) -> TestResult<T> {
-    sqlx::raw_sql(AssertSqlSafe(format!("CREATE ROLE {role} LOGIN; {grants}")))
+    with_roles(db, &[role], grants, test).await
+}
+
+/// [`with_role`] for several roles (`grants`, if any, run once they all exist).
+pub async fn with_roles<T>(
+    db: &TestSchema,
+    roles: &[&str],
+    grants: &str,
+    test: impl Future<Output = TestResult<T>>,
+) -> TestResult<T> {
+    for role in roles {
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE ROLE {role} LOGIN")))
+            .execute(db.pool())
+            .await?;
+    }
+    if !grants.is_empty() {
+        sqlx::raw_sql(AssertSqlSafe(grants.to_owned()))
+            .execute(db.pool())
+            .await?;
+    }
+    let outcome = AssertUnwindSafe(test).catch_unwind().await;
+    for role in roles {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP OWNED BY {role}; DROP ROLE {role}"
+        )))
         .execute(db.pool())
         .await?;
-    let outcome = AssertUnwindSafe(test).catch_unwind().await;
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "DROP OWNED BY {role}; DROP ROLE {role}"
-    )))
-    .execute(db.pool())
-    .await?;
+    }
     match outcome {
         Ok(result) => result,
         Err(panic) => std::panic::resume_unwind(panic),

@@ -145,8 +145,9 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
 
     /// How often an idle worker looks for due events without a notification: events
     /// retried with a delay, the expired claims of a publisher that died, an enqueue that
-    /// committed long after its `INSERT` began, notifications lost while disconnected. From 1 ms to [`MAX_INTERVAL`](crate::MAX_INTERVAL)
-    /// (`Duration::MAX`: notifications alone, and those events wait for the next one).
+    /// committed long after its `INSERT` began, notifications lost while disconnected.
+    /// From 1 ms to [`MAX_INTERVAL`](crate::MAX_INTERVAL) (`Duration::MAX`:
+    /// notifications alone, and those events wait for the next one).
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval.clamp(Duration::from_millis(1), crate::MAX_INTERVAL);
         self
