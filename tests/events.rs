@@ -913,6 +913,11 @@ async fn a_delay_longer_than_an_interval_holds_is_refused_as_such() -> TestResul
         claim.retry(db.pool(), outbox::MAX_INTERVAL).await?,
         Retried::Scheduled
     );
+    // And the longest accepted age is counted back from now.
+    assert_eq!(
+        outbox::prune_sent::<Budgeted>(db.pool(), outbox::MAX_INTERVAL, 100).await?,
+        0
+    );
     db.drop_schema().await?;
     Ok(())
 }

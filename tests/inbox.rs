@@ -220,6 +220,11 @@ async fn prune_deletes_only_this_consumers_old_rows_in_batches() -> TestResult {
     assert_eq!(billing.prune(pool, day, 3).await?, 3);
     assert_eq!(billing.prune(pool, day, 3).await?, 2);
     assert_eq!(billing.prune(pool, day, 3).await?, 0);
+    assert_eq!(
+        billing.prune(pool, outbox::MAX_INTERVAL, 3).await?,
+        0,
+        "the longest age is counted back from now"
+    );
     let left: Vec<(String, String)> =
         sqlx::query_as("SELECT consumer, event_id FROM outbox_inbox ORDER BY consumer")
             .fetch_all(pool)

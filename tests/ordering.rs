@@ -149,6 +149,12 @@ async fn a_dead_event_holds_its_key_until_it_is_requeued_or_discarded() -> TestR
     let stats = outbox::stats::<OrderStep>(pool).await?;
     assert_eq!((stats.dead, stats.held_keys), (2, 2));
     assert!(stats.oldest_held_age.is_some());
+    // A creation time written by hand as -infinity is the longest age, not an error.
+    sqlx::query("UPDATE order_step_events SET created_at = '-infinity' WHERE event_id = 'a1'")
+        .execute(pool)
+        .await?;
+    let stats = outbox::stats::<OrderStep>(pool).await?;
+    assert_eq!(stats.oldest_held_age, Some(outbox::MAX_INTERVAL));
 
     // Requeued, a1 goes first, then a2; discarded, b1 is gone and b2 goes.
     outbox::requeue_dead::<OrderStep>(pool, &["a1"]).await?;

@@ -550,14 +550,33 @@ async fn a_batch_claimed_ahead_keeps_its_lease_behind_a_send_longer_than_the_lea
 }
 
 #[tokio::test]
-async fn a_batch_in_flight_keeps_its_lease_while_recording_the_one_before_waits_on_a_lock()
+async fn a_batch_in_flight_keeps_its_lease_while_the_worker_records_the_one_before_slowly()
 -> TestResult {
     let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;
     let pool = db.pool();
     let first = payment(1).enqueue(pool).await?.into_event_id();
     let second = payment(2).enqueue(pool).await?.into_event_id();
-    // Batches of one, with a one-second lease: the first takes 300 ms to publish, the
-    // second 2.5 s, while the recording of the first waits 2 s on a lock.
+    // Recording the first SENT takes the worker's connection for 2 s (as a row lock
+    // held by an operator's statement, or a slow disk, would): longer than the second's
+    // one-second lease, while the second is in the sink. The first's own outcome stays
+    // valid: its lease was checked when the statement began.
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE TABLE slowed (at timestamptz);
+         CREATE FUNCTION slow_record() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             PERFORM pg_sleep(2);
+             INSERT INTO slowed VALUES (clock_timestamp());
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER slow_record BEFORE UPDATE ON {table} FOR EACH ROW
+             WHEN (NEW.status = 'SENT' AND NEW.event_id = '{first}')
+             EXECUTE FUNCTION slow_record();",
+        table = PaymentCaptured::SPEC.table(),
+    )))
+    .execute(pool)
+    .await?;
+    // Batches of one: the first takes 300 ms to publish, the second (claimed ahead
+    // meanwhile) 2.5 s, and the first is recorded beside the second's send.
     let sink = ScriptSink::new(|call, seen| match call {
         0 => Plan::after(Wait::For(Duration::from_millis(300)), seen),
         1 => Plan::after(Wait::For(Duration::from_millis(2500)), seen),
@@ -568,41 +587,29 @@ async fn a_batch_in_flight_keeps_its_lease_while_recording_the_one_before_waits_
             .batch_size(1)
             .send_timeout(Duration::from_secs(30)),
     );
-    wait_until(
-        "the first is published",
-        Duration::from_secs(5),
-        async || !sink.calls().is_empty(),
-    )
-    .await;
-    // Someone holds the first's row (an operator's statement, a long transaction).
-    let mut holder = pool.begin().await?;
-    sqlx::query(AssertSqlSafe(format!(
-        "SELECT 1 FROM {} WHERE event_id = $1 FOR UPDATE",
-        PaymentCaptured::SPEC.table()
-    )))
-    .bind(first.as_str())
-    .execute(&mut *holder)
-    .await?;
-    let released = tokio::spawn(async move {
-        sleep(Duration::from_secs(2)).await;
-        holder.commit().await
-    });
     wait_until("both SENT", Duration::from_secs(15), async || {
         outbox::stats::<PaymentCaptured>(pool).await.unwrap().sent == 2
     })
     .await;
-    released.await??;
     relay.stop().await?;
+    assert_eq!(
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM slowed")
+            .fetch_one(pool)
+            .await?,
+        1,
+        "the first was recorded slowly, once"
+    );
     assert_eq!(
         sink.calls(),
         [[Seen::new(&first, 1, 1)], [Seen::new(&second, 1, 1)]],
-        "the second went out once"
+        "each went out once"
     );
     let row = row_of::<PaymentCaptured>(pool, &second).await;
     assert_eq!(
         (row.generation, row.attempts),
         (1, 1),
-        "its lease was renewed on another connection, never expired"
+        "the second's lease was renewed on another connection while the worker's recorded \
+         the first, and never expired"
     );
     db.drop_schema().await?;
     Ok(())
@@ -1531,6 +1538,14 @@ async fn stats_count_statuses_expired_claims_and_the_oldest_eligible_age() -> Te
         Duration::from_mins(10) <= age && age < Duration::from_mins(11),
         "{age:?}"
     );
+
+    // A time written by hand as -infinity (an operator's "due now") is the longest age
+    // the outbox counts, not an error that would stop the monitor.
+    sqlx::query("UPDATE budget_events SET next_attempt_at = '-infinity' WHERE event_id = 'due-1m'")
+        .execute(pool)
+        .await?;
+    let stats = outbox::stats::<Budgeted>(pool).await?;
+    assert_eq!(stats.oldest_eligible_age, Some(outbox::MAX_INTERVAL));
     drop(held);
     db.drop_schema().await?;
     Ok(())

@@ -65,7 +65,7 @@ fn parse(text: &str, key: &str, floor: &Floor) -> Result<Duration, String> {
         // The runtime refuses longer delays, and a longer lease would overflow
         // `timestamptz` in every claim.
         Ok(d) if d > outbox_internals::MAX_INTERVAL => Err(format!(
-            "`{key}` is longer than 10,000 years, the longest interval the outbox takes"
+            "`{key}` is longer than 1,000 years, the longest interval the outbox takes"
         )),
         Ok(d) if d.subsec_micros() * 1000 != d.subsec_nanos() => Err(format!(
             "`{key}` must be a whole number of microseconds, PostgreSQL's interval precision"
@@ -131,12 +131,12 @@ mod tests {
 
     #[test]
     fn durations_beyond_the_runtimes_longest_interval_are_refused() {
-        let long = "`lease` is longer than 10,000 years, the longest interval the outbox takes";
+        let long = "`lease` is longer than 1,000 years, the longest interval the outbox takes";
         assert_eq!(lease("300000years"), Err(long.to_owned()));
-        assert_eq!(lease("20000years"), Err(long.to_owned()));
-        // 10,000 years of 365.25 days is the longest.
-        assert_eq!(lease("87660000h"), Ok(Duration::from_hours(87_660_000)));
-        assert_eq!(lease("87660000h 1us"), Err(long.to_owned()));
+        assert_eq!(lease("2000years"), Err(long.to_owned()));
+        // 1,000 years of 365.25 days is the longest.
+        assert_eq!(lease("8766000h"), Ok(Duration::from_hours(8_766_000)));
+        assert_eq!(lease("8766000h 1us"), Err(long.to_owned()));
     }
 
     #[test]

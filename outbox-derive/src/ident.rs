@@ -6,8 +6,8 @@ use syn::ext::IdentExt;
 use syn::{Ident, LitStr};
 
 use outbox_internals::{
-    BOOKKEEPING, HISTORY_PREFIX, MAX_IDENTIFIER, OWN_TABLES, STATEMENT_STEPS, claim_header,
-    is_plain_identifier,
+    BOOKKEEPING, HISTORY_PREFIX, MAX_IDENTIFIER, OWN_TABLES, REFINERY_HISTORY, STATEMENT_STEPS,
+    claim_header, is_plain_identifier,
 };
 
 use crate::attr::{self, Errors};
@@ -45,6 +45,8 @@ pub(crate) fn table_name(ident: &Ident, attr: Option<&LitStr>, errors: &mut Erro
             "names a step of the generated statements (`WITH {table} AS (..)`), which would \
              stand for the table inside them"
         )
+    } else if table == REFINERY_HISTORY {
+        "is where refinery records an application's applied migrations by default".to_owned()
     } else if table.starts_with(HISTORY_PREFIX) {
         format!("starts with `{HISTORY_PREFIX}`, which names the tables of applied migrations")
     } else {

@@ -90,6 +90,17 @@ fn interval(d: Duration) -> String {
     }
 }
 
+/// The earliest time an age counts from, `MAX_INTERVAL` ago: an age saturates there, so
+/// that a timestamp written by hand as `-infinity` reads as the longest age instead of
+/// failing every `stats` (and stopping the monitor) with "cannot subtract infinite
+/// timestamps".
+fn oldest() -> String {
+    format!(
+        "statement_timestamp() - {}",
+        interval(outbox_internals::MAX_INTERVAL)
+    )
+}
+
 /// The text and check of `statement` on `table`.
 #[allow(clippy::too_many_lines, reason = "one short arm per statement")]
 pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
@@ -377,14 +388,15 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                  \x20   count(*) FILTER (WHERE status = '{dead}') AS dead,\n\
                  \x20   count(*) FILTER (WHERE status = '{in_progress}' AND lease_until <= statement_timestamp()) AS expired_claims,\n\
                  \x20   statement_timestamp() - min(CASE\n\
-                 \x20       WHEN status = '{ready}' AND next_attempt_at <= statement_timestamp() THEN next_attempt_at\n\
-                 \x20       WHEN status = '{in_progress}' AND lease_until <= statement_timestamp() THEN lease_until END)\n\
+                 \x20       WHEN status = '{ready}' AND next_attempt_at <= statement_timestamp() THEN greatest(next_attempt_at, {oldest})\n\
+                 \x20       WHEN status = '{in_progress}' AND lease_until <= statement_timestamp() THEN greatest(lease_until, {oldest}) END)\n\
                  \x20       AS oldest_eligible_age,\n\
                  \x20   {held},\n\
                  \x20   {recent} AS sent_last_minute,\n\
                  \x20   count(*) FILTER (WHERE status = '{ready}' AND next_attempt_at <= statement_timestamp()) AS due\n\
                  FROM {t}",
                 held = held_keys(table.model),
+                oldest = oldest(),
                 recent = match table.model.sent {
                     Sent::Keep => format!(
                         "count(*) FILTER (WHERE status = '{sent}' AND next_attempt_at > statement_timestamp() - interval '1 minute')"
@@ -405,10 +417,10 @@ fn held_keys(model: &Model) -> String {
     let (held, age) = ("held_keys", "oldest_held_age");
     match model.key() {
         Some(key) if model.dead == Dead::HoldsKey => {
-            let (k, dead) = (quoted(&key.column), Status::Dead.as_sql());
+            let (k, dead, oldest) = (quoted(&key.column), Status::Dead.as_sql(), oldest());
             format!(
                 "count(DISTINCT {k}) FILTER (WHERE status = '{dead}') AS {held},\n\
-                 \x20   statement_timestamp() - min(created_at) FILTER (WHERE status = '{dead}' AND {k} IS NOT NULL) AS {age}"
+                 \x20   statement_timestamp() - min(greatest(created_at, {oldest})) FILTER (WHERE status = '{dead}' AND {k} IS NOT NULL) AS {age}"
             )
         }
         _ => format!("0::bigint AS {held}, NULL::interval AS {age}"),

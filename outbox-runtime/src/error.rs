@@ -186,9 +186,9 @@ pub enum OutboxError {
     },
 
     /// A delay or age outside what the outbox stores (at most
-    /// [`MAX_INTERVAL`](crate::MAX_INTERVAL), about 10,000 years). Nothing was written.
+    /// [`MAX_INTERVAL`](crate::MAX_INTERVAL), about 1,000 years). Nothing was written.
     #[error(
-        "{what} of {value:?} on `{table}` is out of range: at most {max:?} (about 10,000 years)"
+        "{what} of {value:?} on `{table}` is out of range: at most {max:?} (about 1,000 years)"
     )]
     IntervalOutOfRange {
         /// The outbox table.

@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::error::OutboxError;
 use crate::spec::interval;
 
-/// The longest delay or age the outbox accepts: 10,000 years (of 365.25 days). Far
+/// The longest delay or age the outbox accepts: 1,000 years (of 365.25 days). Far
 /// beyond any sensible retry delay, and short enough that `now() ± MAX_INTERVAL` is
 /// always a valid `timestamptz` and fits an `interval`. `#[derive(Outbox)]` refuses a
 /// longer `lease` or `retry_delay`.

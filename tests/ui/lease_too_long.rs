@@ -1,6 +1,7 @@
-// Beyond 10,000 years, `now() + lease` would leave PostgreSQL's timestamps.
+// Beyond 1,000 years: the longest interval the outbox takes, so that `now() ± lease`
+// stays within PostgreSQL's timestamps.
 #[derive(outbox::Outbox)]
-#[outbox(table = "order_events", lease = "20000years")]
+#[outbox(table = "order_events", lease = "2000years")]
 struct OrderPlaced {
     order_id: String,
 }

@@ -1,4 +1,4 @@
-// A `retry_delay` beyond the longest interval the outbox takes (10,000 years).
+// A `retry_delay` beyond the longest interval the outbox takes (1,000 years).
 #[derive(outbox::Outbox)]
 #[outbox(retry_delay = "300000 years")]
 struct OrderPlaced {

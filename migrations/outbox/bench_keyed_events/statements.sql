@@ -142,8 +142,8 @@ SELECT
     count(*) FILTER (WHERE status = 'DEAD') AS dead,
     count(*) FILTER (WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()) AS expired_claims,
     statement_timestamp() - min(CASE
-        WHEN status = 'READY' AND next_attempt_at <= statement_timestamp() THEN next_attempt_at
-        WHEN status = 'INPROGRESS' AND lease_until <= statement_timestamp() THEN lease_until END)
+        WHEN status = 'READY' AND next_attempt_at <= statement_timestamp() THEN greatest(next_attempt_at, statement_timestamp() - interval '31557600000 seconds')
+        WHEN status = 'INPROGRESS' AND lease_until <= statement_timestamp() THEN greatest(lease_until, statement_timestamp() - interval '31557600000 seconds') END)
         AS oldest_eligible_age,
     0::bigint AS held_keys, NULL::interval AS oldest_held_age,
     count(*) FILTER (WHERE status = 'SENT' AND next_attempt_at > statement_timestamp() - interval '1 minute') AS sent_last_minute,

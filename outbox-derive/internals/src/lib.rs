@@ -298,13 +298,18 @@ pub const STATEMENT_STEPS: [&str; 13] = [
 /// (`_outbox_history_<table>`): no event type's table may start with it.
 pub const HISTORY_PREFIX: &str = "_outbox_history_";
 
+/// Where refinery records an application's applied migrations unless told otherwise
+/// (`migrate_with_app` runs the application's runner as it was configured): no event
+/// type's table may take it.
+pub const REFINERY_HISTORY: &str = "refinery_schema_history";
+
 /// PostgreSQL truncates longer identifiers, so the derive refuses them.
 pub const MAX_IDENTIFIER: usize = 63;
 
-/// The longest delay, lease or age the outbox accepts: 10,000 years (of 365.25 days).
+/// The longest delay, lease or age the outbox accepts: 1,000 years (of 365.25 days).
 /// Far beyond any sensible one, and short enough that `now() ± MAX_INTERVAL` is always
-/// a valid `timestamptz` and fits an `interval`.
-pub const MAX_INTERVAL: std::time::Duration = std::time::Duration::from_hours(10_000 * 8_766);
+/// a valid `timestamptz` (which starts in 4713 BC) and fits an `interval`.
+pub const MAX_INTERVAL: std::time::Duration = std::time::Duration::from_hours(1_000 * 8_766);
 
 /// A plain lowercase SQL identifier: nothing to quote, nothing to inject. (Its length
 /// is a separate rule: at most [`MAX_IDENTIFIER`] bytes.)
