@@ -379,7 +379,11 @@ async fn discard_lets_a_held_key_go_on_and_prune_deletes_old_sent_events() -> Te
 async fn mistakes_get_clear_errors() -> TestResult {
     let db = TestSchema::new().await?;
     let empty = outbox(&db, &["status"]).await?;
-    assert_eq!(empty.status.code(), Some(0));
+    assert_eq!(
+        empty.status.code(),
+        Some(3),
+        "a schema without outbox tables is not a healthy outbox to a cron check"
+    );
     assert!(
         stdout(&empty).contains("outbox::migrate has not run here"),
         "{}",
@@ -454,6 +458,65 @@ async fn mistakes_get_clear_errors() -> TestResult {
     )
     .await?;
     assert_eq!(repair.status.code(), Some(1));
+    // Nor does "no dead events" hide it.
+    let dead = outbox(&db, &["dead"]).await?;
+    assert_eq!(dead.status.code(), Some(3));
+    assert!(
+        stderr(&dead).contains("attention: `budget_events` not read: the table does not exist"),
+        "{}",
+        stderr(&dead)
+    );
+
+    let no_schema = outbox(&db, &["--schema", "no_such_schema", "status"]).await?;
+    assert_eq!(no_schema.status.code(), Some(1));
+    assert!(
+        stderr(&no_schema).contains("--schema no_such_schema: no such schema in this database"),
+        "{}",
+        stderr(&no_schema)
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_table_found_outside_the_catalogs_schema_is_refused() -> TestResult {
+    let db = schema_with(&[Budgeted::migrations()]).await?;
+    enqueue(&db, &["a"]).await?;
+    // Another schema first on the search_path, with a table of the same name and no
+    // catalog: the catalog is found in the outbox's schema, the table in the other.
+    let other = format!("{}_other", db.name());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA \"{other}\"; CREATE TABLE \"{other}\".budget_events (LIKE budget_events INCLUDING ALL);"
+    )))
+    .execute(db.pool())
+    .await?;
+    let search_path = format!("{other},{}", db.name());
+    let status = outbox(&db, &["--schema", &search_path, "status"]).await?;
+    let requeue = outbox(
+        &db,
+        &[
+            "--schema",
+            &search_path,
+            "requeue",
+            "--table",
+            "budget_events",
+            "--all",
+            "--yes",
+        ],
+    )
+    .await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{other}\" CASCADE"
+    )))
+    .execute(db.pool())
+    .await?;
+    assert_eq!(status.status.code(), Some(3));
+    let said = format!(
+        "budget_events: the name resolves to `{other}.budget_events`, while the catalog is in schema `{}`",
+        db.name()
+    );
+    assert!(stderr(&status).contains(&said), "{}", stderr(&status));
+    assert_eq!(requeue.status.code(), Some(1), "{}", stderr(&requeue));
     db.drop_schema().await?;
     Ok(())
 }

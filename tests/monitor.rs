@@ -474,6 +474,21 @@ async fn a_table_that_cannot_be_read_leaves_the_gauges_of_the_others_moving() ->
         !monitor.handle.is_finished(),
         "a cancelled read is transient"
     );
+    // The steps' gauges are stale, and their last sample says since when.
+    let last_sample = |table| {
+        counters
+            .gauge(metric::LAST_SAMPLE_TIMESTAMP_SECONDS, table)
+            .expect("sampled once")
+    };
+    let stale_since = last_sample(STEPS);
+    assert!(last_sample(RECEIPTS) > stale_since);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs_f64();
+    assert!(
+        (0.0..60.0).contains(&(now - stale_since)),
+        "a Unix time in seconds: {stale_since}"
+    );
 
     migration.rollback().await?;
     enqueue(pool, &[step("s1", 1)]).await;
@@ -483,6 +498,7 @@ async fn a_table_that_cannot_be_read_leaves_the_gauges_of_the_others_moving() ->
         async || counters.gauge(metric::READY, STEPS) == Some(1.0),
     )
     .await;
+    assert!(last_sample(STEPS) > stale_since);
     monitor.stop().await?;
     db.drop_schema().await?;
     Ok(())

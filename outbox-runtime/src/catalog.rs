@@ -97,8 +97,10 @@ const ENTRIES: &str = "\
     SELECT table_name, type_name, history_table, version, lease, retry_delay, max_attempts, \
         key_column, deletes_sent, format, statements, \
         to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS updated_at, \
-        to_regclass(quote_ident(table_name)) IS NOT NULL AS present, \
-        current_schema() AS schema \
+        (SELECT n.nspname FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace \
+            WHERE r.oid = to_regclass(quote_ident(table_name))) AS table_schema, \
+        (SELECT n.nspname FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace \
+            WHERE r.oid = 'outbox_catalog'::regclass) AS schema \
     FROM outbox_catalog";
 
 /// The catalog's runner: its own table and history, through `migrate`'s lock.
@@ -154,8 +156,9 @@ pub struct CatalogEntry {
     problem: Option<String>,
 }
 
-/// Every outbox table in the catalog of the connection's schema (its `search_path`),
-/// by name, each checked against its live table. An empty list when `migrate` never
+/// Every outbox table in the catalog of the connection's schema (the first
+/// `outbox_catalog` on its `search_path`), by name, each checked against its live table
+/// (which must be the one its name finds in that schema). An empty list when `migrate` never
 /// ran there.
 pub async fn tables(pool: &PgPool) -> Result<Vec<CatalogEntry>, OutboxError> {
     let error = |e| OutboxError::from_sqlx(TABLE, e);
@@ -174,8 +177,8 @@ pub async fn tables(pool: &PgPool) -> Result<Vec<CatalogEntry>, OutboxError> {
         .map_err(error)?;
     let mut entries = Vec::with_capacity(rows.len());
     for row in &rows {
-        let (mut entry, present) = CatalogEntry::decode(row).map_err(error)?;
-        entry.problem = entry.check(&mut conn, present).await?;
+        let (mut entry, table_schema) = CatalogEntry::decode(row).map_err(error)?;
+        entry.problem = entry.check(&mut conn, table_schema.as_deref()).await?;
         entries.push(entry);
     }
     Ok(entries)
@@ -195,7 +198,8 @@ pub async fn table(pool: &PgPool, table: &str) -> Result<CatalogEntry, OutboxErr
 }
 
 impl CatalogEntry {
-    fn decode(row: &sqlx::postgres::PgRow) -> Result<(Self, bool), sqlx::Error> {
+    /// The entry, and the schema its table's name resolves to (`None`: no such table).
+    fn decode(row: &sqlx::postgres::PgRow) -> Result<(Self, Option<String>), sqlx::Error> {
         let lease: PgInterval = row.try_get("lease")?;
         let retry_delay: PgInterval = row.try_get("retry_delay")?;
         let format: i32 = row.try_get("format")?;
@@ -221,22 +225,33 @@ impl CatalogEntry {
                 )
             }),
         };
-        Ok((entry, row.try_get("present")?))
+        Ok((entry, row.try_get("table_schema")?))
     }
 
-    /// What is wrong with this entry, checked against the database.
+    /// What is wrong with this entry, checked against the database, its table's name
+    /// resolving to `table_schema`.
     async fn check(
         &self,
         conn: &mut PgConnection,
-        present: bool,
+        table_schema: Option<&str>,
     ) -> Result<Option<String>, OutboxError> {
         if self.problem.is_some() {
             return Ok(self.problem.clone());
         }
-        if !present {
+        let Some(table_schema) = table_schema else {
             return Ok(Some(format!(
                 "the table does not exist (dropped after outbox::migrate recorded version {})",
                 self.version
+            )));
+        };
+        // The statements name the table unqualified, as the application's do: they act on
+        // whichever table the search_path finds first, which must be the catalog's own.
+        if table_schema != self.schema {
+            return Ok(Some(format!(
+                "the name resolves to `{table_schema}.{table}`, while the catalog is in schema \
+                 `{schema}`: put `{schema}` first in the search_path (--schema {schema})",
+                table = self.table,
+                schema = self.schema,
             )));
         }
         let names_ok = [
@@ -265,8 +280,9 @@ impl CatalogEntry {
                 missing.name()
             )));
         }
-        let applied: Option<i32> = match sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT max(version) FROM \"{}\"",
+        // int8: the column is refinery's `int4`, or `int8` with its `int8-versions` feature.
+        let applied: Option<i64> = match sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT max(version)::int8 FROM \"{}\"",
             self.history_table
         )))
         .fetch_one(conn)
@@ -285,7 +301,7 @@ impl CatalogEntry {
             }
         };
         Ok(match applied {
-            Some(applied) if applied > self.version => Some(format!(
+            Some(applied) if applied > i64::from(self.version) => Some(format!(
                 "the table is at migration version {applied}, the catalog describes version {}: \
                  a build of an older outbox crate migrated it; run outbox::migrate with a current build",
                 self.version
@@ -299,7 +315,8 @@ impl CatalogEntry {
         self.table
     }
 
-    /// The schema the table is in.
+    /// The catalog's schema, which is the table's unless [`problem`](Self::problem) says
+    /// otherwise.
     pub fn schema(&self) -> &str {
         &self.schema
     }

@@ -48,12 +48,24 @@ use crate::error::OutboxError;
 use crate::migrate::TableMigrations;
 
 /// The columns of a refinery history table, exactly as refinery 0.10 creates them
-/// (`int4` versions: refinery's `int8-versions` feature is off).
+/// (`%VERSION_TYPE%`: `int4`, or `int8` with refinery's `int8-versions` feature).
 const HISTORY_TABLE: &str = "CREATE TABLE IF NOT EXISTS %TABLE%(
-             version int4 PRIMARY KEY,
+             version %VERSION_TYPE% PRIMARY KEY,
              name VARCHAR(255),
              applied_on VARCHAR(255),
              checksum VARCHAR(255));";
+
+/// The history table's DDL, with refinery's version type of this build.
+fn history_ddl(history_table: &str) -> String {
+    let version = if size_of::<refinery_core::SchemaVersion>() == 8 {
+        "int8"
+    } else {
+        "int4"
+    };
+    HISTORY_TABLE
+        .replace("%TABLE%", history_table)
+        .replace("%VERSION_TYPE%", version)
+}
 
 /// `applied_on` as refinery writes it (RFC 3339, UTC), at the time the file is applied.
 const APPLIED_ON: &str =
@@ -132,7 +144,7 @@ impl MigrationFile {
              -- outbox::migrate at startup finds it applied.\n\n{history}\n\n{sql}{terminator}\n\n\
              INSERT INTO {history_table} (version, name, applied_on, checksum) \
              VALUES ({version}, '{name}', {APPLIED_ON}, '{checksum}');\n",
-            history = HISTORY_TABLE.replace("%TABLE%", history_table),
+            history = history_ddl(history_table),
             name = migration.name().replace('\'', "''"),
             checksum = migration.checksum(),
         );

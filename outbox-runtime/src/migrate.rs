@@ -503,8 +503,9 @@ async fn warn_if_newer(
     spec: &'static TableSpec,
 ) -> Result<(), OutboxError> {
     let known = spec.migrations.iter().map(|m| m.version).max().unwrap_or(0);
-    let newer: Vec<(i32, String)> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT version, name FROM {} WHERE version > $1 ORDER BY version",
+    // int8: the column is refinery's `int4`, or `int8` with its `int8-versions` feature.
+    let newer: Vec<(i64, String)> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT version::int8, name FROM {} WHERE version > $1 ORDER BY version",
         spec.history_table
     )))
     .bind(i64::from(known))

@@ -42,6 +42,10 @@ pub mod metric {
     /// Gauge, tables that keep their `SENT` rows only (not `#[outbox(delete_sent)]`):
     /// events recorded `SENT` in the last minute, the publish rate as the table sees it.
     pub const SENT_LAST_MINUTE: &str = "outbox_sent_last_minute";
+    /// Gauge: when the table was last sampled, in seconds since the Unix epoch. The
+    /// other gauges keep their values while samples fail (or after the monitor
+    /// stopped): alert on this one's age to know they are current.
+    pub const LAST_SAMPLE_TIMESTAMP_SECONDS: &str = "outbox_last_sample_timestamp_seconds";
 }
 
 /// How often a monitor samples by default.
@@ -213,6 +217,7 @@ struct TableGauges {
     held: Option<(Gauge, Gauge)>,
     /// Only for a table that keeps its `SENT` rows: the others cannot count them.
     sent_last_minute: Option<Gauge>,
+    last_sample: Gauge,
 }
 
 impl TableGauges {
@@ -232,6 +237,7 @@ impl TableGauges {
                 )
             }),
             sent_last_minute: (!spec.deletes_sent).then(|| gauge(metric::SENT_LAST_MINUTE)),
+            last_sample: gauge(metric::LAST_SAMPLE_TIMESTAMP_SECONDS),
         }
     }
 
@@ -250,6 +256,10 @@ impl TableGauges {
         if let (Some(gauge), Some(sent)) = (&self.sent_last_minute, stats.sent_last_minute) {
             gauge.set(rows(sent));
         }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        self.last_sample.set(now.as_secs_f64());
     }
 }
 

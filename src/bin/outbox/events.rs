@@ -47,19 +47,27 @@ pub(crate) struct DeadRow {
 }
 
 /// Up to `limit` dead events of each table (`table`, or every table whose catalog entry
-/// is sound), oldest first.
+/// is sound), oldest first, and why each other table was not read.
 pub(crate) async fn dead_rows(
     pool: &PgPool,
     table: Option<&str>,
     limit: u32,
-) -> Result<Vec<DeadRow>, Failure> {
+) -> Result<(Vec<DeadRow>, Vec<String>), Failure> {
+    let mut skipped = Vec::new();
     let entries = match table {
         Some(table) => vec![entry(pool, table).await?],
-        None => catalog::tables(pool)
-            .await?
-            .into_iter()
-            .filter(|e| e.problem().is_none())
-            .collect(),
+        None => {
+            let mut sound = Vec::new();
+            for entry in catalog::tables(pool).await? {
+                match entry.problem() {
+                    Some(problem) => {
+                        skipped.push(format!("`{}` not read: {problem}", entry.table()))
+                    }
+                    None => sound.push(entry),
+                }
+            }
+            sound
+        }
     };
     let mut rows = Vec::new();
     for entry in &entries {
@@ -73,12 +81,24 @@ pub(crate) async fn dead_rows(
             key: e.key,
         }));
     }
-    Ok(rows)
+    Ok((rows, skipped))
 }
 
 pub(crate) async fn dead(pool: &PgPool, args: DeadArgs) -> Result<(), Failure> {
-    let rows = dead_rows(pool, args.table.as_deref(), args.limit).await?;
-    if args.json {
+    let (rows, skipped) = dead_rows(pool, args.table.as_deref(), args.limit).await?;
+    print_dead(rows, args.json)?;
+    // "no dead events" must not hide a table that could not be looked at.
+    if skipped.is_empty() {
+        return Ok(());
+    }
+    for reason in &skipped {
+        eprintln!("attention: {reason}");
+    }
+    Err(Failure::Attention)
+}
+
+fn print_dead(rows: Vec<DeadRow>, json: bool) -> Result<(), Failure> {
+    if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }

@@ -48,9 +48,10 @@ Exit codes:
   1  an error (the database, a table, a refused change)
   2  a usage error
   3  something needs attention: for `status`, a table (dead rows, an oldest eligible
-     event older than --max-age, or a catalog entry that does not match its table;
-     a `status --watch` ends with 0 on Ctrl-C, its attention lines on stdout); for
-     `requeue` and `discard` by id, ids left alone (not DEAD, or no such event)";
+     event older than --max-age, a catalog entry that does not match its table, or no
+     outbox table at all; a `status --watch` ends with 0 on Ctrl-C, its attention
+     lines on stdout); for `dead`, a table it could not read; for `requeue` and
+     `discard` by id, ids left alone (not DEAD, or no such event)";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -161,11 +162,12 @@ fn report(failure: &Failure) -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
-    let pool = connect(
+    let (pool, session) = connect(
         cli.database_url.as_deref(),
         cli.schema.as_deref(),
         cli.statement_timeout,
     )?;
+    session.check(&pool).await?;
     let result = match cli.command {
         Command::Status(args) => status::run(&pool, args).await,
         Command::Dead(args) => events::dead(&pool, args).await,
@@ -193,12 +195,13 @@ fn timeout_millis(timeout: Duration) -> u128 {
 }
 
 /// A small lazy pool: nothing connects until the first command needs it, which then
-/// reports a refused connection with where and why.
+/// reports a refused connection with where and why; and the settings its sessions
+/// must have.
 fn connect(
     url: Option<&str>,
     schema: Option<&str>,
     statement_timeout: Duration,
-) -> Result<PgPool, Failure> {
+) -> Result<(PgPool, Session), Failure> {
     let url = url.ok_or_else(|| {
         fail("no database: pass --database-url or set DATABASE_URL (postgres://user@host/db)")
     })?;
@@ -207,21 +210,74 @@ fn connect(
             "invalid database URL: expected postgres://user@host:port/database",
         ));
     }
+    // Milliseconds, the setting's unit; 0 turns it off, as in PostgreSQL.
+    let timeout = timeout_millis(statement_timeout).to_string();
     let mut options = PgConnectOptions::from_str(url)
         .map_err(|e| fail(format!("invalid database URL: {e}")))?
         .application_name("outbox-cli")
-        // Milliseconds, the setting's unit; 0 turns it off, as in PostgreSQL.
-        .options([(
-            "statement_timeout",
-            timeout_millis(statement_timeout).to_string(),
-        )]);
+        .options([("statement_timeout", timeout.as_str())]);
     if let Some(schema) = schema {
         options = options.options([("search_path", schema)]);
     }
-    Ok(PgPoolOptions::new()
+    let pool = PgPoolOptions::new()
         .max_connections(4)
         .acquire_timeout(Duration::from_secs(3))
-        .connect_lazy_with(options))
+        .connect_lazy_with(options);
+    let session = Session {
+        search_path: schema.map(str::to_owned),
+        statement_timeout: timeout,
+    };
+    Ok((pool, session))
+}
+
+/// The session settings the command line asks for in the connection's startup options.
+/// A connection pooler may refuse those options, or be told to ignore them (PgBouncer's
+/// `ignore_startup_parameters`): a first session checks they took, so that `--schema`
+/// never silently means the default schema's tables.
+struct Session {
+    search_path: Option<String>,
+    statement_timeout: String,
+}
+
+impl Session {
+    async fn check(&self, pool: &PgPool) -> Result<(), Failure> {
+        // No connection: the command reports why, where and as whom.
+        let Ok(mut conn) = pool.acquire().await else {
+            return Ok(());
+        };
+        let (search_path, timeout, schema): (String, String, Option<String>) = sqlx::query_as(
+            "SELECT current_setting('search_path'), \
+                    (SELECT setting FROM pg_settings WHERE name = 'statement_timeout'), \
+                    current_schema()",
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        let refused = |what: String| {
+            Err(fail(format!(
+                "{what}: the server (or a connection pooler between) did not apply the \
+                 connection's startup options; connect to PostgreSQL directly"
+            )))
+        };
+        if let Some(wanted) = &self.search_path {
+            if search_path != *wanted {
+                return refused(format!(
+                    "--schema {wanted}: the session's search_path is `{search_path}`"
+                ));
+            }
+            if schema.is_none() {
+                return Err(fail(format!(
+                    "--schema {wanted}: no such schema in this database"
+                )));
+            }
+        }
+        if timeout != self.statement_timeout {
+            return refused(format!(
+                "--statement-timeout: the session's statement_timeout is {timeout} ms, not {} ms",
+                self.statement_timeout
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The catalog entry of `table`, refused when it does not match its table.

@@ -50,13 +50,25 @@ pub(crate) struct TableStatus {
     pub(crate) problem: Option<String>,
 }
 
+/// The entry's stats, read in a read-only transaction: the statement is the catalog's
+/// text, and whoever could edit the catalog must not make a status read write.
+async fn read_only_stats(
+    pool: &PgPool,
+    entry: &CatalogEntry,
+) -> Result<outbox::Stats, Box<dyn std::error::Error + Send + Sync>> {
+    let mut tx = pool.begin_with("BEGIN READ ONLY").await?;
+    let stats = entry.stats(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(stats)
+}
+
 impl TableStatus {
     async fn read(pool: &PgPool, entry: &CatalogEntry) -> Self {
         // One table that cannot be read (no grants yet, a statement timeout on a huge
         // table) is that table's problem: the others are still reported.
         let (stats, problem) = match entry.problem() {
             Some(problem) => (outbox::Stats::default(), Some(problem.to_owned())),
-            None => match entry.stats(pool).await {
+            None => match read_only_stats(pool, entry).await {
                 Ok(stats) => (stats, None),
                 Err(error) => (
                     outbox::Stats::default(),
@@ -137,14 +149,21 @@ pub(crate) async fn collect(pool: &PgPool) -> Result<Vec<TableStatus>, Failure> 
     Ok(tables)
 }
 
+const NO_TABLES: &str = "no outbox tables in the catalog of this schema: outbox::migrate has not \
+                         run here (or --schema names another schema)";
+
 pub(crate) async fn run(pool: &PgPool, args: Args) -> Result<(), Failure> {
     let Some(interval) = args.watch else {
         let tables = collect(pool).await?;
         print(&tables, args.json)?;
-        let reasons: Vec<String> = tables
+        let mut reasons: Vec<String> = tables
             .iter()
             .flat_map(|t| t.attention(args.max_age))
             .collect();
+        if tables.is_empty() {
+            // A mistyped --schema must not read as a healthy outbox to a cron check.
+            reasons.push(NO_TABLES.to_owned());
+        }
         if reasons.is_empty() {
             return Ok(());
         }
@@ -160,7 +179,23 @@ pub(crate) async fn run(pool: &PgPool, args: Args) -> Result<(), Failure> {
             _ = ticks.tick() => {}
             _ = tokio::signal::ctrl_c() => return Ok(()),
         }
-        let tables = collect(pool).await?;
+        let tables = match collect(pool).await {
+            Ok(tables) => tables,
+            // A failover or a restart: the watch says so and reads again next tick.
+            Err(Failure::Error(error))
+                if error
+                    .downcast_ref::<outbox::OutboxError>()
+                    .is_some_and(outbox::OutboxError::is_transient) =>
+            {
+                println!(
+                    "error: {error} (reading again in {})",
+                    humantime::format_duration(interval)
+                );
+                std::io::stdout().flush()?;
+                continue;
+            }
+            Err(failure) => return Err(failure),
+        };
         if clear {
             // Home and clear, so the table refreshes in place.
             print!("\x1b[H\x1b[2J");
@@ -183,10 +218,7 @@ fn print(tables: &[TableStatus], json: bool) -> Result<(), Failure> {
         return Ok(());
     }
     if tables.is_empty() {
-        println!(
-            "no outbox tables in the catalog of this schema: outbox::migrate has not run here \
-             (or --schema names another schema)"
-        );
+        println!("{NO_TABLES}");
         return Ok(());
     }
     let mut table = Table::new(&[

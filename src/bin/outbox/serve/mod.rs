@@ -569,15 +569,18 @@ struct DeadQuery {
 }
 
 /// `GET /api/dead?table=T&limit=N`: up to N dead events (default 50, at most 1000) of
-/// table T, or of every table, oldest first.
+/// table T, or of every table, oldest first; `skipped` says why a table was not read.
 async fn api_dead(
     State(dashboard): State<Arc<Dashboard>>,
     query: Result<Query<DeadQuery>, QueryRejection>,
 ) -> ApiResult {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let limit = u32::try_from(query.limit.unwrap_or(50).min(MAX_ROWS)).unwrap_or(50);
-    let events = events::dead_rows(&dashboard.pool, query.table.as_deref(), limit).await?;
-    Ok(json_response(&json!({ "events": events })))
+    let (events, skipped) =
+        events::dead_rows(&dashboard.pool, query.table.as_deref(), limit).await?;
+    Ok(json_response(
+        &json!({ "events": events, "skipped": skipped }),
+    ))
 }
 
 #[derive(Debug, Deserialize)]

@@ -27,8 +27,7 @@ struct Sample {
 #[derive(Debug, Clone)]
 struct TableCounts {
     table: String,
-    sent: i64,
-    /// `None` for a table that deletes its sent rows: its `sent` count says nothing.
+    /// `None` for a table that deletes its sent rows.
     sent_last_minute: Option<i64>,
     due: i64,
 }
@@ -57,8 +56,8 @@ pub(super) struct Point {
     pub(super) at: f64,
     /// The due backlog then.
     pub(super) due: i64,
-    /// Events recorded SENT per minute since the previous sample; `null` for the first
-    /// sample and for a table that deletes its sent rows.
+    /// Events recorded SENT in the minute before the sample; `null` for a table that
+    /// deletes its sent rows.
     pub(super) sent_per_minute: Option<f64>,
 }
 
@@ -75,7 +74,6 @@ impl Samples {
             .filter(|t| t.problem.is_none())
             .map(|t| TableCounts {
                 table: t.table.clone(),
-                sent: t.sent,
                 sent_last_minute: t.sent_last_minute,
                 due: t.due,
             })
@@ -120,35 +118,21 @@ impl Samples {
 
     fn series_of(&self, name: &str) -> Series {
         let mut points = Vec::new();
-        let mut previous: Option<(Instant, &TableCounts)> = None;
         let mut counts_sent = true;
         for sample in &self.ring {
+            // A table missing from a sample (dropped, or not yet migrated) has no point.
             let Some(counts) = sample.tables.iter().find(|t| t.table == name) else {
-                // The table was not there (dropped, or not yet migrated): start over.
-                previous = None;
                 continue;
             };
             counts_sent = counts.sent_last_minute.is_some();
-            let sent_per_minute = match previous {
-                Some((taken, before)) if counts_sent => {
-                    let seconds = sample.taken.duration_since(taken).as_secs_f64();
-                    let delta = counts.sent - before.sent;
-                    if delta < 0 {
-                        counts.sent_last_minute.map(as_f64)
-                    } else if seconds > 0.0 {
-                        Some(as_f64(delta) * 60.0 / seconds)
-                    } else {
-                        None
-                    }
-                }
-                _ => None,
-            };
             points.push(Point {
                 at: sample.at,
                 due: counts.due,
-                sent_per_minute,
+                // The table's own count of the last minute, not the growth of its SENT
+                // rows between samples: a prune deleting old rows meanwhile would hide
+                // what was sent.
+                sent_per_minute: counts.sent_last_minute.map(as_f64),
             });
-            previous = Some((sample.taken, counts));
         }
         Series {
             table: name.to_owned(),
@@ -204,7 +188,7 @@ mod tests {
     }
 
     #[test]
-    fn throughput_is_the_growth_of_sent_per_minute_and_a_prune_falls_back_to_the_last_minute() {
+    fn throughput_is_the_tables_count_of_the_last_minute_whatever_a_prune_deleted() {
         let start = Instant::now();
         let mut samples = Samples::default();
         let at = |s: u64| start + Duration::from_secs(s);
@@ -215,7 +199,7 @@ mod tests {
         let series = samples.series();
         assert_eq!(series.len(), 1);
         assert!(series[0].counts_sent);
-        assert_eq!(rates(&series[0]), [None, Some(300.0), Some(60.0)]);
+        assert_eq!(rates(&series[0]), [Some(0.0), Some(50.0), Some(60.0)]);
         assert_eq!(
             series[0].points.iter().map(|p| p.due).collect::<Vec<_>>(),
             [5, 3, 0]
@@ -239,7 +223,7 @@ mod tests {
     }
 
     #[test]
-    fn samples_older_than_the_window_are_forgotten_and_a_missing_table_restarts_its_line() {
+    fn samples_older_than_the_window_are_forgotten_and_a_missing_table_has_no_point_there() {
         let start = Instant::now();
         let mut samples = Samples::default();
         samples.record_at(start, 0.0, &[status("a", 0, Some(0), 0)]);
@@ -253,8 +237,12 @@ mod tests {
             120.0,
             &[status("a", 60, Some(0), 0)],
         );
-        // "a" was missing from the middle sample: no rate across the gap.
-        assert_eq!(rates(&samples.series()[0]), [None, None]);
+        // "a" was missing from the middle sample.
+        let a = &samples.series()[0];
+        assert_eq!(
+            a.points.iter().map(|p| p.at).collect::<Vec<_>>(),
+            [0.0, 120.0]
+        );
         samples.record_at(
             start + WINDOW + Duration::from_secs(61),
             4000.0,
