@@ -102,7 +102,7 @@ async fn consume(pool: &sqlx::PgPool, stream: &stream::Stream, expected: usize) 
 
             // The effect and the inbox row: one transaction.
             let mut tx = pool.begin().await?;
-            let received = inbox.receive(&mut *tx, event_id).await?;
+            let received = inbox.receive(&mut tx, event_id).await?;
             if received == Received::New {
                 billing::add_to_totals(&mut tx, customer, cents).await?;
             }

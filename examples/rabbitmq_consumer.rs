@@ -160,7 +160,7 @@ async fn consume(
 
             // The effect and the inbox row: one transaction.
             let mut tx = pool.begin().await?;
-            let received = inbox.receive(&mut *tx, event_id).await?;
+            let received = inbox.receive(&mut tx, event_id).await?;
             if received == Received::New {
                 billing::add_to_totals(&mut tx, customer, cents).await?;
             }

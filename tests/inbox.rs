@@ -35,7 +35,7 @@ async fn effects(pool: &PgPool) -> Vec<(String, i64)> {
 /// does: the inbox row and the effect in one transaction.
 async fn consume(pool: &PgPool, inbox: &Inbox, event_id: &str) -> TestResult<Received> {
     let mut tx = pool.begin().await?;
-    let received = inbox.receive(&mut *tx, event_id).await?;
+    let received = inbox.receive(&mut tx, event_id).await?;
     if received.is_new() {
         sqlx::query("INSERT INTO effects (event_id) VALUES ($1)")
             .bind(event_id)
@@ -95,6 +95,18 @@ async fn each_event_applies_once_per_consumer_however_often_it_arrives() -> Test
     Ok(())
 }
 
+/// `event_id` received by `inbox` in a transaction of its own.
+async fn receive_alone(
+    pool: &PgPool,
+    inbox: &Inbox,
+    event_id: impl AsRef<str>,
+) -> Result<Received, OutboxError> {
+    let mut tx = pool.begin().await.expect("a transaction");
+    let received = inbox.receive(&mut tx, event_id).await?;
+    tx.commit().await.expect("its commit");
+    Ok(received)
+}
+
 /// The inbox row commits with the effect: a consumer that fails before committing left
 /// nothing, so the redelivery is new.
 #[tokio::test]
@@ -103,13 +115,13 @@ async fn a_receipt_rolled_back_with_its_effect_leaves_the_event_new() -> TestRes
     let pool = db.pool();
     let inbox = Inbox::new("billing");
     let mut tx = pool.begin().await?;
-    assert_eq!(inbox.receive(&mut *tx, "e-1").await?, Received::New);
+    assert_eq!(inbox.receive(&mut tx, "e-1").await?, Received::New);
     tx.rollback().await?;
     let mut tx = pool.begin().await?;
-    assert_eq!(inbox.receive(&mut *tx, "e-1").await?, Received::New);
+    assert_eq!(inbox.receive(&mut tx, "e-1").await?, Received::New);
     tx.commit().await?;
     assert_eq!(
-        inbox.receive(pool, "e-1").await?,
+        receive_alone(pool, &inbox, "e-1").await?,
         Received::Duplicate,
         "committed now"
     );
@@ -125,12 +137,12 @@ async fn a_concurrent_copy_waits_for_the_first_and_is_a_duplicate() -> TestResul
     let pool = db.pool();
     let inbox = Inbox::new("billing");
     let mut first = pool.begin().await?;
-    assert_eq!(inbox.receive(&mut *first, "e-1").await?, Received::New);
+    assert_eq!(inbox.receive(&mut first, "e-1").await?, Received::New);
     let second = tokio::spawn({
         let (pool, inbox) = (pool.clone(), inbox.clone());
         async move {
             let mut tx = pool.begin().await?;
-            let received = inbox.receive(&mut *tx, "e-1").await?;
+            let received = inbox.receive(&mut tx, "e-1").await?;
             tx.commit().await?;
             Ok::<_, Box<dyn std::error::Error + Send + Sync>>(received)
         }
@@ -161,12 +173,58 @@ async fn a_concurrent_copy_waits_for_the_first_and_is_a_duplicate() -> TestResul
     Ok(())
 }
 
+/// At REPEATABLE READ the second copy cannot see the first's commit: it fails with a
+/// serialization failure instead of reading `Duplicate`, and applies nothing.
+#[tokio::test]
+async fn at_repeatable_read_a_concurrent_copy_fails_to_serialize() -> TestResult {
+    let db = fresh().await?;
+    let pool = db.pool();
+    let inbox = Inbox::new("billing");
+    let repeatable = "BEGIN ISOLATION LEVEL REPEATABLE READ";
+    let mut first = pool.begin_with(repeatable).await?;
+    assert_eq!(inbox.receive(&mut first, "e-1").await?, Received::New);
+    let second = tokio::spawn({
+        let (pool, inbox) = (pool.clone(), inbox.clone());
+        async move {
+            let mut tx = pool.begin_with(repeatable).await.expect("a transaction");
+            inbox.receive(&mut tx, "e-1").await
+        }
+    });
+    wait_until(
+        "the second copy waits on the first's lock",
+        Duration::from_secs(10),
+        async || {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT FROM pg_stat_activity \
+                 WHERE application_name = $1 AND wait_event_type = 'Lock')",
+            )
+            .bind(db.name())
+            .fetch_one(pool)
+            .await
+            .expect("pg_stat_activity")
+        },
+    )
+    .await;
+    first.commit().await?;
+    let error = second.await?.unwrap_err();
+    let OutboxError::Database { source, .. } = &error else {
+        panic!("a database error: {error:?}");
+    };
+    assert_eq!(
+        source.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("40001"),
+        "{error}"
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn bad_ids_and_a_missing_table_are_typed_errors() -> TestResult {
     let db = TestSchema::new().await?;
     let pool = db.pool();
     let inbox = Inbox::new("billing");
-    let missing = inbox.receive(pool, "e-1").await.unwrap_err();
+    let missing = receive_alone(pool, &inbox, "e-1").await.unwrap_err();
     assert!(
         matches!(
             missing,
@@ -183,7 +241,7 @@ async fn bad_ids_and_a_missing_table_are_typed_errors() -> TestResult {
         ("  ", "an event id cannot be blank"),
         ("a\0b", "an event id cannot contain a NUL character"),
     ] {
-        let error = inbox.receive(pool, bad).await.unwrap_err();
+        let error = receive_alone(pool, &inbox, bad).await.unwrap_err();
         assert!(
             matches!(&error, OutboxError::InvalidEventId { table: "outbox_inbox", reason: r, .. } if r == reason),
             "{bad:?}: {error:?}"
@@ -191,7 +249,7 @@ async fn bad_ids_and_a_missing_table_are_typed_errors() -> TestResult {
     }
     let too_long = "x".repeat(outbox::EventId::MAX_LEN + 1);
     assert!(matches!(
-        inbox.receive(pool, &too_long).await,
+        receive_alone(pool, &inbox, &too_long).await,
         Err(OutboxError::InvalidEventId { .. })
     ));
     let count: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_inbox")
@@ -208,13 +266,13 @@ async fn prune_deletes_only_this_consumers_old_rows_in_batches() -> TestResult {
     let pool = db.pool();
     let (billing, shipping) = (Inbox::new("billing"), Inbox::new("shipping"));
     for n in 0..5 {
-        let _ = billing.receive(pool, format!("old-{n}")).await?;
+        let _ = receive_alone(pool, &billing, format!("old-{n}")).await?;
     }
-    let _ = shipping.receive(pool, "old-0").await?;
+    let _ = receive_alone(pool, &shipping, "old-0").await?;
     sqlx::query("UPDATE outbox_inbox SET received_at = received_at - interval '2 days'")
         .execute(pool)
         .await?;
-    let _ = billing.receive(pool, "recent").await?;
+    let _ = receive_alone(pool, &billing, "recent").await?;
 
     let day = Duration::from_hours(24);
     assert_eq!(billing.prune(pool, day, 3).await?, 3);
@@ -237,7 +295,7 @@ async fn prune_deletes_only_this_consumers_old_rows_in_batches() -> TestResult {
         ]
     );
     assert_eq!(
-        billing.receive(pool, "old-0").await?,
+        receive_alone(pool, &billing, "old-0").await?,
         Received::New,
         "a pruned event is new again"
     );

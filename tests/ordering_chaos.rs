@@ -349,7 +349,7 @@ async fn consume(pool: &PgPool) -> TestResult<(i64, i64)> {
     for page in log.chunks(500) {
         let mut tx = pool.begin().await?;
         for (event_id, order_id, seq) in page {
-            if !inbox.receive(&mut *tx, event_id).await?.is_new() {
+            if !inbox.receive(&mut tx, event_id).await?.is_new() {
                 skipped += 1;
                 continue;
             }

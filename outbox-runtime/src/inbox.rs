@@ -74,7 +74,7 @@ impl Received {
 ///
 /// // Per message: the effect and the inbox row in one transaction.
 /// let mut tx = pool.begin().await?;
-/// if inbox.receive(&mut *tx, event_id).await? == Received::New {
+/// if inbox.receive(&mut tx, event_id).await? == Received::New {
 ///     sqlx::query("UPDATE accounts SET balance = balance + $1")
 ///         .bind(amount)
 ///         .execute(&mut *tx)
@@ -115,16 +115,21 @@ impl Inbox {
     /// [`Received::New`] the first time and [`Received::Duplicate`] once a transaction
     /// that recorded it has committed. One `INSERT .. ON CONFLICT DO NOTHING`.
     ///
-    /// Run it on the transaction that applies the event's effect, before the effect:
-    /// while another transaction holds the same event uncommitted, this one waits for
-    /// it, and then sees `Duplicate` (it committed) or `New` (it rolled back).
+    /// It takes the transaction that applies the event's effect (a receipt committed
+    /// on its own, before an effect that then fails, would make every redelivery read
+    /// `Duplicate`: the effect lost). Run it before the effect: while another
+    /// transaction holds the same event uncommitted, this one waits for it, and then
+    /// sees `Duplicate` (it committed) or `New` (it rolled back). That is at `READ
+    /// COMMITTED`, PostgreSQL's default; at `REPEATABLE READ` or `SERIALIZABLE` the
+    /// waiting one fails with a serialization failure instead (SQLSTATE `40001`):
+    /// nothing applied twice, and the message is to be handled again.
     ///
     /// An id the outbox could not have stored (empty, blank, longer than
     /// [`EventId::MAX_LEN`] bytes, with a NUL) is [`OutboxError::InvalidEventId`];
     /// [`OutboxError::MissingTable`] says that [`migrate`] has not run.
-    pub async fn receive<'e>(
+    pub async fn receive(
         &self,
-        executor: impl PgExecutor<'e>,
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
         event_id: impl AsRef<str>,
     ) -> Result<Received, OutboxError> {
         let event_id = event_id.as_ref();
@@ -139,7 +144,7 @@ impl Inbox {
         let done = sqlx::query(RECEIVE)
             .bind(&self.consumer)
             .bind(event_id)
-            .execute(executor)
+            .execute(&mut **tx)
             .await
             .map_err(|e| OutboxError::from_sqlx(TABLE, e))?;
         Ok(if done.rows_affected() == 1 {

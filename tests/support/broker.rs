@@ -121,7 +121,7 @@ pub async fn apply(
 ) -> TestResult<Received> {
     let event: serde_json::Value = serde_json::from_slice(body)?;
     let mut tx = pool.begin().await?;
-    let received = inbox.receive(&mut *tx, event_id).await?;
+    let received = inbox.receive(&mut tx, event_id).await?;
     if received.is_new() {
         sqlx::query("INSERT INTO shipments (event_id, parcels) VALUES ($1, $2)")
             .bind(event_id)
