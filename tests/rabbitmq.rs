@@ -534,7 +534,7 @@ async fn a_broker_outage_burns_no_attempts_and_the_relay_resumes_when_it_returns
     let sink = topology.sink(&connection).await?;
     proxy.down();
     wait_until("the channel notices", Duration::from_secs(10), async || {
-        !sink.channel().status().connected()
+        !sink.channel_status().connected()
     })
     .await;
 
@@ -567,7 +567,7 @@ async fn a_missing_exchange_is_dead_with_its_reason_and_the_sink_goes_on_on_a_ne
     // Declared by no one, yet.
     let exchange = format!("outbox.test.{}", db.name());
     let sink = RabbitSink::new(Arc::clone(&connection), exchange, ROUTING_KEY).await?;
-    let first_channel = sink.channel();
+    let first_channel = sink.channel_status();
     let relay = start(
         Relay::<ChaosEvent, _>::new(pool.clone(), sink.clone())
             .poll_interval(Duration::from_millis(50)),
@@ -580,7 +580,7 @@ async fn a_missing_exchange_is_dead_with_its_reason_and_the_sink_goes_on_on_a_ne
     let error = row.last_error.unwrap_or_default();
     assert_eq!((row.status.as_str(), row.attempts), ("DEAD", 1), "{error}");
     assert!(error.contains("no such exchange"), "{error}");
-    assert!(!first_channel.status().connected(), "the broker closed it");
+    assert!(!first_channel.connected(), "the broker closed it");
 
     // The operator declares the exchange: the next events go out, on a new channel.
     let admin = connection.create_channel().await?;
@@ -591,7 +591,7 @@ async fn a_missing_exchange_is_dead_with_its_reason_and_the_sink_goes_on_on_a_ne
     })
     .await;
     relay.stop().await?;
-    assert!(sink.channel().status().connected());
+    assert!(sink.channel_status().connected());
     assert_eq!(topology.messages(&admin).await?, 2);
     for n in [2, 3] {
         let row = row_of::<ChaosEvent>(pool, format!("shipment-{n}").as_str()).await;

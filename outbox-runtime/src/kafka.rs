@@ -112,8 +112,9 @@ pub enum ConfigError {
 ///   written). It must stay below the lease: the relay renews its leases while a batch
 ///   is in flight, but if it cannot (it lost its database), the lease ends and another
 ///   relay publishes the events again; a record librdkafka still held then could land
-///   after that relay's copy. A value of 0 (no limit) or one not below the
-///   lease is refused. Pick it below the relay's
+///   after that relay's copy. A value of 0 (no limit) or one not below two
+///   thirds of the lease is refused (a batch goes to the sink with two thirds of its
+///   lease left). Pick it below the relay's
 ///   [`send_timeout`](crate::relay::Relay::send_timeout) too (30 s by default), so
 ///   that every delivery report arrives before the relay gives up on the batch.
 ///

@@ -183,10 +183,12 @@ impl<T, E> RabbitSink<T, E> {
         }
     }
 
-    /// The channel the sink opened last (each batch is published on a channel of its
-    /// own, taken from those the sink keeps).
-    pub fn channel(&self) -> Channel {
-        self.channels().latest.clone()
+    /// The live status of the channel the sink opened last (each batch is published on
+    /// a channel of its own, taken from those the sink keeps). Only its status: a
+    /// declaration on a channel a batch publishes on, refused by the broker, would
+    /// close it under the batch's pending confirms.
+    pub fn channel_status(&self) -> lapin::ChannelStatus {
+        self.channels().latest.status().clone()
     }
 
     fn channels(&self) -> std::sync::MutexGuard<'_, Channels> {
@@ -574,7 +576,8 @@ fn returned_messages(confirmed: &[Settled]) -> HashMap<String, (u16, String)> {
 /// `ACCESS_REFUSED - access to topic 'k' in exchange 'x' in vhost '/' refused for user 'u'`.
 fn refused_topic(reason: &str) -> Option<&str> {
     let (_, after) = reason.split_once("access to topic '")?;
-    after.split('\'').next()
+    // The key may hold a quote itself: it ends where the exchange's part begins.
+    Some(after.rsplit_once("' in exchange '")?.0)
 }
 
 /// A message handed to the channel, as its errors name it.
@@ -633,6 +636,8 @@ mod tests {
     fn a_topic_refusal_names_the_routing_key() {
         let reason = "ACCESS_REFUSED - access to topic 'orders.secret' in exchange 'orders' in vhost '/' refused for user 'relay'";
         assert_eq!(refused_topic(reason), Some("orders.secret"));
+        let quoted = "ACCESS_REFUSED - access to topic 'o'brien' in exchange 'x' in vhost '/' refused for user 'u'";
+        assert_eq!(refused_topic(quoted), Some("o'brien"));
         let exchange =
             "ACCESS_REFUSED - access to exchange 'orders' in vhost '/' refused for user 'relay'";
         assert_eq!(refused_topic(exchange), None);
