@@ -211,7 +211,10 @@ async fn at_repeatable_read_a_concurrent_copy_fails_to_serialize() -> TestResult
         panic!("a database error: {error:?}");
     };
     assert_eq!(
-        source.as_database_error().and_then(|e| e.code()).as_deref(),
+        source
+            .as_database_error()
+            .and_then(sqlx::error::DatabaseError::code)
+            .as_deref(),
         Some("40001"),
         "{error}"
     );

@@ -54,20 +54,18 @@ pub(crate) async fn dead_rows(
     limit: u32,
 ) -> Result<(Vec<DeadRow>, Vec<String>), Failure> {
     let mut skipped = Vec::new();
-    let entries = match table {
-        Some(table) => vec![entry(pool, table).await?],
-        None => {
-            let mut sound = Vec::new();
-            for entry in catalog::tables(pool).await? {
-                match entry.problem() {
-                    Some(problem) => {
-                        skipped.push(format!("`{}` not read: {problem}", entry.table()))
-                    }
-                    None => sound.push(entry),
-                }
+    let entries = if let Some(table) = table {
+        vec![entry(pool, table).await?]
+    } else {
+        let mut sound = Vec::new();
+        for entry in catalog::tables(pool).await? {
+            if let Some(problem) = entry.problem() {
+                skipped.push(format!("`{}` not read: {problem}", entry.table()));
+            } else {
+                sound.push(entry);
             }
-            sound
         }
+        sound
     };
     let mut rows = Vec::new();
     for entry in &entries {
