@@ -505,6 +505,61 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
 }
 
 #[tokio::test]
+async fn a_batch_larger_than_the_contexts_acknowledgement_slots_is_sent_promptly_in_order()
+-> TestResult {
+    // Four acknowledgements in flight at most: a publish waits for a free slot, which
+    // only an awaited acknowledgement frees.
+    let js = jetstream::ContextBuilder::new()
+        .max_ack_inflight(4)
+        .build(connect_nats().await);
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let stream_name = db.name().to_uppercase();
+    let subject = format!("outbox.test.{}.shipments", db.name());
+    let mut stream = create_stream(&js, &stream_name, &subject, |_| {}).await?;
+    let events: Vec<ChaosEvent> = (1..=50)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n:02}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let relay = start(
+        Relay::<ChaosEvent, _>::new(pool.clone(), JetStreamSink::new(js.clone(), subject))
+            .batch_size(50)
+            .poll_interval(Duration::from_millis(50)),
+    );
+    // Well within the relay's send timeout (30 s), which a stalled batch waits out.
+    wait_until("all 50 SENT", Duration::from_secs(10), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 50
+    })
+    .await;
+    relay.stop().await?;
+    for event in &events {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts),
+            ("SENT", 1),
+            "{}",
+            event.key
+        );
+    }
+    assert_eq!(stream.info().await?.state.messages, 50);
+    // One batch, one worker: stored in the outbox's order.
+    let mut stored = Vec::new();
+    for sequence in 1..=50 {
+        let message = stream.get_raw_message(sequence).await?;
+        let event_id = message.headers.get(header::EVENT_ID).ok_or("no event id")?;
+        stored.push(event_id.as_str().to_owned());
+    }
+    let enqueued: Vec<String> = events.iter().map(|event| event.key.clone()).collect();
+    assert_eq!(stored, enqueued);
+    js.delete_stream(&stream_name).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn two_tables_events_with_one_event_id_are_both_stored_in_a_shared_stream() -> TestResult {
     let js = jetstream::new(connect_nats().await);
     let db = schema_from_zero(&[ChaosEvent::migrations(), OrderStep::migrations()]).await?;

@@ -40,7 +40,9 @@ type SubjectOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// the headers of [`message::header`] (event id, table, generation, attempt, enqueue
 /// time, content type), and `Nats-Msg-Id` = `<table>:<event id>` (an event id is unique
 /// within its table, and a stream may take several tables' events). A batch is
-/// pipelined: every message is published, then every acknowledgement awaited.
+/// pipelined: every message is published without waiting for the acknowledgements
+/// before it, and each acknowledgement awaited as it can be, so that the context's
+/// acknowledgement slots (`max_ack_inflight`) are freed while the batch goes out.
 ///
 /// | JetStream's answer | the result |
 /// |---|---|
@@ -157,14 +159,18 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
                 })
                 .collect();
         }
-        // Every message goes out before any acknowledgement is awaited: the batch costs
-        // about one round trip, not one per event.
-        let mut sent = Vec::with_capacity(batch.len());
-        for delivery in batch {
-            sent.push(self.send(delivery).await);
-        }
-        let acked = join_all(sent.into_iter().map(|sent| async move {
-            let (subject, ack) = sent?;
+        // One future per delivery, sending and then awaiting its own acknowledgement, all
+        // driven together: the messages go out before the first acknowledgement is back
+        // (about one round trip for the batch), and an acknowledgement is awaited as soon
+        // as it can be. Each publish takes one of the context's acknowledgement slots
+        // (`max_ack_inflight`, shared by every worker on the context), waiting for one when
+        // none is free, and only an awaited (or dropped) acknowledgement frees its slot:
+        // sending the whole batch before awaiting any would wait for slots that only this
+        // batch could free. The futures are first polled in the batch's order, and the
+        // client queues them fairly (slots, then its command channel), so the messages go
+        // out in that order.
+        let acked = join_all(batch.iter().map(|delivery| async move {
+            let (subject, ack) = self.send(delivery).await?;
             ack.await.map_err(|error| {
                 Err(Failure {
                     subject,
