@@ -870,6 +870,98 @@ async fn revoked_credentials_leave_the_sink_unavailable_until_they_are_restored(
     Ok(())
 }
 
+/// A publisher allowed its events' subjects and its acknowledgements, nothing else: not
+/// the JetStream API, its stream list included.
+const LEAST_PRIVILEGE: &str = r#"
+authorization {
+  users = [
+    { user: admin, password: admin }
+    { user: publisher, password: publisher, permissions: {
+        publish: { allow: ["outbox.>"] }
+        subscribe: { allow: ["_INBOX.>"] }
+    } }
+  ]
+}
+"#;
+
+#[tokio::test]
+async fn a_publisher_not_allowed_the_stream_list_spends_the_budget_of_a_subject_no_stream_takes()
+-> TestResult {
+    let server = NatsServer::start_with_config(LEAST_PRIVILEGE)?;
+    let admin = async_nats::ConnectOptions::with_user_and_password("admin".into(), "admin".into())
+        .connect(server.url())
+        .await?;
+    let mut stream =
+        create_stream(&jetstream::new(admin), "ORDERS", "outbox.orders", |_| {}).await?;
+    // The stream list's request gets a permissions violation and no answer: it times
+    // out, after a second.
+    let publisher =
+        async_nats::ConnectOptions::with_user_and_password("publisher".into(), "publisher".into())
+            .request_timeout(Some(Duration::from_secs(1)))
+            .connect(server.url())
+            .await?;
+    let db = schema_from_zero(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    enqueue(
+        pool,
+        &[
+            OrderStep {
+                name: "taken".into(),
+                order_id: 1,
+            },
+            OrderStep {
+                name: "nowhere".into(),
+                order_id: 2,
+            },
+        ],
+    )
+    .await;
+    let sink = JetStreamSink::new(jetstream::new(publisher), "outbox.orders").subject_from(
+        |step: &OrderStep| {
+            if step.order_id == 1 {
+                "outbox.orders".to_owned()
+            } else {
+                "outbox.nowhere".to_owned()
+            }
+        },
+    );
+    let relay = start(
+        Relay::<OrderStep, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .unavailable_backoff(outbox::relay::Backoff::new(
+                Duration::from_millis(50),
+                Duration::from_millis(200),
+            )),
+    );
+    // Taken for an outage, `nowhere` would be handed back uncounted, forever.
+    wait_until("1 SENT and 1 DEAD", Duration::from_secs(20), async || {
+        let stats = outbox::stats::<OrderStep>(pool).await.unwrap();
+        (stats.sent, stats.dead) == (1, 1)
+    })
+    .await;
+    relay.stop().await?;
+    let taken = row_of::<OrderStep>(pool, "taken").await;
+    assert_eq!((taken.status.as_str(), taken.attempts), ("SENT", 1));
+    let nowhere = row_of::<OrderStep>(pool, "nowhere").await;
+    let error = nowhere.last_error.clone().unwrap_or_default();
+    assert_eq!(
+        (nowhere.status.as_str(), nowhere.attempts),
+        ("DEAD", 2),
+        "both attempts of its budget counted: {error}"
+    );
+    assert!(
+        error.contains(
+            "publishing to `outbox.nowhere`: no responders, and looking up which stream \
+             takes the subject (`$JS.API.STREAM.NAMES`) failed"
+        ),
+        "{error}"
+    );
+    assert!(error.contains("timed out"), "{error}");
+    assert_eq!(stream.info().await?.state.messages, 1);
+    db.drop_schema().await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_restarts_under_load_send_nothing_to_dead() -> TestResult {
     let mut server = NatsServer::start(&[])?;
