@@ -495,6 +495,16 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
                 "line\nbreak",
                 "the `Outbox-Event-Id` header cannot carry this value",
             ),
+            // A consumer's client would read `ok-1`, and skip it as applied.
+            (
+                "ok-1 ",
+                "the `Outbox-Event-Id` header cannot carry `ok-1 ` (leading or trailing \
+                 whitespace: NATS clients trim header values, so a consumer would read `ok-1`)",
+            ),
+            (
+                "\tok-2",
+                "the `Outbox-Event-Id` header cannot carry `\tok-2`",
+            ),
         ],
     )
     .await?;

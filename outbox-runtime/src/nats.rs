@@ -51,7 +51,7 @@ type SubjectOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// | an acknowledgement, a duplicate's included | `Ok` (`SENT`) |
 /// | the client is not connected (before the batch, or when an acknowledgement is lost); no responders for a subject that a stream takes (JetStream stopping or starting, a leader election), or when the stream list does not answer either (no responders) | [`SinkError::Unavailable`]: handed back, no attempt counted |
 /// | no acknowledgement in time, connected (the context's timeout, 5 s by default); no responders, and the stream list could not be asked (no answer in time, say for a publisher not allowed `$JS.API.STREAM.NAMES`, or an error from it) | [`SinkError::Transient`] |
-/// | the event does not encode; no stream takes the subject (no responders, and JetStream's stream list has none for it); the message is over the server's or the stream's size limit; an invalid subject (empty, with whitespace, or with an empty token) or a wildcard one (a `*` or `>` token), checked before it is sent; an event id or key with a line break, which no NATS header can carry | [`SinkError::Permanent`] (`DEAD`) |
+/// | the event does not encode; no stream takes the subject (no responders, and JetStream's stream list has none for it); the message is over the server's or the stream's size limit; an invalid subject (empty, with whitespace, or with an empty token) or a wildcard one (a `*` or `>` token), checked before it is sent; an event id or key with a line break, which no NATS header can carry, or with leading or trailing whitespace, which the consumer's client would trim | [`SinkError::Permanent`] (`DEAD`) |
 /// | any other error from the server (storage full, no leader) | [`SinkError::Transient`] |
 ///
 /// ```no_run
@@ -252,13 +252,9 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
             ))));
         }
         let headers: Vec<(&str, String)> = message::headers(delivery).collect();
-        if let Some((name, _)) = headers
-            .iter()
-            .find(|(_, value)| value.parse::<async_nats::HeaderValue>().is_err())
-        {
+        if let Some(why) = unfaithful_header(&headers) {
             return Err(Ok(SinkError::permanent(format!(
-                "publishing to `{subject}`: the `{name}` header cannot carry this value \
-                 (a NATS header value holds no line break)"
+                "publishing to `{subject}`: {why}"
             ))));
         }
         let mut message = PublishMessage::build()
@@ -279,6 +275,28 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
             })),
         }
     }
+}
+
+/// Why one of `headers` cannot reach a consumer as it is, if one cannot: the client
+/// panics on a line break, and trims a value it reads, so `ord-1 ` would reach the
+/// consumer as `ord-1`, another event's id, and its effect be skipped as already applied.
+fn unfaithful_header(headers: &[(&str, String)]) -> Option<String> {
+    headers.iter().find_map(|(name, value)| {
+        if value.parse::<async_nats::HeaderValue>().is_err() {
+            Some(format!(
+                "the `{name}` header cannot carry this value (a NATS header value holds no \
+                 line break)"
+            ))
+        } else if value.trim() != value {
+            Some(format!(
+                "the `{name}` header cannot carry `{value}` (leading or trailing whitespace: \
+                 NATS clients trim header values, so a consumer would read `{}`)",
+                value.trim()
+            ))
+        } else {
+            None
+        }
+    })
 }
 
 /// The `Nats-Msg-Id` of a delivery: `<table>:<event id>`. JetStream drops a message
@@ -522,5 +540,26 @@ mod tests {
             );
             assert!(error.contains(why), "{error}");
         }
+    }
+
+    #[test]
+    fn a_key_with_leading_or_trailing_whitespace_is_refused_naming_it() {
+        for key in ["ord-1 ", " ord-1", "ord-1\t"] {
+            let headers = [
+                (header::EVENT_ID, "e-1".to_owned()),
+                (header::KEY, key.to_owned()),
+            ];
+            let why = unfaithful_header(&headers).expect("refused");
+            assert!(
+                why.contains(&format!("the `Outbox-Key` header cannot carry `{key}`")),
+                "{why}"
+            );
+            assert!(why.contains("a consumer would read `ord-1`"), "{why}");
+        }
+        let faithful = [
+            (header::EVENT_ID, "e 1".to_owned()),
+            (header::KEY, "ord 1".to_owned()),
+        ];
+        assert_eq!(unfaithful_header(&faithful), None);
     }
 }
