@@ -303,7 +303,9 @@ fn unfaithful_header(headers: &[(&str, String)]) -> Option<String> {
 /// whose id it saw within the duplicate window on any subject of the stream, and an
 /// event id is unique only within its table: two event types whose ids come from the
 /// business (`#[outbox(event_id)] order_id`) published into one stream would have the
-/// second one dropped, acknowledged as a duplicate, and recorded `SENT`.
+/// second one dropped, acknowledged as a duplicate, and recorded `SENT`. Nor does it
+/// name the deployment: two (schemas, databases) publishing one table's business ids
+/// into one stream drop each other's events alike (the README says so).
 fn message_id<T: Outbox>(delivery: &Delivery<'_, T>) -> String {
     format!("{}:{}", T::SPEC.table, delivery.event_id())
 }
