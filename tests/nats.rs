@@ -495,10 +495,75 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
                 "line\nbreak",
                 "the `Outbox-Event-Id` header cannot carry this value",
             ),
+            // A consumer's client would read `ok-1`, and skip it as applied.
+            (
+                "ok-1 ",
+                "the `Outbox-Event-Id` header cannot carry `ok-1 ` (leading or trailing \
+                 whitespace: NATS clients trim header values, so a consumer would read `ok-1`)",
+            ),
+            (
+                "\tok-2",
+                "the `Outbox-Event-Id` header cannot carry `\tok-2`",
+            ),
         ],
     )
     .await?;
     assert_eq!(stream.info().await?.state.messages, 2);
+    js.delete_stream(&stream_name).await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_batch_larger_than_the_contexts_acknowledgement_slots_is_sent_promptly_in_order()
+-> TestResult {
+    // Four acknowledgements in flight at most: a publish waits for a free slot, which
+    // only an awaited acknowledgement frees.
+    let js = jetstream::ContextBuilder::new()
+        .max_ack_inflight(4)
+        .build(connect_nats().await);
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let stream_name = db.name().to_uppercase();
+    let subject = format!("outbox.test.{}.shipments", db.name());
+    let mut stream = create_stream(&js, &stream_name, &subject, |_| {}).await?;
+    let events: Vec<ChaosEvent> = (1..=50)
+        .map(|n| ChaosEvent {
+            key: format!("shipment-{n:02}"),
+            order_seq: n,
+        })
+        .collect();
+    enqueue(pool, &events).await;
+    let relay = start(
+        Relay::<ChaosEvent, _>::new(pool.clone(), JetStreamSink::new(js.clone(), subject))
+            .batch_size(50)
+            .poll_interval(Duration::from_millis(50)),
+    );
+    // Well within the relay's send timeout (30 s), which a stalled batch waits out.
+    wait_until("all 50 SENT", Duration::from_secs(10), async || {
+        outbox::stats::<ChaosEvent>(pool).await.unwrap().sent == 50
+    })
+    .await;
+    relay.stop().await?;
+    for event in &events {
+        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts),
+            ("SENT", 1),
+            "{}",
+            event.key
+        );
+    }
+    assert_eq!(stream.info().await?.state.messages, 50);
+    // One batch, one worker: stored in the outbox's order.
+    let mut stored = Vec::new();
+    for sequence in 1..=50 {
+        let message = stream.get_raw_message(sequence).await?;
+        let event_id = message.headers.get(header::EVENT_ID).ok_or("no event id")?;
+        stored.push(event_id.as_str().to_owned());
+    }
+    let enqueued: Vec<String> = events.iter().map(|event| event.key.clone()).collect();
+    assert_eq!(stored, enqueued);
     js.delete_stream(&stream_name).await?;
     db.drop_schema().await?;
     Ok(())
@@ -811,6 +876,98 @@ async fn revoked_credentials_leave_the_sink_unavailable_until_they_are_restored(
         assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1), "{row:?}");
     }
     assert_eq!(stream.info().await?.state.messages, 6);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// A publisher allowed its events' subjects and its acknowledgements, nothing else: not
+/// the JetStream API, its stream list included.
+const LEAST_PRIVILEGE: &str = r#"
+authorization {
+  users = [
+    { user: admin, password: admin }
+    { user: publisher, password: publisher, permissions: {
+        publish: { allow: ["outbox.>"] }
+        subscribe: { allow: ["_INBOX.>"] }
+    } }
+  ]
+}
+"#;
+
+#[tokio::test]
+async fn a_publisher_not_allowed_the_stream_list_spends_the_budget_of_a_subject_no_stream_takes()
+-> TestResult {
+    let server = NatsServer::start_with_config(LEAST_PRIVILEGE)?;
+    let admin = async_nats::ConnectOptions::with_user_and_password("admin".into(), "admin".into())
+        .connect(server.url())
+        .await?;
+    let mut stream =
+        create_stream(&jetstream::new(admin), "ORDERS", "outbox.orders", |_| {}).await?;
+    // The stream list's request gets a permissions violation and no answer: it times
+    // out, after a second.
+    let publisher =
+        async_nats::ConnectOptions::with_user_and_password("publisher".into(), "publisher".into())
+            .request_timeout(Some(Duration::from_secs(1)))
+            .connect(server.url())
+            .await?;
+    let db = schema_from_zero(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    enqueue(
+        pool,
+        &[
+            OrderStep {
+                name: "taken".into(),
+                order_id: 1,
+            },
+            OrderStep {
+                name: "nowhere".into(),
+                order_id: 2,
+            },
+        ],
+    )
+    .await;
+    let sink = JetStreamSink::new(jetstream::new(publisher), "outbox.orders").subject_from(
+        |step: &OrderStep| {
+            if step.order_id == 1 {
+                "outbox.orders".to_owned()
+            } else {
+                "outbox.nowhere".to_owned()
+            }
+        },
+    );
+    let relay = start(
+        Relay::<OrderStep, _>::new(pool.clone(), sink)
+            .poll_interval(Duration::from_millis(50))
+            .unavailable_backoff(outbox::relay::Backoff::new(
+                Duration::from_millis(50),
+                Duration::from_millis(200),
+            )),
+    );
+    // Taken for an outage, `nowhere` would be handed back uncounted, forever.
+    wait_until("1 SENT and 1 DEAD", Duration::from_secs(20), async || {
+        let stats = outbox::stats::<OrderStep>(pool).await.unwrap();
+        (stats.sent, stats.dead) == (1, 1)
+    })
+    .await;
+    relay.stop().await?;
+    let taken = row_of::<OrderStep>(pool, "taken").await;
+    assert_eq!((taken.status.as_str(), taken.attempts), ("SENT", 1));
+    let nowhere = row_of::<OrderStep>(pool, "nowhere").await;
+    let error = nowhere.last_error.clone().unwrap_or_default();
+    assert_eq!(
+        (nowhere.status.as_str(), nowhere.attempts),
+        ("DEAD", 2),
+        "both attempts of its budget counted: {error}"
+    );
+    assert!(
+        error.contains(
+            "publishing to `outbox.nowhere`: no responders, and looking up which stream \
+             takes the subject (`$JS.API.STREAM.NAMES`) failed"
+        ),
+        "{error}"
+    );
+    assert!(error.contains("timed out"), "{error}");
+    assert_eq!(stream.info().await?.state.messages, 1);
     db.drop_schema().await?;
     Ok(())
 }

@@ -11,9 +11,11 @@
 use std::sync::Arc;
 
 pub use async_nats;
+use async_nats::RequestErrorKind;
 use async_nats::connection::State;
 use async_nats::jetstream::context::{
-    GetStreamByNameErrorKind, PublishAckFuture, PublishError, PublishErrorKind,
+    GetStreamByNameError, GetStreamByNameErrorKind, PublishAckFuture, PublishError,
+    PublishErrorKind,
 };
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::publish::PublishAck;
@@ -40,14 +42,16 @@ type SubjectOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// the headers of [`message::header`] (event id, table, generation, attempt, enqueue
 /// time, content type), and `Nats-Msg-Id` = `<table>:<event id>` (an event id is unique
 /// within its table, and a stream may take several tables' events). A batch is
-/// pipelined: every message is published, then every acknowledgement awaited.
+/// pipelined: every message is published without waiting for the acknowledgements
+/// before it, and each acknowledgement awaited as it can be, so that the context's
+/// acknowledgement slots (`max_ack_inflight`) are freed while the batch goes out.
 ///
 /// | JetStream's answer | the result |
 /// |---|---|
 /// | an acknowledgement, a duplicate's included | `Ok` (`SENT`) |
-/// | the client is not connected (before the batch, or when an acknowledgement is lost); no responders for a subject that a stream takes (JetStream stopping or starting, a leader election) | [`SinkError::Unavailable`]: handed back, no attempt counted |
-/// | no acknowledgement in time, connected (the context's timeout, 5 s by default) | [`SinkError::Transient`] |
-/// | the event does not encode; no stream takes the subject (no responders, and JetStream's stream list has none for it); the message is over the server's or the stream's size limit; an invalid subject (empty, with whitespace, or with an empty token) or a wildcard one (a `*` or `>` token), checked before it is sent; an event id or key with a line break, which no NATS header can carry | [`SinkError::Permanent`] (`DEAD`) |
+/// | the client is not connected (before the batch, or when an acknowledgement is lost); no responders for a subject that a stream takes (JetStream stopping or starting, a leader election), or when the stream list does not answer either (no responders) | [`SinkError::Unavailable`]: handed back, no attempt counted |
+/// | no acknowledgement in time, connected (the context's timeout, 5 s by default); no responders, and the stream list could not be asked (no answer in time, say for a publisher not allowed `$JS.API.STREAM.NAMES`, or an error from it) | [`SinkError::Transient`] |
+/// | the event does not encode; no stream takes the subject (no responders, and JetStream's stream list has none for it); the message is over the server's or the stream's size limit; an invalid subject (empty, with whitespace, or with an empty token) or a wildcard one (a `*` or `>` token), checked before it is sent; an event id or key with a line break, which no NATS header can carry, or with leading or trailing whitespace, which the consumer's client would trim | [`SinkError::Permanent`] (`DEAD`) |
 /// | any other error from the server (storage full, no leader) | [`SinkError::Transient`] |
 ///
 /// ```no_run
@@ -157,14 +161,18 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
                 })
                 .collect();
         }
-        // Every message goes out before any acknowledgement is awaited: the batch costs
-        // about one round trip, not one per event.
-        let mut sent = Vec::with_capacity(batch.len());
-        for delivery in batch {
-            sent.push(self.send(delivery).await);
-        }
-        let acked = join_all(sent.into_iter().map(|sent| async move {
-            let (subject, ack) = sent?;
+        // One future per delivery, sending and then awaiting its own acknowledgement, all
+        // driven together: the messages go out before the first acknowledgement is back
+        // (about one round trip for the batch), and an acknowledgement is awaited as soon
+        // as it can be. Each publish takes one of the context's acknowledgement slots
+        // (`max_ack_inflight`, shared by every worker on the context), waiting for one when
+        // none is free, and only an awaited (or dropped) acknowledgement frees its slot:
+        // sending the whole batch before awaiting any would wait for slots that only this
+        // batch could free. The futures are first polled in the batch's order, and the
+        // client queues them fairly (slots, then its command channel), so the messages go
+        // out in that order.
+        let acked = join_all(batch.iter().map(|delivery| async move {
+            let (subject, ack) = self.send(delivery).await?;
             ack.await.map_err(|error| {
                 Err(Failure {
                     subject,
@@ -210,23 +218,9 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
     /// Why a publish to `subject` found no responders: JetStream's stream list says
     /// whether a stream takes the subject.
     async fn responders(&self, subject: &str) -> Responders {
-        match self.jetstream.stream_by_subject(subject).await {
-            Ok(stream) => Responders::NotAnswering(format!(
-                "stream `{stream}` takes it, and did not answer (JetStream stopping or \
-                 starting, a leader being elected)"
-            )),
-            Err(error)
-                if matches!(
-                    error.kind(),
-                    GetStreamByNameErrorKind::NotFound | GetStreamByNameErrorKind::InvalidSubject
-                ) =>
-            {
-                Responders::NoStream
-            }
-            Err(error) => Responders::NotAnswering(format!(
-                "JetStream did not say which stream takes it either ({error})"
-            )),
-        }
+        let looked_up = self.jetstream.stream_by_subject(subject).await;
+        let connected = self.jetstream.client().connection_state() == State::Connected;
+        responders_from(looked_up, connected)
     }
 
     /// Hands one delivery's message to the client; returns its subject and the future
@@ -258,13 +252,9 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
             ))));
         }
         let headers: Vec<(&str, String)> = message::headers(delivery).collect();
-        if let Some((name, _)) = headers
-            .iter()
-            .find(|(_, value)| value.parse::<async_nats::HeaderValue>().is_err())
-        {
+        if let Some(why) = unfaithful_header(&headers) {
             return Err(Ok(SinkError::permanent(format!(
-                "publishing to `{subject}`: the `{name}` header cannot carry this value \
-                 (a NATS header value holds no line break)"
+                "publishing to `{subject}`: {why}"
             ))));
         }
         let mut message = PublishMessage::build()
@@ -287,26 +277,99 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
     }
 }
 
+/// Why one of `headers` cannot reach a consumer as it is, if one cannot: the client
+/// panics on a line break, and trims a value it reads, so `ord-1 ` would reach the
+/// consumer as `ord-1`, another event's id, and its effect be skipped as already applied.
+fn unfaithful_header(headers: &[(&str, String)]) -> Option<String> {
+    headers.iter().find_map(|(name, value)| {
+        if value.parse::<async_nats::HeaderValue>().is_err() {
+            Some(format!(
+                "the `{name}` header cannot carry this value (a NATS header value holds no \
+                 line break)"
+            ))
+        } else if value.trim() != value {
+            Some(format!(
+                "the `{name}` header cannot carry `{value}` (leading or trailing whitespace: \
+                 NATS clients trim header values, so a consumer would read `{}`)",
+                value.trim()
+            ))
+        } else {
+            None
+        }
+    })
+}
+
 /// The `Nats-Msg-Id` of a delivery: `<table>:<event id>`. JetStream drops a message
 /// whose id it saw within the duplicate window on any subject of the stream, and an
 /// event id is unique only within its table: two event types whose ids come from the
 /// business (`#[outbox(event_id)] order_id`) published into one stream would have the
-/// second one dropped, acknowledged as a duplicate, and recorded `SENT`.
+/// second one dropped, acknowledged as a duplicate, and recorded `SENT`. Nor does it
+/// name the deployment: two (schemas, databases) publishing one table's business ids
+/// into one stream drop each other's events alike (the README says so).
 fn message_id<T: Outbox>(delivery: &Delivery<'_, T>) -> String {
     format!("{}:{}", T::SPEC.table, delivery.event_id())
 }
 
 /// Why a publish found no responders (NATS's 503): no stream takes its subject, or the
 /// stream that takes it did not answer. A server shutting down stops JetStream before it
-/// closes the clients' connections, so the second happens to a connected client.
+/// closes the clients' connections, so the second happens to a connected client. Or the
+/// stream list could not say.
 #[derive(Clone, Debug)]
 enum Responders {
     NoStream,
     NotAnswering(String),
+    LookupFailed(String),
+}
+
+/// What the stream list's answer (`looked_up`) says of a subject that found no
+/// responders; `connected`: whether the client was connected once it answered.
+fn responders_from(looked_up: Result<String, GetStreamByNameError>, connected: bool) -> Responders {
+    match looked_up {
+        Ok(stream) => Responders::NotAnswering(format!(
+            "stream `{stream}` takes it, and did not answer (JetStream stopping or \
+             starting, a leader being elected)"
+        )),
+        Err(error)
+            if matches!(
+                error.kind(),
+                GetStreamByNameErrorKind::NotFound | GetStreamByNameErrorKind::InvalidSubject
+            ) =>
+        {
+            Responders::NoStream
+        }
+        // JetStream's API is down as well, or the connection is: an outage.
+        Err(error) if !connected || request_found_no_responders(&error) => {
+            Responders::NotAnswering(format!(
+                "JetStream did not say which stream takes it either ({error})"
+            ))
+        }
+        // Anything else is not known to pass (a publisher not allowed to ask
+        // `$JS.API.STREAM.NAMES` gets a permissions violation and no answer, so its
+        // request times out): counted, so that an event failing this way for good ends
+        // `DEAD` rather than holding its worker back forever.
+        Err(error) => Responders::LookupFailed(error.to_string()),
+    }
+}
+
+/// Whether the stream list request behind `error` found no responders: the JetStream
+/// API did not answer at all.
+fn request_found_no_responders(error: &GetStreamByNameError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = source {
+        if error
+            .downcast_ref::<async_nats::RequestError>()
+            .is_some_and(|error| error.kind() == RequestErrorKind::NoResponders)
+        {
+            return true;
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// A publish to `subject` that found no responders: `DEAD` if no stream takes the
-/// subject, the destination unavailable if its stream did not answer.
+/// subject, the destination unavailable if its stream did not answer, transient if the
+/// stream list could not be asked.
 fn no_responders(subject: &str, responders: Responders) -> SinkError {
     match responders {
         Responders::NoStream => SinkError::permanent(format!(
@@ -315,6 +378,10 @@ fn no_responders(subject: &str, responders: Responders) -> SinkError {
         Responders::NotAnswering(why) => {
             SinkError::unavailable(format!("publishing to `{subject}`: no responders: {why}"))
         }
+        Responders::LookupFailed(why) => SinkError::transient(format!(
+            "publishing to `{subject}`: no responders, and looking up which stream takes \
+             the subject (`$JS.API.STREAM.NAMES`) failed: {why}"
+        )),
     }
 }
 
@@ -380,4 +447,121 @@ pub fn event_id(message: &async_nats::Message) -> Option<&str> {
         .as_ref()?
         .get(header::EVENT_ID)
         .map(async_nats::HeaderValue::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use async_nats::RequestError;
+
+    use super::*;
+
+    /// What `stream_by_subject` returns when its request fails with `kind`: the
+    /// request's error, wrapped by the stream list, wrapped again.
+    fn lookup_failed(kind: RequestErrorKind) -> Result<String, GetStreamByNameError> {
+        Err(GetStreamByNameError::with_source(
+            GetStreamByNameErrorKind::Request,
+            RequestError::with_source(RequestErrorKind::Other, RequestError::new(kind)),
+        ))
+    }
+
+    fn after(looked_up: Result<String, GetStreamByNameError>, connected: bool) -> SinkError {
+        no_responders("orders.placed", responders_from(looked_up, connected))
+    }
+
+    #[test]
+    fn a_stream_that_takes_the_subject_and_did_not_answer_is_an_outage() {
+        let error = after(Ok("ORDERS".to_owned()), true);
+        assert!(error.is_unavailable(), "{error}");
+        assert!(
+            error.to_string().contains("stream `ORDERS` takes it"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn no_stream_for_the_subject_is_permanent() {
+        let error = after(
+            Err(GetStreamByNameError::new(
+                GetStreamByNameErrorKind::NotFound,
+            )),
+            true,
+        );
+        assert!(matches!(error, SinkError::Permanent(_)), "{error}");
+    }
+
+    #[test]
+    fn a_stream_list_that_finds_no_responders_or_a_lost_connection_is_an_outage() {
+        for (kind, connected) in [
+            (RequestErrorKind::NoResponders, true),
+            (RequestErrorKind::NoResponders, false),
+            (RequestErrorKind::TimedOut, false),
+            (RequestErrorKind::Other, false),
+        ] {
+            let error = after(lookup_failed(kind.clone()), connected);
+            assert!(
+                error.is_unavailable(),
+                "{kind:?}, connected {connected}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn any_other_failure_of_the_stream_list_is_transient_and_says_so() {
+        // A publisher not allowed `$JS.API.STREAM.NAMES`: a permissions violation, no
+        // answer, the request times out. Or JetStream answers with an error.
+        let jetstream_error: async_nats::jetstream::Error =
+            serde_json::from_value(serde_json::json!({
+                "code": 503,
+                "err_code": 10039,
+                "description": "jetstream not enabled for account",
+            }))
+            .unwrap();
+        let answered = Err(GetStreamByNameError::with_source(
+            GetStreamByNameErrorKind::Request,
+            RequestError::with_source(
+                RequestErrorKind::Other,
+                RequestError::with_source(RequestErrorKind::Other, jetstream_error),
+            ),
+        ));
+        for (looked_up, why) in [
+            (
+                lookup_failed(RequestErrorKind::TimedOut),
+                "request timed out",
+            ),
+            (answered, "jetstream not enabled for account"),
+        ] {
+            let error = after(looked_up, true);
+            assert!(matches!(error, SinkError::Transient(_)), "{error}");
+            let error = error.to_string();
+            assert!(
+                error.contains(
+                    "no responders, and looking up which stream takes the subject \
+                     (`$JS.API.STREAM.NAMES`) failed"
+                ),
+                "{error}"
+            );
+            assert!(error.contains(why), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_key_with_leading_or_trailing_whitespace_is_refused_naming_it() {
+        for key in ["ord-1 ", " ord-1", "ord-1\t"] {
+            let headers = [
+                (header::EVENT_ID, "e-1".to_owned()),
+                (header::KEY, key.to_owned()),
+            ];
+            let why = unfaithful_header(&headers).expect("refused");
+            assert!(
+                why.contains(&format!("the `Outbox-Key` header cannot carry `{key}`")),
+                "{why}"
+            );
+            assert!(why.contains("a consumer would read `ord-1`"), "{why}");
+        }
+        let faithful = [
+            (header::EVENT_ID, "e 1".to_owned()),
+            (header::KEY, "ord 1".to_owned()),
+        ];
+        assert_eq!(unfaithful_header(&faithful), None);
+    }
 }

@@ -47,6 +47,16 @@ impl NatsServer {
     /// Starts a server with JetStream on a free port; `args` are added to its command
     /// line (e.g. `["--user", "u", "--pass", "p"]`).
     pub fn start(args: &[&str]) -> Result<Self, String> {
+        Self::start_with(args, None)
+    }
+
+    /// Starts a server as [`start`](Self::start) does, with `config` as its
+    /// configuration file (users and their permissions).
+    pub fn start_with_config(config: &str) -> Result<Self, String> {
+        Self::start_with(&[], Some(config))
+    }
+
+    fn start_with(args: &[&str], config: Option<&str>) -> Result<Self, String> {
         let binary = binary()?;
         reap_leftovers();
         let port = free_port()?;
@@ -56,11 +66,18 @@ impl NatsServer {
             fastrand::u64(..)
         ));
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let mut args: Vec<String> = args.iter().map(|&a| a.to_owned()).collect();
+        if let Some(config) = config {
+            let file = dir.join("server.conf");
+            std::fs::write(&file, config)
+                .map_err(|e| format!("writing {}: {e}", file.display()))?;
+            args.extend(["-c".to_owned(), file.display().to_string()]);
+        }
         let mut server = Self {
             binary,
             port,
             dir,
-            args: args.iter().map(|&a| a.to_owned()).collect(),
+            args,
             process: None,
             starts: 0,
         };
