@@ -2182,3 +2182,102 @@ async fn a_batch_claimed_ahead_goes_back_uncounted_at_shutdown() -> TestResult {
     db.drop_schema().await?;
     Ok(())
 }
+
+/// The role of [`paused_relay_child`].
+const PAUSED: &str = "paused-relay";
+
+/// The relay process of the pause test: a relay of [`ChaosEvent`] on the test's schema
+/// (the parameter `URL`), publishing nowhere, until its parent kills it. A no-op in a
+/// normal run.
+#[test]
+fn paused_relay_child() {
+    if !support::child::requested(PAUSED) {
+        return;
+    }
+    support::broker::relay_until_killed(PAUSED, async || MemorySink::<ChaosEvent>::new());
+}
+
+/// A relay paused (SIGSTOP) between its claim statement and its commit holds the rows
+/// it claimed locked, and every other claim skips them (`SKIP LOCKED`), the seed's
+/// "open claim transaction": the server ends such a session once it has been idle in
+/// its transaction for the relay's transaction limit (the lease, at least 10 s), and the
+/// claim never happened.
+#[tokio::test]
+async fn a_relay_paused_inside_its_claim_transaction_holds_its_events_no_longer_than_its_limit()
+-> TestResult {
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let event = ChaosEvent {
+        key: "k".into(),
+        order_seq: 1,
+    };
+    event.enqueue(pool).await?;
+    // The child's claim takes 2 s on the server: long enough to pause the child while
+    // it waits for the answer, which it then never gets to commit.
+    let paused_name = format!("{}-paused", db.name());
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE FUNCTION slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_sleep(2); RETURN NEW; END $$;
+         CREATE TRIGGER slow_claim BEFORE UPDATE ON chaos_events FOR EACH ROW
+             WHEN (NEW.status = 'INPROGRESS'
+                   AND current_setting('application_name') = '{paused_name}')
+             EXECUTE FUNCTION slow_claim();"
+    )))
+    .execute(pool)
+    .await?;
+    let url = format!("{}&application_name={paused_name}", db.url());
+    let mut relay =
+        support::child::ChildCommand::test("paused_relay_child").spawn(PAUSED, &[("URL", &url)])?;
+    let session = async |state: &str, wait_event: Option<&str>| {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = $1 \
+             AND state = $2 AND wait_event IS NOT DISTINCT FROM $3)",
+        )
+        .bind(&paused_name)
+        .bind(state)
+        .bind(wait_event)
+        .fetch_one(pool)
+        .await
+        .expect("pg_stat_activity")
+    };
+    wait_until(
+        "the child's claim runs",
+        Duration::from_secs(15),
+        async || session("active", Some("PgSleep")).await,
+    )
+    .await;
+    relay.signal(nix::sys::signal::Signal::SIGSTOP)?;
+    let paused = Instant::now();
+    wait_until(
+        "the claim is done, and its transaction waits for a commit",
+        Duration::from_secs(5),
+        async || session("idle in transaction", Some("ClientRead")).await,
+    )
+    .await;
+    assert!(
+        ChaosEvent::claim(pool).await?.is_none(),
+        "the paused claim's row is locked: skipped"
+    );
+
+    wait_until(
+        "the server ends the paused session",
+        Duration::from_secs(20),
+        async || !session("idle in transaction", Some("ClientRead")).await,
+    )
+    .await;
+    let held = paused.elapsed();
+    let claim = ChaosEvent::claim(pool).await?.expect("free again");
+    assert_eq!(
+        claim.generation().get(),
+        1,
+        "the paused claim never happened: this is the first"
+    );
+    assert!(
+        held >= Duration::from_secs(8),
+        "ended by its idle limit (10 s), not sooner: {held:?}"
+    );
+    claim.complete(pool).await?;
+    relay.kill()?;
+    db.drop_schema().await?;
+    Ok(())
+}

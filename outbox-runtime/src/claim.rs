@@ -329,7 +329,10 @@ async fn claim_rows<'a, T: Outbox>(
             .map_err(db)?;
         return claim_on(&mut conn, Scope::All, limit).await;
     }
-    let mut tx = conn.begin_with(BEGIN_WITHOUT_JIT).await.map_err(db)?;
+    let mut tx = conn
+        .begin_with(begin_limited::<T>(BEGIN_WITHOUT_JIT))
+        .await
+        .map_err(db)?;
     let claimed = claim_on(&mut tx, Scope::All, limit).await?;
     tx.commit().await.map_err(db)?;
     Ok(claimed)
@@ -345,6 +348,31 @@ async fn claim_rows<'a, T: Outbox>(
 /// without a key outside one, runs at the caller's or the server's level).
 pub(crate) const BEGIN_WITHOUT_JIT: &str =
     "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL jit = off";
+
+/// `begin` (a transaction that claims), with the server told to end the session if
+/// the transaction sits idle for longer than [`transaction_limit`]. A process paused
+/// inside it (SIGSTOP, a frozen VM) would otherwise keep the rows it claimed locked,
+/// uncommitted, for as long as the pause lasts: every other claim skips a locked row
+/// (`SKIP LOCKED`) however long ago its lease ended, and on a keyed table its key's
+/// later events wait too. Ended by the server, the claim never happened. Still one
+/// round trip.
+pub(crate) fn begin_limited<T: Outbox>(begin: &str) -> sqlx::AssertSqlSafe<String> {
+    let limit = transaction_limit(T::SPEC.lease);
+    sqlx::AssertSqlSafe(format!(
+        "{begin}; SET LOCAL idle_in_transaction_session_timeout = {}",
+        interval::setting_millis(limit)
+    ))
+}
+
+/// How long a transaction that claims may take: the lease (past it, neither the
+/// outcomes nor the claim hold), at least 10 s, so that a merely slow database is
+/// waited for. The relay gives up on a connection whose transaction takes longer (a
+/// server gone silent, a failover that left it half-open, would otherwise hold the
+/// worker, its renewals and its shutdown until the kernel gives up on it: a quarter of
+/// an hour on Linux); the server ends a session left idle in it for longer.
+pub(crate) fn transaction_limit(lease: Duration) -> Duration {
+    lease.max(Duration::from_secs(10))
+}
 
 /// [`claim_rows`] in `scope`, on a connection (or in a transaction) the caller holds.
 pub(crate) async fn claim_on<T: Outbox>(

@@ -11,6 +11,15 @@ use crate::spec::interval;
 /// longer `lease` or `retry_delay`.
 pub const MAX_INTERVAL: Duration = outbox_internals::MAX_INTERVAL;
 
+/// A time setting of PostgreSQL's (`statement_timeout`, `idle_in_transaction_session_timeout`)
+/// in its unit, milliseconds: at least 1 (0 would turn it off) and at most the setting's
+/// limit, an `int` (24.8 days).
+pub(crate) fn setting_millis(value: Duration) -> u128 {
+    value
+        .as_millis()
+        .clamp(1, u128::from(i32::MAX.unsigned_abs()))
+}
+
 /// `value`, truncated to microseconds, or the error that names `what` on `table`.
 pub(crate) fn checked(
     table: &'static str,

@@ -173,12 +173,7 @@ impl Monitor {
     /// every table was tried. A failure that is not transient, or no connection at
     /// all, returns at once: the next tables would fail the same way.
     async fn sample(&self, gauges: &[TableGauges]) -> Result<(), OutboxError> {
-        // In milliseconds, at most PostgreSQL's limit (an `int`: 24.8 days).
-        let timeout = self
-            .interval
-            .max(MIN_TIMEOUT)
-            .as_millis()
-            .min(u128::from(i32::MAX.unsigned_abs()));
+        let timeout = crate::interval::setting_millis(self.interval.max(MIN_TIMEOUT));
         let begin = format!("BEGIN READ ONLY; SET LOCAL statement_timeout = {timeout}");
         let mut first_failure = None;
         for (spec, gauges) in self.tables.iter().zip(gauges) {

@@ -12,10 +12,11 @@ pub struct Backoff {
 }
 
 impl Backoff {
-    /// Delays from `base`, doubling, never above `cap` (at least `base`), nor above
+    /// Delays from `base` (at least a millisecond: no delay at all would make a relay
+    /// spin through an outage), doubling, never above `cap` (at least `base`), nor above
     /// [`MAX_INTERVAL`](crate::MAX_INTERVAL).
     pub fn new(base: Duration, cap: Duration) -> Self {
-        let base = base.min(crate::MAX_INTERVAL);
+        let base = base.clamp(Duration::from_millis(1), crate::MAX_INTERVAL);
         Self {
             base,
             cap: cap.max(base).min(crate::MAX_INTERVAL),
@@ -49,5 +50,12 @@ mod tests {
         let ceilings: Vec<u64> = (1..=6).map(|a| b.ceiling(a).as_secs()).collect();
         assert_eq!(ceilings, [1, 2, 4, 8, 10, 10]);
         assert_eq!(b.ceiling(u32::MAX), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn no_backoff_is_a_millisecond() {
+        let b = Backoff::new(Duration::ZERO, Duration::ZERO);
+        assert_eq!(b.ceiling(1), Duration::from_millis(1));
+        assert!(b.delay(1) >= Duration::from_micros(500));
     }
 }

@@ -528,16 +528,6 @@ impl Connection<'_> {
     }
 }
 
-/// How long a batch's transaction may take before its worker gives up on the
-/// connection: the lease (past it, neither the outcomes nor the claim hold), at least
-/// 10 s, so that a merely slow database is waited for. A connection whose server went
-/// silent (a failover that left it half-open) would otherwise hold the worker, its
-/// renewals and its shutdown until the kernel gives up on it: a quarter of an hour on
-/// Linux.
-fn transaction_limit(lease: Duration) -> Duration {
-    lease.max(Duration::from_secs(10))
-}
-
 impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// Claim, publish, then record the outcomes *and* claim the next batch in one
     /// transaction: one commit per batch. That transaction runs while the sink has the
@@ -593,7 +583,20 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                             }
                             continue;
                         }
-                        batch
+                        if self.stop.is_cancelled() {
+                            // Shutdown came while the claim ran: handed back, not sent.
+                            pending.release(&batch.claims);
+                            continue;
+                        }
+                        // Claimed just now, unless its commit came late (a slow commit, a
+                        // pause): like a batch claimed ahead, the sink gets it with two
+                        // thirds of its lease left.
+                        let Batch { claims, full } = batch;
+                        let claims = renewal::renew_ahead(&mut conn, claims, Needed::ToSend).await;
+                        if claims.is_empty() {
+                            continue;
+                        }
+                        Batch { claims, full }
                     }
                     Err(error) if !error.is_transient() => return Err(error),
                     Err(error) => {
@@ -659,7 +662,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             .as_ref()
             .map_or((Scope::All, 0), |next| (next.scope, self.relay.batch_size));
         let claiming = next.is_some().then(|| self.wakeups.claiming());
-        let limit_time = transaction_limit(T::SPEC.lease);
+        let limit_time = crate::claim::transaction_limit(T::SPEC.lease);
         let transaction = async {
             record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, scope, limit).await
         };

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{Connection as _, PgConnection, PgExecutor};
 use tokio::time::Instant;
 
-use crate::claim::{BEGIN_WITHOUT_JIT, Claim, ClaimedBatch, Lease, Scope, claim_on};
+use crate::claim::{BEGIN_WITHOUT_JIT, Claim, ClaimedBatch, Lease, Scope, begin_limited, claim_on};
 use crate::error::{OutboxError, ascii_reason, storable_reason};
 use crate::spec::{Outbox, Statement, interval};
 use outbox_internals::{Outcome as Recording, Status};
@@ -105,13 +105,16 @@ pub(crate) async fn record_and_claim<T: Outbox>(
         return Ok((ClaimedBatch::default(), recorded));
     }
     let keyed = T::SPEC.key().is_some();
-    let mut tx = match scope {
-        Scope::All if keyed => conn.begin_with(BEGIN_WITHOUT_JIT).await,
-        Scope::ReadyFrom(_) if keyed => conn.begin_with(GENERIC_PLANS_WITHOUT_JIT).await,
-        Scope::All => conn.begin_with(BEGIN).await,
-        Scope::ReadyFrom(_) => conn.begin_with(GENERIC_PLANS).await,
-    }
-    .map_err(db)?;
+    let begin = match scope {
+        Scope::All if keyed => BEGIN_WITHOUT_JIT,
+        Scope::ReadyFrom(_) if keyed => GENERIC_PLANS_WITHOUT_JIT,
+        Scope::All => BEGIN,
+        Scope::ReadyFrom(_) => GENERIC_PLANS,
+    };
+    let mut tx = conn
+        .begin_with(begin_limited::<T>(begin))
+        .await
+        .map_err(db)?;
     let recorded = if outcomes.is_empty() {
         no_outcomes()
     } else {
