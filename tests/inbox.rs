@@ -107,6 +107,26 @@ async fn receive_alone(
     Ok(received)
 }
 
+/// Waits until a session of `db`'s waits on a lock: a second copy's receipt on the
+/// first's.
+async fn waits_on_a_lock(db: &TestSchema) {
+    wait_until(
+        "the second copy waits on the first's lock",
+        Duration::from_secs(10),
+        async || {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT FROM pg_stat_activity \
+                 WHERE application_name = $1 AND wait_event_type = 'Lock')",
+            )
+            .bind(db.name())
+            .fetch_one(db.pool())
+            .await
+            .expect("pg_stat_activity")
+        },
+    )
+    .await;
+}
+
 /// The inbox row commits with the effect: a consumer that fails before committing left
 /// nothing, so the redelivery is new.
 #[tokio::test]
@@ -148,21 +168,7 @@ async fn a_concurrent_copy_waits_for_the_first_and_is_a_duplicate() -> TestResul
         }
     });
     // The second copy's insert waits for the first transaction's row lock.
-    wait_until(
-        "the second copy waits on the first's lock",
-        Duration::from_secs(10),
-        async || {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT EXISTS (SELECT FROM pg_stat_activity \
-                 WHERE application_name = $1 AND wait_event_type = 'Lock')",
-            )
-            .bind(db.name())
-            .fetch_one(pool)
-            .await
-            .expect("pg_stat_activity")
-        },
-    )
-    .await;
+    waits_on_a_lock(&db).await;
     assert!(!second.is_finished(), "it waits, and returns nothing yet");
     first.commit().await?;
     assert_eq!(
@@ -190,21 +196,7 @@ async fn at_repeatable_read_a_concurrent_copy_fails_to_serialize() -> TestResult
             inbox.receive(&mut tx, "e-1").await
         }
     });
-    wait_until(
-        "the second copy waits on the first's lock",
-        Duration::from_secs(10),
-        async || {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT EXISTS (SELECT FROM pg_stat_activity \
-                 WHERE application_name = $1 AND wait_event_type = 'Lock')",
-            )
-            .bind(db.name())
-            .fetch_one(pool)
-            .await
-            .expect("pg_stat_activity")
-        },
-    )
-    .await;
+    waits_on_a_lock(&db).await;
     first.commit().await?;
     let error = second.await?.unwrap_err();
     let OutboxError::Database { source, .. } = &error else {
