@@ -497,7 +497,7 @@ mod tests {
             (RequestErrorKind::TimedOut, false),
             (RequestErrorKind::Other, false),
         ] {
-            let error = after(lookup_failed(kind.clone()), connected);
+            let error = after(lookup_failed(kind), connected);
             assert!(
                 error.is_unavailable(),
                 "{kind:?}, connected {connected}: {error}"
