@@ -588,15 +588,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                             pending.release(&batch.claims);
                             continue;
                         }
-                        // Claimed just now, unless its commit came late (a slow commit, a
-                        // pause): like a batch claimed ahead, the sink gets it with two
-                        // thirds of its lease left.
-                        let Batch { claims, full } = batch;
-                        let claims = renewal::renew_ahead(&mut conn, claims, Needed::ToSend).await;
-                        if claims.is_empty() {
-                            continue;
-                        }
-                        Batch { claims, full }
+                        batch
                     }
                     Err(error) if !error.is_transient() => return Err(error),
                     Err(error) => {
@@ -608,13 +600,17 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     }
                 }
             } else {
-                let Batch { claims, full } = std::mem::replace(&mut ahead, Batch::empty());
-                let claims = renewal::renew_ahead(&mut conn, claims, Needed::ToSend).await;
-                if claims.is_empty() {
-                    continue;
-                }
-                Batch { claims, full }
+                std::mem::replace(&mut ahead, Batch::empty())
             };
+            // The sink gets a batch with two thirds of its lease left: one claimed ahead
+            // waited for the batch before it, and one claimed just now may have had a
+            // late commit (a slow one, a pause).
+            let Batch { claims, full } = batch;
+            let claims = renewal::renew_ahead(&mut conn, claims, Needed::ToSend).await;
+            if claims.is_empty() {
+                continue;
+            }
+            let batch = Batch { claims, full };
             if batch.full {
                 // There may be more: bring in another idle worker, which in turn brings
                 // in the next while it finds full batches.
