@@ -56,3 +56,60 @@ async fn every_event_is_applied_exactly_once_through_kills_pauses_and_broker_res
         "{report}"
     );
 }
+
+/// The audit's explanation of the duplicate a consumer makes when it handles a first
+/// delivery after the broker redelivered the message to another consumer, whose copy
+/// was applied: not "delivered anew", which only a broker restart may cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_delivery_handled_after_its_redelivery_is_a_duplicate_handled_late() {
+    let report = broker::first_delivery_handled_after_its_redelivery()
+        .await
+        .unwrap_or_else(|error| panic!("the scenario could not run: {error}"));
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    assert!(
+        report
+            .duplicate_causes
+            .iter()
+            .any(|cause| cause.starts_with("1 handled late")),
+        "{:?}",
+        report.duplicate_causes
+    );
+}
+
+/// The audit's sorting of duplicates by the broker's delivery counts: a higher count
+/// than the applied delivery's is a redelivery, a lower one an earlier delivery handled
+/// late, and the same count a delivery anew, which must follow the beginning of a broker
+/// outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_sorts_duplicates_by_delivery_count_and_fails_a_delivery_anew_without_an_outage()
+{
+    let noted = [
+        ("redelivered", 1, 1, true),
+        ("redelivered", 1, 2, false),
+        ("late", 2, 2, true),
+        ("late", 2, 1, false),
+        ("anew", 3, 1, true),
+        ("anew", 3, 1, false),
+    ];
+    let causes = |report: &broker::BrokerReport| report.duplicate_causes.join("\n");
+
+    let without_outage = broker::audit_of(&noted, &[]).await.unwrap();
+    let all = causes(&without_outage);
+    for cause in ["1 redelivered", "1 handled late", "1 delivered anew"] {
+        assert!(all.contains(cause), "{cause}: {all}");
+    }
+    assert_eq!(
+        without_outage.failures,
+        ["1 messages delivered anew with no broker outage before them"]
+    );
+
+    // An outage that began after the first deliveries and before the delivery anew
+    // explains it, though it ended after it was noted.
+    let after_outage = broker::audit_of(&noted, &[5.5]).await.unwrap();
+    assert!(after_outage.failures.is_empty(), "{:?}", after_outage.failures);
+    assert!(
+        causes(&after_outage).contains("1 after a SIGKILL restart began"),
+        "{}",
+        causes(&after_outage)
+    );
+}

@@ -609,6 +609,98 @@ impl Consumer {
 }
 
 // -------------------------------------------------------------------------------------
+// The audit's explanations, checked on their own
+// -------------------------------------------------------------------------------------
+
+/// JetStream's behaviour behind the audit's "handled late", made to happen once, in
+/// order: a consumer holds a first delivery past its acknowledgement deadline, the
+/// broker redelivers the message to another consumer, which applies it, and then the
+/// first handles its copy (the inbox skips it). Returns the audit's explanation of the
+/// duplicate, and its failures.
+#[cfg(feature = "nats")]
+pub async fn first_delivery_handled_after_its_redelivery() -> Result<BrokerReport, String> {
+    audited(&[], async |pool: &PgPool| {
+        let consumer = Consumer {
+            pool: pool.clone(),
+            inbox: Inbox::new(INBOX),
+            pid: i32::try_from(std::process::id()).unwrap_or(-1),
+        };
+        nats::first_delivery_handled_after_its_redelivery(&consumer).await
+    })
+    .await
+}
+
+/// The audit of deliveries noted by hand (`(event id, position, delivery count,
+/// new)`, in the order they were noted) after broker outages that began at the given
+/// offsets (in seconds, from before the first delivery; negative: before it).
+pub async fn audit_of(
+    noted: &[(&str, i64, i64, bool)],
+    outages_began: &[f64],
+) -> Result<BrokerReport, String> {
+    let noted = noted.to_vec();
+    audited(outages_began, async move |pool: &PgPool| {
+        for (offset, (event_id, position, delivery, new)) in noted.into_iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO chaos_consumed \
+                     (event_id, broker_position, delivery, consumer_pid, new, consumed_at) \
+                 VALUES ($1, $2, $3, 0, $4, \
+                     (SELECT min(started_at) FROM chaos_audit_epoch) + $5 * interval '1 second')",
+            )
+            .bind(event_id)
+            .bind(position)
+            .bind(delivery)
+            .bind(new)
+            .bind(i32::try_from(offset).map_err(|e| e.to_string())? + 1)
+            .execute(pool)
+            .await
+            .map_err(|e| format!("noting a delivery: {e}"))?;
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// Sets up a run's tables in a schema of their own, notes outages that began at
+/// `outages_began` (seconds from an epoch, `chaos_audit_epoch`), lets `deliver` note
+/// deliveries, and explains the duplicates among them.
+async fn audited(
+    outages_began: &[f64],
+    deliver: impl AsyncFnOnce(&PgPool) -> Result<(), String>,
+) -> Result<BrokerReport, String> {
+    let (server, _) = Server::start().await?;
+    let schema = TestSchema::new_in(server.url())
+        .await
+        .map_err(|e| e.to_string())?;
+    setup(&schema).await?;
+    let pool = schema.pool().clone();
+    setup_broker_tables(&pool).await?;
+    let db = |e: sqlx::Error| format!("noting the outages: {e}");
+    sqlx::query("CREATE TABLE chaos_audit_epoch AS SELECT clock_timestamp() AS started_at")
+        .execute(&pool)
+        .await
+        .map_err(db)?;
+    for began in outages_began {
+        sqlx::query(
+            "INSERT INTO chaos_outages (kind, started_at, ended_at) \
+             SELECT 'SIGKILL restart', e.started_at + $1 * interval '1 second', \
+                 e.started_at + ($1 + 2) * interval '1 second' FROM chaos_audit_epoch e",
+        )
+        .bind(began)
+        .execute(&pool)
+        .await
+        .map_err(db)?;
+    }
+    let mut report = BrokerReport::default();
+    let explained = match deliver(&pool).await {
+        Ok(()) => explain_duplicates(&pool, &mut report).await,
+        Err(error) => Err(error),
+    };
+    schema.drop_schema().await.map_err(|e| e.to_string())?;
+    drop(server);
+    explained.map(|()| report)
+}
+
+// -------------------------------------------------------------------------------------
 // The driver
 // -------------------------------------------------------------------------------------
 
@@ -630,7 +722,9 @@ async fn setup_broker_tables(pool: &PgPool) -> Result<(), String> {
              consumer_pid integer NOT NULL, \
              new boolean NOT NULL, \
              consumed_at timestamptz NOT NULL DEFAULT clock_timestamp())",
-        "CREATE TABLE chaos_outages (kind text NOT NULL, ended_at timestamptz NOT NULL)",
+        // When each outage began (before the broker was taken away) and ended.
+        "CREATE TABLE chaos_outages (kind text NOT NULL, started_at timestamptz NOT NULL, \
+             ended_at timestamptz NOT NULL)",
         // The effect (`support::broker::apply`): deliberately no unique key, so that an
         // effect applied twice shows as two rows.
         "CREATE TABLE shipments (event_id text NOT NULL, parcels bigint NOT NULL)",
@@ -793,13 +887,21 @@ async fn chaos(
         // reconnect in between, and the next one finds them working.
         if Instant::now() >= next_outage && (outages_due || !config.duration.is_zero()) {
             let began = Instant::now();
+            // When it began and ended, on the database's clock: the deliveries that
+            // follow it are set against it in the audit. From before the broker is taken
+            // away: a consumer may reconnect and be delivered a message anew before the
+            // driver notices the broker is back.
+            let started_at: String = sqlx::query_scalar("SELECT clock_timestamp()::text")
+                .fetch_one(pool)
+                .await
+                .map_err(|e| format!("noting the outage: {e}"))?;
             let (kind, how) = broker.outage(&mut rng).await?;
-            // When it ended, on the database's clock: the deliveries that follow it are
-            // set against it in the audit.
             sqlx::query(
-                "INSERT INTO chaos_outages (kind, ended_at) VALUES ($1, clock_timestamp())",
+                "INSERT INTO chaos_outages (kind, started_at, ended_at) \
+                 VALUES ($1, $2::timestamptz, clock_timestamp())",
             )
             .bind(kind)
+            .bind(started_at)
             .execute(pool)
             .await
             .map_err(|e| format!("noting the outage: {e}"))?;
@@ -1092,27 +1194,41 @@ async fn audit(pool: &PgPool, total: i64, report: &mut BrokerReport) -> Result<(
 }
 
 /// `dups`: each duplicate delivery, beside where the broker held the delivery that
-/// was applied (a broker without positions notes 0).
+/// was applied and that delivery's count (a broker without positions notes 0).
 const DUPLICATES: &str = "WITH applied AS (SELECT DISTINCT ON (event_id) event_id, \
-         broker_position AS applied_position FROM chaos_consumed WHERE new \
-         ORDER BY event_id, consumed_at), \
-     dups AS (SELECT c.*, a.applied_position FROM chaos_consumed c \
+         broker_position AS applied_position, delivery AS applied_delivery \
+         FROM chaos_consumed WHERE new ORDER BY event_id, consumed_at), \
+     dups AS (SELECT c.*, a.applied_position, a.applied_delivery FROM chaos_consumed c \
          LEFT JOIN applied a USING (event_id) WHERE NOT c.new)";
 
-/// Sorts the inbox's duplicates by cause: the broker's redeliveries (no acknowledgement
-/// reached it), another copy of the event at the broker, and a message delivered anew
-/// (its delivery count back at 1) after the broker lost its record of the delivery;
-/// those are set against the outage before them.
+/// A duplicate of the applied message itself (the same position at the broker).
+const SAME_MESSAGE: &str = "broker_position > 0 AND broker_position = applied_position";
+
+/// Sorts the inbox's duplicates by cause. Of the same message as the applied delivery
+/// (the same position at the broker), by the broker's delivery count, which only grows
+/// while the broker keeps its record of the message:
+/// - a higher count: redelivered, as no acknowledgement reached the broker;
+/// - a lower count: an earlier delivery handled late. Its consumer held it past the
+///   acknowledgement deadline (paused, or waiting on the other consumer's uncommitted
+///   inbox row), the broker redelivered it meanwhile, and the redelivery was applied
+///   first (`handled_late_after_a_redelivery_explains_a_first_delivery_duplicate`);
+/// - the same count: delivered anew, after the broker lost its record of the earlier
+///   delivery and of its acknowledgement: only a broker restart may do that, so each
+///   must come after an outage began.
+///
+/// Of another message: a count above 1 is a redelivery, else another copy of the
+/// event at the broker.
 async fn explain_duplicates(pool: &PgPool, report: &mut BrokerReport) -> Result<(), String> {
     let db = |e: sqlx::Error| format!("explaining the duplicates: {e}");
-    let (redelivered, other_copy, anew, unnoted): (i64, i64, i64, i64) =
+    let (redelivered, late, other_copy, anew, unnoted): (i64, i64, i64, i64, i64) =
         sqlx::query_as(AssertSqlSafe(format!(
             "{DUPLICATES} SELECT \
-                 count(*) FILTER (WHERE delivery > 1), \
-                 count(*) FILTER (WHERE delivery = 1 AND (broker_position = 0 \
-                     OR broker_position <> applied_position)), \
-                 count(*) FILTER (WHERE delivery = 1 AND broker_position > 0 \
-                     AND broker_position = applied_position), \
+                 count(*) FILTER (WHERE ({SAME_MESSAGE}) AND delivery > applied_delivery \
+                     OR NOT coalesce({SAME_MESSAGE}, false) AND delivery > 1), \
+                 count(*) FILTER (WHERE ({SAME_MESSAGE}) AND delivery < applied_delivery), \
+                 count(*) FILTER (WHERE applied_position IS NOT NULL \
+                     AND NOT ({SAME_MESSAGE}) AND delivery = 1), \
+                 count(*) FILTER (WHERE ({SAME_MESSAGE}) AND delivery = applied_delivery), \
                  count(*) FILTER (WHERE applied_position IS NULL) \
              FROM dups"
         )))
@@ -1121,10 +1237,15 @@ async fn explain_duplicates(pool: &PgPool, report: &mut BrokerReport) -> Result<
         .map_err(db)?;
     let causes = &mut report.duplicate_causes;
     causes.push(format!(
-        "{redelivered} redelivered (the broker's delivery count above 1, at most {}): no \
-         acknowledgement reached the broker, from a consumer killed or paused before it, \
-         or cut off",
+        "{redelivered} redelivered (the broker's delivery count above the applied one's, at \
+         most {}): no acknowledgement reached the broker, from a consumer killed or paused \
+         before it, or cut off",
         report.max_delivery
+    ));
+    causes.push(format!(
+        "{late} handled late (a delivery count below the applied one's): held past the \
+         acknowledgement deadline by a consumer paused or waiting on the other's inbox row, \
+         while the broker redelivered the message and the redelivery was applied first"
     ));
     causes.push(format!(
         "{other_copy} another copy of the event at the broker (see the copies above)"
@@ -1133,11 +1254,10 @@ async fn explain_duplicates(pool: &PgPool, report: &mut BrokerReport) -> Result<
         let after: Vec<(Option<String>, i64, Option<f64>)> =
             sqlx::query_as(AssertSqlSafe(format!(
                 "{DUPLICATES} SELECT o.kind, count(*), \
-                 extract(epoch FROM max(d.consumed_at - o.ended_at))::float8 \
-             FROM dups d LEFT JOIN LATERAL (SELECT kind, ended_at FROM chaos_outages \
-                 WHERE ended_at <= d.consumed_at ORDER BY ended_at DESC LIMIT 1) o ON true \
-             WHERE d.delivery = 1 AND d.broker_position > 0 \
-                 AND d.broker_position = d.applied_position \
+                 extract(epoch FROM max(d.consumed_at - o.started_at))::float8 \
+             FROM dups d LEFT JOIN LATERAL (SELECT kind, started_at FROM chaos_outages \
+                 WHERE started_at <= d.consumed_at ORDER BY started_at DESC LIMIT 1) o ON true \
+             WHERE ({SAME_MESSAGE}) AND d.delivery = d.applied_delivery \
              GROUP BY o.kind ORDER BY count(*) DESC"
             )))
             .fetch_all(pool)
@@ -1147,16 +1267,16 @@ async fn explain_duplicates(pool: &PgPool, report: &mut BrokerReport) -> Result<
             .iter()
             .map(|(kind, n, within)| match kind {
                 Some(kind) => format!(
-                    "{n} after a {kind} (at most {:.1}s after it)",
+                    "{n} after a {kind} began (at most {:.1}s after it)",
                     within.unwrap_or(0.0)
                 ),
                 None => format!("{n} before any outage"),
             })
             .collect();
         causes.push(format!(
-            "{anew} delivered anew (the same message, its delivery count back at 1): a \
-             restart lost the broker's record of the earlier delivery and of its \
-             acknowledgement: {}",
+            "{anew} delivered anew (the same message, its delivery count no higher than the \
+             applied one's): a restart lost the broker's record of the earlier delivery and of \
+             its acknowledgement: {}",
             by_outage.join(", ")
         ));
         if let Some((None, n, _)) = after.iter().find(|(kind, ..)| kind.is_none()) {

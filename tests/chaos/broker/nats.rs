@@ -363,3 +363,87 @@ async fn pull_batches(
     }
     Ok(())
 }
+
+/// The audit's "handled late", in order, on a `nats-server` of its own: one event's
+/// message is delivered to a consumer, which holds it unacknowledged past the
+/// acknowledgement deadline; the broker redelivers it (delivery count 2), and that
+/// delivery is applied; only then is the held first delivery (count 1) handled, and the
+/// inbox skips it. Each step waits for the broker, never for a guessed time.
+pub(super) async fn first_delivery_handled_after_its_redelivery(
+    consumer: &Consumer,
+) -> Result<(), String> {
+    let server = tokio::task::block_in_place(|| NatsServer::start(&[]))?;
+    let js = jetstream::new(client(&server.url()).await?);
+    let (stream, subject) = ("LATE", "late.shipments");
+    let created = js
+        .create_stream(stream::Config {
+            name: stream.into(),
+            subjects: vec![subject.into()],
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("creating the stream: {e}"))?;
+    let pull = created
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some(DURABLE.into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_millis(500),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("creating the consumer: {e}"))?;
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(outbox::message::header::EVENT_ID, "late-1");
+    js.publish_with_headers(subject, headers, r#"{"order_seq": 1}"#.into())
+        .await
+        .map_err(|e| format!("publishing: {e}"))?
+        .await
+        .map_err(|e| format!("the publication's acknowledgement: {e}"))?;
+
+    let next = async || -> Result<jetstream::Message, String> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while tokio::time::Instant::now() < deadline {
+            let mut batch = pull
+                .fetch()
+                .max_messages(1)
+                .expires(Duration::from_secs(2))
+                .messages()
+                .await
+                .map_err(|e| format!("fetching: {e}"))?;
+            if let Some(message) = batch.next().await {
+                return message.map_err(|e| format!("fetching: {e}"));
+            }
+        }
+        Err("no delivery within 30 s".to_owned())
+    };
+    let held = next().await?;
+    // Not acknowledged: the next delivery is the broker's redelivery, once the
+    // acknowledgement deadline passed.
+    let redelivered = next().await?;
+    let (first, second) = (
+        held.info().map_err(|e| e.to_string())?,
+        redelivered.info().map_err(|e| e.to_string())?,
+    );
+    if (first.stream_sequence, first.delivered, second.delivered)
+        != (second.stream_sequence, 1, 2)
+    {
+        return Err(format!(
+            "expected the message at {} delivered twice (1, then 2), got {} at {}",
+            first.stream_sequence, second.delivered, second.stream_sequence
+        ));
+    }
+    let position = i64::try_from(first.stream_sequence).map_err(|e| e.to_string())?;
+    for (message, delivery) in [(&redelivered, second.delivered), (&held, first.delivered)] {
+        let event_id = outbox::nats::event_id(message).ok_or("no event id")?;
+        consumer
+            .handle(event_id, &message.payload, position, delivery)
+            .await?;
+        message
+            .ack()
+            .await
+            .map_err(|e| format!("acknowledging: {e}"))?;
+    }
+    let _ = js.delete_stream(stream).await;
+    drop(server);
+    Ok(())
+}
