@@ -106,7 +106,11 @@ async fn the_audit_sorts_duplicates_by_delivery_count_and_fails_a_delivery_anew_
     // An outage that began after the first deliveries and before the delivery anew
     // explains it, though it ended after it was noted.
     let after_outage = broker::audit_of(&noted, &[5.5]).await.unwrap();
-    assert!(after_outage.failures.is_empty(), "{:?}", after_outage.failures);
+    assert!(
+        after_outage.failures.is_empty(),
+        "{:?}",
+        after_outage.failures
+    );
     assert!(
         causes(&after_outage).contains("1 after a SIGKILL restart began"),
         "{}",

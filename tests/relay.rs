@@ -662,18 +662,7 @@ async fn a_worker_whose_database_goes_silent_closes_that_connection_and_goes_on(
     let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
     let pool = db.pool();
     // The relay reaches PostgreSQL through a proxy that can go silent.
-    let direct: PgConnectOptions = db.url().parse()?;
-    let (host, port) = (direct.get_host(), direct.get_port());
-    let upstream = if host.starts_with('/') {
-        format!("{host}/.s.PGSQL.{port}")
-    } else {
-        format!("{host}:{port}")
-    };
-    let proxy = Proxy::start(upstream).await?;
-    let through = PgPoolOptions::new()
-        .max_connections(3)
-        .connect_with(direct.host("127.0.0.1").port(proxy.port))
-        .await?;
+    let (proxy, through) = through_a_proxy(&db).await?;
     let event = ChaosEvent {
         key: "silenced".into(),
         order_seq: 1,
@@ -704,6 +693,23 @@ async fn a_worker_whose_database_goes_silent_closes_that_connection_and_goes_on(
     relay.stop().await?;
     db.drop_schema().await?;
     Ok(())
+}
+
+/// A proxy to `db`'s server, and a pool of 3 connections to `db` through it.
+async fn through_a_proxy(db: &TestSchema) -> TestResult<(Proxy, PgPool)> {
+    let direct: PgConnectOptions = db.url().parse()?;
+    let (host, port) = (direct.get_host(), direct.get_port());
+    let upstream = if host.starts_with('/') {
+        format!("{host}/.s.PGSQL.{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let proxy = Proxy::start(upstream).await?;
+    let through = PgPoolOptions::new()
+        .max_connections(3)
+        .connect_with(direct.host("127.0.0.1").port(proxy.port))
+        .await?;
+    Ok((proxy, through))
 }
 
 /// Makes the row look claimed by another publisher: a newer generation, a live lease.
@@ -2278,6 +2284,150 @@ async fn a_relay_paused_inside_its_claim_transaction_holds_its_events_no_longer_
     );
     claim.complete(pool).await?;
     relay.kill()?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// Makes every claim of the event `poison` in `T`'s table fail (SQLSTATE P0001: not a
+/// transient error), after whatever the same statement or transaction did before.
+async fn refuse_to_claim_poison<T: Outbox>(pool: &PgPool) {
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'poison may not be claimed'; END $$;
+         CREATE TRIGGER refuse_poison BEFORE UPDATE ON {} FOR EACH ROW
+             WHEN (NEW.event_id = 'poison' AND NEW.status = 'INPROGRESS')
+             EXECUTE FUNCTION refuse_poison();",
+        T::SPEC.table()
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_claim_outside_a_transaction_that_fails_after_claiming_hands_those_rows_back()
+-> TestResult {
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    enqueue(
+        pool,
+        &[budgeted("spent"), budgeted("kept"), budgeted("poison")],
+    )
+    .await;
+    // "spent" is an expired claim whose budget (3) is used up: the first claim statement
+    // moves it to DEAD and returns it with "kept", and the claim looks for one more row
+    // in a second statement, which meets "poison" and fails.
+    sqlx::query(
+        "UPDATE budget_events SET status = 'INPROGRESS', attempts = 3, generation = 1,
+             lease_until = clock_timestamp() - interval '1 second'
+         WHERE event_id = 'spent'",
+    )
+    .execute(pool)
+    .await?;
+    refuse_to_claim_poison::<Budgeted>(pool).await;
+
+    let error = Budgeted::claim_batch(pool, 2)
+        .await
+        .expect_err("the second claim statement fails");
+    assert!(
+        error.to_string().contains("poison may not be claimed"),
+        "{error}"
+    );
+
+    // "kept" was claimed and committed by the first statement: handed back, due now,
+    // the attempt not counted, rather than left to wait out its 30 s lease.
+    let kept = row_of::<Budgeted>(pool, "kept").await;
+    assert_eq!(
+        (kept.status.as_str(), kept.attempts, kept.lease_left),
+        ("READY", 0, None)
+    );
+    assert!(kept.due_in <= 0.0, "due now: {}", kept.due_in);
+    assert_eq!(status::<Budgeted>(pool, "spent").await, "DEAD");
+    assert_eq!(status::<Budgeted>(pool, "poison").await, "READY");
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_claim_that_fails_for_good_beside_recorded_outcomes_still_records_them() -> TestResult {
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    let names = ["a", "b", "c", "d", "poison"];
+    enqueue(pool, &names.map(budgeted)).await;
+    refuse_to_claim_poison::<Budgeted>(pool).await;
+    // Batches of 2: {a, b} is published while {c, d} is claimed ahead; {c, d} is
+    // published while a transaction records {a, b} and claims {poison}, which fails,
+    // rolling the recording back with it. The relay stops (a trigger that refuses claims
+    // needs a person), but what it published is recorded first: an unrecorded event
+    // would be claimed and published again.
+    let sink = ScriptSink::always_ok();
+    let error = run_until_it_gives_up(
+        fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone())).batch_size(2),
+    )
+    .await;
+    assert!(
+        error.to_string().contains("poison may not be claimed"),
+        "{error}"
+    );
+    assert_eq!(sink.calls().len(), 2);
+    for &name in &names[..4] {
+        assert_eq!(status::<Budgeted>(pool, name).await, "SENT", "{name}");
+    }
+    assert_eq!(status::<Budgeted>(pool, "poison").await, "READY");
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_send_whose_lease_ends_by_the_relays_clock_with_renewals_unanswered_is_abandoned_at_once()
+-> TestResult {
+    let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let (mut proxy, through) = through_a_proxy(&db).await?;
+    let event = ChaosEvent {
+        key: "unrenewed".into(),
+        order_seq: 1,
+    };
+    enqueue(pool, std::slice::from_ref(&event)).await;
+    // The first send never ends by itself; the send timeout is ten minutes.
+    let sink = ScriptSink::new(|call, seen| match call {
+        0 => Plan::after(Wait::Forever, seen),
+        _ => Plan::ok(seen),
+    });
+    let relay = start(
+        fast(Relay::<ChaosEvent, _>::new(through, sink.clone()))
+            .send_timeout(Duration::from_secs(600)),
+    );
+    wait_until("the send started", Duration::from_secs(5), async || {
+        !sink.calls().is_empty()
+    })
+    .await;
+    // The database goes out of the relay's reach: no renewal gets an answer, and by the
+    // relay's clock the 2 s lease ends. Nothing it could record would count any more, and
+    // another publisher may claim the event: the sink is cut off then, not at the send
+    // timeout.
+    proxy.down();
+    wait_until(
+        "the send is abandoned",
+        Duration::from_secs(60),
+        async || sink.abandoned() == 1,
+    )
+    .await;
+    let row = row_of::<ChaosEvent>(pool, "unrenewed").await;
+    assert_eq!(
+        (row.status.as_str(), row.generation),
+        ("INPROGRESS", 1),
+        "nothing recorded"
+    );
+    // Back in reach, the relay claims the event again once its lease has ended in the
+    // database, and publishes it.
+    proxy.up().await?;
+    wait_until("SENT", Duration::from_secs(30), async || {
+        status::<ChaosEvent>(pool, "unrenewed").await == "SENT"
+    })
+    .await;
+    assert_eq!(row_of::<ChaosEvent>(pool, "unrenewed").await.generation, 2);
+    relay.stop().await?;
     db.drop_schema().await?;
     Ok(())
 }

@@ -12,6 +12,7 @@ use crate::error::{OutboxError, storable_reason};
 use crate::id::{EventId, Generation};
 use crate::interval;
 use crate::relay::metric;
+use crate::relay::record::{self, Outcome, Owned};
 use crate::spec::{Outbox, Statement};
 use outbox_internals::{Status, claim_header as header};
 
@@ -319,7 +320,21 @@ async fn claim_rows<'a, T: Outbox>(
     let db = |e| OutboxError::from_sqlx(T::SPEC.table, e);
     let mut conn = conn.acquire().await.map_err(db)?;
     if T::SPEC.key().is_none() {
-        return claim_on(&mut conn, Scope::All, limit).await;
+        if conn.is_in_transaction() {
+            return claim_on(&mut conn, Scope::All, limit).await;
+        }
+        // Each claim statement commits on its own: rows claimed before a later step
+        // fails (another claim statement, a decode, a move to DEAD) would wait out their
+        // lease with an attempt spent. (A transaction around the claim would cost every
+        // claim two more round trips.)
+        let mut claimed = Vec::new();
+        return match claim_noting::<T>(&mut conn, Scope::All, limit, &mut claimed).await {
+            Ok(batch) => Ok(batch),
+            Err(error) => {
+                hand_back::<T>(&mut conn, &claimed, &error).await;
+                Err(error)
+            }
+        };
     }
     if conn.is_in_transaction() {
         // The caller's transaction: JIT stays off until it ends.
@@ -374,11 +389,41 @@ pub(crate) fn transaction_limit(lease: Duration) -> Duration {
     lease.max(Duration::from_secs(10))
 }
 
+/// Hands back `claimed`, rows a claim outside a transaction committed before it failed
+/// with `error`: `READY`, due now, the attempt not counted, each guarded by its
+/// generation. If that fails too (the connection is gone), they are claimed again once
+/// their leases end.
+async fn hand_back<T: Outbox>(conn: &mut PgConnection, claimed: &[Owned], error: &OutboxError) {
+    if claimed.is_empty() {
+        return;
+    }
+    let table = T::SPEC.table;
+    let release: Vec<(Owned, Outcome)> =
+        claimed.iter().map(|row| (*row, Outcome::Release)).collect();
+    match record::record::<T>(conn, &release).await {
+        Ok(_) => tracing::info!(table, rows = claimed.len(), %error,
+            "a claim failed after it claimed rows; handed them back"),
+        Err(unreleased) => tracing::warn!(table, rows = claimed.len(), %error, %unreleased,
+            "a claim failed after it claimed rows, which could not be handed back; they are claimed again once their leases end"),
+    }
+}
+
 /// [`claim_rows`] in `scope`, on a connection (or in a transaction) the caller holds.
 pub(crate) async fn claim_on<T: Outbox>(
     conn: &mut PgConnection,
     scope: Scope,
     limit: u32,
+) -> Result<ClaimedBatch<T>, OutboxError> {
+    claim_noting(conn, scope, limit, &mut Vec::new()).await
+}
+
+/// [`claim_on`], noting in `claimed` each row its statements claim as soon as they
+/// return it, for [`hand_back`].
+async fn claim_noting<T: Outbox>(
+    conn: &mut PgConnection,
+    scope: Scope,
+    limit: u32,
+    claimed: &mut Vec<Owned>,
 ) -> Result<ClaimedBatch<T>, OutboxError> {
     let spec = T::SPEC;
     let db = |e| OutboxError::from_sqlx(spec.table, e);
@@ -406,6 +451,12 @@ pub(crate) async fn claim_on<T: Outbox>(
         }
         .map_err(db)?;
         took += sent.elapsed();
+        claimed.extend(rows.iter().filter_map(|row| {
+            Some(Owned {
+                id: row.try_get(header::ID).ok()?,
+                generation: row.try_get(header::GENERATION).ok()?,
+            })
+        }));
         let mut exhausted = false;
         for row in &rows {
             let (claimed, due) = decode_claim(row, sent).map_err(db)?;

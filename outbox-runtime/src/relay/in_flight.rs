@@ -11,8 +11,9 @@ use crate::spec::Outbox;
 /// token, which also says whether the relay still owns the row.
 pub(super) struct InFlight<'a, T: Outbox> {
     claim: &'a Claim<T>,
-    /// Cancelled once a lease renewal finds that another publisher owns the row; the
-    /// sink sees it through [`Delivery::is_owned`].
+    /// Cancelled once a lease renewal finds that another publisher owns the row, or the
+    /// lease ended by this process's clock; the sink sees it through
+    /// [`Delivery::is_owned`].
     lost: &'a CancellationToken,
 }
 
@@ -54,6 +55,12 @@ impl<'a, T: Outbox> InFlight<'a, T> {
     /// Whether the relay still owns the row: no renewal was rejected.
     pub(super) fn is_owned(&self) -> bool {
         !self.lost.is_cancelled()
+    }
+
+    /// Marks the row's lease ended by this process's clock (its renewals unanswered):
+    /// the sink can stop sending it, and the relay records nothing for it.
+    pub(super) fn expire(&self) {
+        self.lost.cancel();
     }
 
     /// Marks the row lost to another publisher: the sink can stop sending it, and the

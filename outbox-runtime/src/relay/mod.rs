@@ -13,7 +13,7 @@ mod backoff;
 mod frontier;
 mod in_flight;
 mod outage;
-mod record;
+pub(crate) mod record;
 mod renewal;
 mod sink;
 mod wakeups;
@@ -590,7 +590,9 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                         }
                         batch
                     }
-                    Err(error) if !error.is_transient() => return Err(error),
+                    Err(error) if !error.is_transient() => {
+                        return Err(self.stop_on(error, &mut conn, pending).await);
+                    }
                     Err(error) => {
                         // The pool tests it on release, and closes it if it is broken.
                         conn.release();
@@ -625,7 +627,9 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     failures = 0;
                     ahead = next;
                 }
-                Some(Err(error)) if !error.is_transient() => return Err(error),
+                Some(Err(error)) if !error.is_transient() => {
+                    return Err(self.stop_on(error, &mut conn, pending.after(earlier)).await);
+                }
                 Some(Err(error)) => {
                     failures += 1;
                     pending = pending.after(earlier);
@@ -686,6 +690,26 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             claims: claimed.claims,
             full: claimed.full,
         })
+    }
+
+    /// Stops the worker on a fatal `error`, recording the `pending` outcomes first, alone:
+    /// the transaction that failed rolled back those it was recording, and the claim
+    /// that failed beside them (a drifted table, a trigger that refuses it, a missing
+    /// privilege) need not fail them too. Unrecorded, every event already published would
+    /// be claimed and published again once its lease ends.
+    async fn stop_on(
+        &self,
+        error: OutboxError,
+        conn: &mut Connection<'_>,
+        pending: Pending,
+    ) -> OutboxError {
+        if !pending.outcomes.is_empty()
+            && let Err(unrecorded) = self.record_and_claim(conn, &pending, false).await
+        {
+            tracing::error!(table = T::SPEC.table, error = %unrecorded, rows = pending.outcomes.len(),
+                "cannot record the outcomes of a stopping worker; its events will be claimed and published again");
+        }
+        error
     }
 
     /// Waits for a wake-up, the poll interval or shutdown.
@@ -859,6 +883,20 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                 }
                 sent = &mut sending => {
                     break Some(sent.unwrap_or_else(|_| self.timed_out(rows.len())));
+                }
+                // By this process's clock, the leases of the rows still owned ended with
+                // their renewals unanswered: nothing can be recorded for them, and another
+                // publisher may claim them now. The sink learns it at once, as it does
+                // of a rejected renewal, rather than at the send timeout. Before the
+                // renewals: one that keeps timing out is always due again.
+                () = sleep_until(renewal.lease_deadline()) => {
+                    let expired = rows.iter().filter(|row| row.is_owned()).count();
+                    for row in rows {
+                        row.expire();
+                    }
+                    tracing::warn!(table, rows = expired,
+                        "the batch's leases ended in flight, their renewals unanswered; abandoning it (its events are claimed and published again)");
+                    break None;
                 }
                 () = sleep_until(renewal.due()), if !renewal_waits => {
                     // The transaction beside can wait on a lock for up to its limit,

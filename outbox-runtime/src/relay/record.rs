@@ -148,7 +148,7 @@ const GENERIC_PLANS_WITHOUT_JIT: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; \
      SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL jit = off";
 
 /// Records `outcomes` in one guarded statement.
-async fn record<'e, T: Outbox>(
+pub(crate) async fn record<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     outcomes: &[(Owned, Outcome)],
 ) -> Result<Recorded, OutboxError> {

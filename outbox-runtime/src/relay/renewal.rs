@@ -12,7 +12,7 @@ use crate::claim::{Claim, Lease};
 use crate::spec::Outbox;
 
 /// The lease renewals of one batch in flight: every third of the lease, each bounded by
-/// a third of the lease, on the worker's connection, or on another from the pool while
+/// a third of the lease and by the lease's end, on the worker's connection, or on another from the pool while
 /// the transaction beside the send has it (that one may wait on a lock for longer than
 /// a lease). Guarded like the outcomes: a row whose renewal is rejected belongs to
 /// someone else now.
@@ -83,7 +83,12 @@ impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
             .filter(|row| row.is_owned())
             .map(InFlight::row)
             .collect();
-        let Some(renewed) = renew_within::<T>(conn, &rows, self.every, "trying again").await else {
+        // Not past the lease's end by this process's clock: the batch is given up then.
+        let limit = self.every.min(
+            self.lease_deadline
+                .saturating_duration_since(Instant::now()),
+        );
+        let Some(renewed) = renew_within::<T>(conn, &rows, limit, "trying again").await else {
             self.answered = false;
             return Vec::new();
         };

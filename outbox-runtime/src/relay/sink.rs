@@ -60,8 +60,11 @@ impl<T> Delivery<'_, T> {
     }
 
     /// Whether the relay still owns this event. Once a lease renewal finds that another
-    /// publisher took the row over, sending it is pointless: a sink that can cancel an
-    /// in-flight send should check this, or await [`ownership_lost`](Self::ownership_lost).
+    /// publisher took the row over, or the lease ends by the relay's clock with its
+    /// renewals unanswered (the database out of reach), sending it is pointless: nothing
+    /// can be recorded for it, and another publisher may be sending it already. A sink
+    /// that can cancel an in-flight send should check this, or await
+    /// [`ownership_lost`](Self::ownership_lost).
     pub fn is_owned(&self) -> bool {
         !self.lost.is_cancelled()
     }

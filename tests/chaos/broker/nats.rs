@@ -424,8 +424,7 @@ pub(super) async fn first_delivery_handled_after_its_redelivery(
         held.info().map_err(|e| e.to_string())?,
         redelivered.info().map_err(|e| e.to_string())?,
     );
-    if (first.stream_sequence, first.delivered, second.delivered)
-        != (second.stream_sequence, 1, 2)
+    if (first.stream_sequence, first.delivered, second.delivered) != (second.stream_sequence, 1, 2)
     {
         return Err(format!(
             "expected the message at {} delivered twice (1, then 2), got {} at {}",
