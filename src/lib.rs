@@ -84,7 +84,9 @@
 //! returns one result per [`Delivery`], in order: `Ok` (recorded `SENT`),
 //! [`SinkError::Transient`] (retried with backoff), [`SinkError::Permanent`] (`DEAD`
 //! now) or [`SinkError::Unavailable`] (the destination is down: handed back without
-//! counting the attempt, and the worker backs off). The README walks through one, with a consumer that deduplicates on the event
+//! counting the attempt, and the worker backs off). A sink whose client keeps sending
+//! after its future is dropped also implements [`Sink::withdraw`], for a shutdown whose
+//! grace runs out. The README walks through one, with a consumer that deduplicates on the event
 //! id, and `examples/custom_sink.rs` runs it.
 //!
 //! ```no_run
