@@ -125,7 +125,7 @@ pub use outbox_runtime::{
     MigrationReport, MigrationStep, Monitor, OutboxError, Retried, Stats, TableMigrations,
     TableSpec, claim, claim_batch, discard_dead, enqueue, enqueue_all, export, inbox, message,
     migrate, migrate_with_app, monitor, prune_sent, refinery, relay, requeue_all_dead,
-    requeue_dead, stats, verify,
+    requeue_dead, statement_timeout_millis, stats, verify,
 };
 
 #[cfg(feature = "testing")]
