@@ -84,7 +84,9 @@
 //! returns one result per [`Delivery`], in order: `Ok` (recorded `SENT`),
 //! [`SinkError::Transient`] (retried with backoff), [`SinkError::Permanent`] (`DEAD`
 //! now) or [`SinkError::Unavailable`] (the destination is down: handed back without
-//! counting the attempt, and the worker backs off). The README walks through one, with a consumer that deduplicates on the event
+//! counting the attempt, and the worker backs off). A sink whose client keeps sending
+//! after its future is dropped also implements [`Sink::withdraw`], for a shutdown whose
+//! grace runs out. The README walks through one, with a consumer that deduplicates on the event
 //! id, and `examples/custom_sink.rs` runs it.
 //!
 //! ```no_run
@@ -123,7 +125,7 @@ pub use outbox_runtime::{
     MigrationReport, MigrationStep, Monitor, OutboxError, Retried, Stats, TableMigrations,
     TableSpec, claim, claim_batch, discard_dead, enqueue, enqueue_all, export, inbox, message,
     migrate, migrate_with_app, monitor, prune_sent, refinery, relay, requeue_all_dead,
-    requeue_dead, stats, verify,
+    requeue_dead, statement_timeout_millis, stats, verify,
 };
 
 #[cfg(feature = "testing")]

@@ -18,6 +18,9 @@
 //!   the outbox's order.
 //! - A configuration that contradicts the idempotent producer, or an unbounded message
 //!   timeout, is refused when the sink is built.
+//! - A shutdown whose grace runs out with a batch still in the producer: a record still
+//!   queued is taken back and handed back, and no copy of it leaves the producer later
+//!   (none lands after the next event of its key); one sent and unanswered stays claimed.
 //!
 //! Each test starts its own tansu (an Apache Kafka-compatible broker, one static binary,
 //! in-memory storage) on a free port: `OUTBOX_TANSU` names the binary, by default
@@ -27,6 +30,7 @@
 mod support;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -701,4 +705,215 @@ fn kafka_a_producer_that_is_not_idempotent_or_unbounded_is_refused() {
     let mut config = producer_config("127.0.0.1:9");
     config.set("enable.idempotence", "true").set("acks", "all");
     KafkaSink::<ChaosEvent>::new(&config, "shipments").expect("an idempotent producer");
+}
+
+/// A step of an order, as [`broker::order_steps`] names them.
+fn step(order_id: i64, n: u32) -> OrderStep {
+    OrderStep {
+        name: format!("order-{order_id}-step-{n}"),
+        order_id,
+    }
+}
+
+/// A sink for `OrderStep` that counts the records it hands to its producer (its key
+/// function runs just before each is handed over, in the same synchronous step).
+fn counting_sink(
+    config: &ClientConfig,
+    topic: &str,
+) -> TestResult<(KafkaSink<OrderStep>, Arc<AtomicUsize>)> {
+    let handed = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&handed);
+    let sink = KafkaSink::<OrderStep>::new(config, topic)?.key_from(
+        move |delivery: &Delivery<'_, OrderStep>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            delivery.key().unwrap_or_default().to_owned()
+        },
+    );
+    Ok((sink, handed))
+}
+
+/// Every record of partition 0 of `topic` up to the one of event `last`, which must come
+/// (waits up to 30 s for each): `(event id, generation)`.
+async fn records_through(
+    bootstrap: &str,
+    topic: &str,
+    last: &str,
+) -> TestResult<Vec<(String, String)>> {
+    let consumer = consumer(bootstrap, topic)?;
+    let mut records = Vec::new();
+    loop {
+        let message = timeout(Duration::from_secs(30), consumer.recv())
+            .await
+            .map_err(|_| format!("no record of {last} after 30 s; before it: {records:?}"))??;
+        let record = Record::of(&message)?;
+        let generation = record
+            .header(header::GENERATION)
+            .ok_or("no generation")?
+            .to_owned();
+        let done = record.event_id == last;
+        records.push((record.event_id, generation));
+        if done {
+            return Ok(records);
+        }
+    }
+}
+
+/// The relay's shutdown grace runs out while the first step of an order lingers in
+/// librdkafka's queue (`linger.ms`). The sink takes it back: the row is handed back,
+/// and the producer, which the application still holds (a clone of the sink), never
+/// sends it. Another relay, another producer, publishes both steps; then a marker
+/// through the first producer, behind anything it still held for the partition, shows
+/// that nothing of the abandoned batch ever left it: no late copy of step 1 after step 2.
+#[tokio::test]
+async fn kafka_a_record_still_queued_when_the_shutdown_grace_ends_is_taken_back_and_never_lands()
+-> TestResult {
+    let tansu = Tansu::start().await?;
+    let bootstrap = tansu.bootstrap();
+    let db = schema_from_zero(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    let topic = format!("outbox.test.{}.steps", db.name());
+    create_topic(&bootstrap, &topic).await?;
+    enqueue(pool, &[step(7, 1), step(7, 2)]).await;
+
+    // Each record waits 5 s in the producer's queue before it is sent: far longer than
+    // the grace, shorter than the message timeout (below two thirds of the 30 s lease).
+    let mut lingering = producer_config(&bootstrap);
+    lingering
+        .set("linger.ms", "5000")
+        .set("message.timeout.ms", "19000");
+    let (sink, handed) = counting_sink(&lingering, &topic)?;
+    let first_producer = sink.clone();
+    let first = start(
+        Relay::<OrderStep, _>::new(pool.clone(), sink)
+            .shutdown_grace(Duration::from_millis(100))
+            .poll_interval(Duration::from_millis(50)),
+    );
+    wait_until(
+        "step 1 is handed to the producer",
+        Duration::from_secs(30),
+        async || handed.load(Ordering::SeqCst) == 1,
+    )
+    .await;
+    first.stop().await?;
+    let row = row_of::<OrderStep>(pool, "order-7-step-1").await;
+    assert_eq!(
+        (row.status.as_str(), row.generation, row.attempts),
+        ("READY", 1, 0),
+        "taken back unsent: handed back, the attempt not counted"
+    );
+
+    // Another relay (a new process, its own producer) publishes both steps.
+    let second = start(
+        Relay::<OrderStep, _>::new(
+            pool.clone(),
+            KafkaSink::<OrderStep>::new(&producer_config(&bootstrap), topic.clone())?,
+        )
+        .poll_interval(Duration::from_millis(50)),
+    );
+    wait_until("both steps SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 2
+    })
+    .await;
+    second.stop().await?;
+
+    // The first producer keeps a partition's records in order: once it has written the
+    // marker, it has written whatever it still held before it.
+    enqueue(pool, &[step(9, 1)]).await;
+    let marker = start(
+        Relay::<OrderStep, _>::new(pool.clone(), first_producer)
+            .poll_interval(Duration::from_millis(50)),
+    );
+    wait_until("the marker SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 3
+    })
+    .await;
+    marker.stop().await?;
+
+    let owned = |(event_id, generation): (&str, &str)| (event_id.to_owned(), generation.to_owned());
+    assert_eq!(
+        records_through(&bootstrap, &topic, "order-9-step-1").await?,
+        [
+            ("order-7-step-1", "2"),
+            ("order-7-step-2", "1"),
+            ("order-9-step-1", "1")
+        ]
+        .map(owned),
+        "step 1 once, by the second relay, before step 2: no copy from the first producer"
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// The relay's shutdown grace runs out while a record is on its way to the broker: sent
+/// on a connection that went silent (a proxy frozen), unanswered. The sink takes it
+/// back, but nothing can call back a request on the wire: the row is not handed back,
+/// it stays claimed until its lease ends, so that no other relay publishes the step, or
+/// the next one of its order, before a late copy could land.
+#[tokio::test]
+async fn kafka_a_record_sent_and_unanswered_when_the_shutdown_grace_ends_stays_claimed()
+-> TestResult {
+    let db = schema_from_zero(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    // Clients reach the broker through the proxy only: tansu advertises the proxy.
+    let port = free_port()?;
+    let mut proxy = Proxy::start(format!("127.0.0.1:{port}")).await?;
+    let tansu = Tansu::start_advertising(port, proxy.port).await?;
+    let through = format!("127.0.0.1:{}", proxy.port);
+    let topic = format!("outbox.test.{}.steps", db.name());
+    create_topic(&through, &topic).await?;
+    // Far longer than the test: the request stays unanswered, not timed out.
+    let mut config = producer_config(&through);
+    config.set("message.timeout.ms", "19000");
+    let (sink, handed) = counting_sink(&config, &topic)?;
+
+    // The producer connects, learns the partition's leader and its producer id.
+    enqueue(pool, &[step(8, 1)]).await;
+    let warm = start(
+        Relay::<OrderStep, _>::new(pool.clone(), sink.clone())
+            .poll_interval(Duration::from_millis(50)),
+    );
+    wait_until(
+        "the first event SENT",
+        Duration::from_secs(30),
+        async || outbox::stats::<OrderStep>(pool).await.unwrap().sent == 1,
+    )
+    .await;
+    warm.stop().await?;
+
+    // Its connection goes silent: the next request goes out, and no answer comes back.
+    proxy.freeze();
+    enqueue(pool, &[step(7, 1), step(7, 2)]).await;
+    let relay = start(
+        Relay::<OrderStep, _>::new(pool.clone(), sink)
+            .shutdown_grace(Duration::from_millis(100))
+            .poll_interval(Duration::from_millis(50)),
+    );
+    wait_until(
+        "step 1 is sent on the silent connection",
+        Duration::from_secs(30),
+        async || handed.load(Ordering::SeqCst) == 2 && proxy.held() > 0,
+    )
+    .await;
+    relay.stop().await?;
+
+    let row = row_of::<OrderStep>(pool, "order-7-step-1").await;
+    assert_eq!(
+        (row.status.as_str(), row.generation, row.attempts),
+        ("INPROGRESS", 1, 1),
+        "in doubt: still claimed, not handed back"
+    );
+    assert!(
+        row.lease_left.is_some_and(|left| left > 0.0),
+        "until its lease ends: {row:?}"
+    );
+    let next = row_of::<OrderStep>(pool, "order-7-step-2").await;
+    assert_eq!(
+        (next.status.as_str(), next.attempts),
+        ("READY", 0),
+        "the next step of the order waits behind it"
+    );
+    proxy.down();
+    drop(tansu);
+    db.drop_schema().await?;
+    Ok(())
 }

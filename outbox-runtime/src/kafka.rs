@@ -21,7 +21,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers as _, OwnedHeaders};
 use rdkafka::producer::future_producer::Delivery as Acked;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _, PurgeConfig};
 
 use crate::message::{self, Encoding, Json, header};
 use crate::relay::{Delivery, Sink, SinkError};
@@ -94,7 +94,8 @@ pub enum ConfigError {
 /// has one, else its event id; [`KafkaSink::key_from`] chooses another. Kafka keeps the
 /// records of one key in one partition, in the order they were produced, and the relay
 /// publishes an ordering key's events one at a time, in order, each once the previous
-/// one is `SENT`: the partition keeps the outbox's order of each key.
+/// one is `SENT`: the partition keeps the outbox's order of each key, through a
+/// shutdown too ([below](KafkaSink#shutdown)).
 ///
 /// # The producer
 ///
@@ -139,6 +140,8 @@ pub enum ConfigError {
 /// | the same failures while a broker answers (or beside a delivery that succeeded); the local queue is full; any other broker error | [`SinkError::Transient`] |
 /// | the cluster refuses the producer (authentication, cluster authorization such as `IDEMPOTENT_WRITE`); the producer hit a fatal error | [`SinkError::Unavailable`] |
 /// | the event does not encode; the record is over `message.max.bytes` (librdkafka's or the broker's); the topic does not exist (above); an invalid topic name; no authorization for the topic | [`SinkError::Permanent`] (`DEAD`) |
+/// | purged from librdkafka's queue at shutdown ([below](KafkaSink#shutdown)) | [`SinkError::Unavailable`]: handed back |
+/// | purged in flight at shutdown | [`SinkError::InDoubt`]: kept claimed until its lease ends |
 ///
 /// Once librdkafka reports that every broker is down, the sink asks for the cluster's
 /// metadata before it hands the producer a batch: while no broker answers, batches are
@@ -146,6 +149,32 @@ pub enum ConfigError {
 /// A producer that hits a fatal error (possible with the idempotent producer) fails its
 /// batch as unavailable and is replaced by a new one, built from the same configuration,
 /// before the next batch.
+///
+/// # Shutdown
+///
+/// When the relay's shutdown grace runs out while a batch is still in the producer, the
+/// sink takes it back ([`Sink::withdraw`]): it purges the producer's queues and its
+/// requests in flight, and the batch's delivery reports say what became of each record.
+/// No purged record leaves the producer afterwards, so the relay's outcomes hold:
+///
+/// - a record acknowledged before the purge is `SENT`;
+/// - a record still queued never left the producer: handed back, due at once, the
+///   attempt not counted;
+/// - a record already sent, awaiting its acknowledgement, may still be written: nothing
+///   can call back a request on the wire, and another producer's records are not fenced
+///   by this one's (the idempotent producer deduplicates and orders only its own). It is
+///   kept claimed until its lease ends, then published again: no other relay publishes
+///   it, or the events after it under its key, before then. (This one producer
+///   renumbers what it sends next, as librdkafka does after any purge in flight; with
+///   `enable.gapless.guarantee=true` the purge is a fatal error instead, and the
+///   producer is replaced.)
+///
+/// One limit: a record that librdkafka sent once and queued again to retry (its request
+/// failed, on a lost connection say) is reported purged from the queue too (rdkafka does
+/// not expose librdkafka's record status), and handed back; its first copy left the
+/// producer before the shutdown, on a connection since closed. The producer is shared
+/// by the sink's clones: the purge takes back their batches in flight too, which then
+/// answer the same way.
 ///
 /// ```no_run
 /// use outbox_runtime::kafka::{KafkaSink, rdkafka::ClientConfig};
@@ -473,6 +502,12 @@ enum Kind {
     Refused,
     /// Anything else: retried.
     Transient,
+    /// Purged from librdkafka's queues ([`Sink::withdraw`]): it never left the producer,
+    /// and never will.
+    Withdrawn,
+    /// Purged while in flight ([`Sink::withdraw`]): sent, unanswered, and maybe still on
+    /// its way to the broker.
+    InDoubt,
 }
 
 fn kind(error: &KafkaError) -> Kind {
@@ -507,6 +542,8 @@ fn kind(error: &KafkaError) -> Kind {
             | Code::ClusterAuthorizationFailed
             | Code::Fatal,
         ) => Kind::Refused,
+        Some(Code::PurgeQueue) => Kind::Withdrawn,
+        Some(Code::PurgeInflight) => Kind::InDoubt,
         _ => Kind::Transient,
     }
 }
@@ -537,6 +574,12 @@ impl Failure {
         let what = format!("publishing to topic `{topic}`: {error}");
         match (kind(&error), outage) {
             (Kind::Permanent, _) => SinkError::permanent(what),
+            (Kind::Withdrawn, _) => {
+                SinkError::unavailable(format!("{what} (taken back before it was sent)"))
+            }
+            (Kind::InDoubt, _) => SinkError::in_doubt(format!(
+                "{what} (taken back after it was sent: the broker may still write it)"
+            )),
             (Kind::Refused, _)
             | (Kind::Unreached, Outage::Brokers | Outage::Fatal)
             | (Kind::Transient, Outage::Fatal) => SinkError::unavailable(what),
@@ -669,6 +712,30 @@ impl<T: Outbox + Send + Sync, E: Encoding<T>> Sink<T> for KafkaSink<T, E> {
             .map(|acked| acked.map(drop))
             .collect()
     }
+
+    /// Purges the producer, queued and in-flight records (see
+    /// [shutdown](KafkaSink#shutdown)), and waits for the purge to finish: librdkafka
+    /// then sends none of them, and reports each to the batch it belongs to.
+    async fn withdraw(&self) -> bool {
+        // The producer in use: one replaced after a fatal error purged its queues itself.
+        let producer = self
+            .client
+            .producer
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let purged = tokio::task::spawn_blocking(move || {
+            producer.purge(PurgeConfig::default().queue().inflight());
+        })
+        .await;
+        if let Err(error) = purged {
+            // Whatever the producer still holds is reported to its batch all the same
+            // (delivered, or timed out within `message.timeout.ms`); a batch the relay
+            // hears nothing of by its send timeout is in doubt, and kept claimed.
+            tracing::error!(%error, "purging the Kafka producer failed");
+        }
+        true
+    }
 }
 
 /// The event id a record carries (the [`header::EVENT_ID`] header), for a consumer's
@@ -719,6 +786,21 @@ mod tests {
         assert_eq!(config.get("request.required.acks"), Some("-1"));
         assert_eq!(config.get("message.timeout.ms"), None);
         assert_eq!(config.get("delivery.timeout.ms"), Some("19000"));
+    }
+
+    #[test]
+    fn a_record_purged_from_the_queue_is_handed_back_and_one_purged_in_flight_is_in_doubt() {
+        let purged = |code| {
+            Failure {
+                topic: "orders".to_owned(),
+                error: KafkaError::MessageProduction(code),
+            }
+            .into_error(Outage::None)
+        };
+        let queued = purged(RDKafkaErrorCode::PurgeQueue);
+        assert!(matches!(queued, SinkError::Unavailable(_)), "{queued}");
+        let in_flight = purged(RDKafkaErrorCode::PurgeInflight);
+        assert!(matches!(in_flight, SinkError::InDoubt(_)), "{in_flight}");
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub mod testing;
 pub use claim::{Claim, Enqueued, Retried, claim, claim_batch, enqueue, enqueue_all};
 pub use error::OutboxError;
 pub use id::{EventId, EventIdField, Generation};
-pub use interval::MAX_INTERVAL;
+pub use interval::{MAX_INTERVAL, statement_timeout_millis};
 pub use migrate::{
     AppliedMigration, MigrationReport, TableMigrations, migrate, migrate_with_app, verify,
 };

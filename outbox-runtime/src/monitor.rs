@@ -107,7 +107,11 @@ impl Monitor {
     }
 
     /// How often to sample (at least 10 ms). A sample that outlasts it delays the next
-    /// rather than piling up.
+    /// rather than piling up. Each table's count runs with the interval as its
+    /// `statement_timeout`, at least a second ([`statement_timeout_millis`]): never 0,
+    /// which would be no limit, whatever the interval.
+    ///
+    /// [`statement_timeout_millis`]: crate::statement_timeout_millis
     pub fn interval(mut self, every: Duration) -> Self {
         self.interval = every.max(MIN_INTERVAL);
         self
@@ -173,7 +177,7 @@ impl Monitor {
     /// every table was tried. A failure that is not transient, or no connection at
     /// all, returns at once: the next tables would fail the same way.
     async fn sample(&self, gauges: &[TableGauges]) -> Result<(), OutboxError> {
-        let timeout = crate::interval::setting_millis(self.interval.max(MIN_TIMEOUT));
+        let timeout = crate::interval::statement_timeout_millis(self.interval.max(MIN_TIMEOUT));
         let begin = format!("BEGIN READ ONLY; SET LOCAL statement_timeout = {timeout}");
         let mut first_failure = None;
         for (spec, gauges) in self.tables.iter().zip(gauges) {

@@ -108,9 +108,10 @@ impl Delivered {
 
     /// What to record for a delivery of a claim's `attempt`: a transient failure and a
     /// missing result are retried after `retry`'s delay; an abandoned one, or one whose
-    /// destination was unavailable, is handed back.
-    fn outcome(self, attempt: u32, retry: &Backoff) -> Outcome {
-        match self {
+    /// destination was unavailable, is handed back; one in doubt, nothing (`Err`, with
+    /// the sink's reason): its claim stands until its lease ends.
+    fn outcome(self, attempt: u32, retry: &Backoff) -> Result<Outcome, String> {
+        Ok(match self {
             Self::Sent => Outcome::Sent,
             Self::Failed(SinkError::Permanent(e)) => Outcome::Dead {
                 error: e.to_string(),
@@ -125,21 +126,34 @@ impl Delivered {
             },
             // Not sent, or the destination was down: not this event's attempt.
             Self::Abandoned | Self::Failed(SinkError::Unavailable(_)) => Outcome::Release,
-        }
+            Self::Failed(SinkError::InDoubt(e)) => return Err(e.to_string()),
+        })
     }
 }
 
-/// The outcomes to record for a sent batch, one per row still owned: `results` is what
-/// the sink returned for `rows`, in order, or `None` for an abandoned batch.
+/// The outcomes to record for a sent batch, one per row still owned and not in doubt:
+/// `results` is what the sink returned for `rows`, in order, or `None` for an abandoned
+/// batch.
 pub(super) fn outcomes<T: Outbox>(
     rows: &[InFlight<'_, T>],
     results: Option<Vec<Result<(), SinkError>>>,
     retry: &Backoff,
 ) -> Vec<(Owned, Outcome)> {
+    let table = T::SPEC.table;
     rows.iter()
         .zip(Delivered::each(results))
         .filter(|(row, _)| row.is_owned())
-        .map(|(row, delivered)| (row.row(), delivered.outcome(row.claim.attempt(), retry)))
+        .filter_map(
+            |(row, delivered)| match delivered.outcome(row.claim.attempt(), retry) {
+                Ok(outcome) => Some((row.row(), outcome)),
+                Err(reason) => {
+                    let claim = row.claim;
+                    tracing::warn!(table, id = claim.id(), event_id = %claim.event_id(), generation = %claim.generation(), %reason,
+                        "the event may still reach the destination: left claimed until its lease ends, then published again");
+                    None
+                }
+            },
+        )
         .collect()
 }
 
@@ -153,7 +167,7 @@ mod tests {
         let retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(1));
         Delivered::each(results)
             .take(rows)
-            .map(|delivered| delivered.outcome(1, &retry))
+            .map(|delivered| delivered.outcome(1, &retry).expect("not in doubt"))
             .collect()
     }
 
@@ -185,5 +199,17 @@ mod tests {
     #[test]
     fn an_abandoned_batch_releases_every_row() {
         assert_eq!(outcomes_of(None, 3), vec![Outcome::Release; 3]);
+    }
+
+    #[test]
+    fn an_event_in_doubt_has_no_outcome_and_keeps_its_claim() {
+        let retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(1));
+        let delivered = Delivered::each(Some(vec![Err(SinkError::in_doubt("sent, unanswered"))]))
+            .next()
+            .expect("one per delivery");
+        assert_eq!(
+            delivered.outcome(1, &retry),
+            Err("sent, unanswered".to_owned())
+        );
     }
 }

@@ -138,6 +138,9 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
 
     /// How long a shutdown waits for in-flight sends before handing their rows back
     /// (at most [`MAX_INTERVAL`](crate::MAX_INTERVAL): `Duration::MAX` waits for them).
+    /// A sink that can take a batch back ([`Sink::withdraw`], as the Kafka sink does) is
+    /// asked to, and says which rows it can hand back; those that may still reach the
+    /// destination stay claimed until their leases end.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = grace.min(crate::MAX_INTERVAL);
         self
@@ -177,7 +180,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
 
     /// Publishes until `shutdown` is cancelled, then stops claiming, lets in-flight sends
     /// finish within the grace period, records their outcomes, and hands unsent rows
-    /// back.
+    /// back ([`shutdown_grace`](Self::shutdown_grace)).
     ///
     /// Transient database failures (a lost or refused connection, a server restart, a
     /// deadlock: [`OutboxError::is_transient`]) are logged and retried with backoff, and
@@ -465,6 +468,28 @@ impl Pending {
         self.outcomes = kept;
         self.batches = batches;
         given_up
+    }
+}
+
+/// What the sink answered for a batch.
+enum Answer {
+    /// `publish` returned (or timed out): one result per delivery.
+    Returned(Vec<Result<(), SinkError>>),
+    /// The shutdown grace ran out and the sink took the batch back: what it said became
+    /// of each delivery.
+    Withdrawn(Vec<Result<(), SinkError>>),
+    /// No answer: the shutdown grace ran out and the sink could take nothing back, or
+    /// every row was lost.
+    Abandoned,
+}
+
+impl Answer {
+    /// The results, `None` for an abandoned batch.
+    fn results(self) -> Option<Vec<Result<(), SinkError>>> {
+        match self {
+            Self::Returned(results) | Self::Withdrawn(results) => Some(results),
+            Self::Abandoned => None,
+        }
     }
 }
 
@@ -795,18 +820,19 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     (db.held, ahead)
                 }
             });
-            let (results, lease_deadline, ahead) =
-                self.send(&rows, &deliveries, conn, beside).await;
-            let unavailable = results.as_deref().and_then(|results| {
-                results.iter().find_map(|result| match result {
+            let (answer, lease_deadline, ahead) = self.send(&rows, &deliveries, conn, beside).await;
+            // What a withdrawn batch says of the destination is only that it was withdrawn.
+            let unavailable = match &answer {
+                Answer::Returned(results) => results.iter().find_map(|result| match result {
                     Err(error @ SinkError::Unavailable(_)) => Some(error.to_string()),
                     _ => None,
-                })
-            });
-            match (&unavailable, &results) {
+                }),
+                Answer::Withdrawn(_) | Answer::Abandoned => None,
+            };
+            match (&unavailable, &answer) {
                 (Some(reason), _) => self.outage.held_back(reason),
-                (None, Some(_)) => self.outage.answered(),
-                (None, None) => {}
+                (None, Answer::Returned(_)) => self.outage.answered(),
+                (None, _) => {}
             }
             // The claim ahead found nothing: it is as fresh as a short batch's.
             // (Not one whose rows were all dropped since: the claim was full.)
@@ -815,7 +841,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             if found_nothing {
                 metrics::counter!(metric::IDLE_CLAIMS, "table" => table).increment(1);
             }
-            let mut outcomes = in_flight::outcomes(&rows, results, &self.relay.retry);
+            let mut outcomes = in_flight::outcomes(&rows, answer.results(), &self.relay.retry);
             if self.relay.ascii_reasons {
                 outcomes = outcomes
                     .into_iter()
@@ -838,20 +864,20 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
 
     /// Runs the sink on `deliveries`, renewing the leases of their `rows` meanwhile, and
     /// runs `beside` (a transaction that has taken the worker's connection, and gives it
-    /// back) to its end. Returns the sink's results (`None`: abandoned at shutdown or
-    /// every row lost), when the earliest lease of the rows still owned ends, and what
-    /// `beside` returned.
+    /// back) to its end. Returns what the sink answered, when the earliest lease of the
+    /// rows still owned ends, and what `beside` returned.
+    ///
+    /// When the shutdown grace runs out first, the sink is asked to take the batch back
+    /// ([`Sink::withdraw`]): a sink that can is awaited for what became of each event,
+    /// the leases still renewed; one that cannot has its `publish` dropped, and every row
+    /// is handed back.
     async fn send<B>(
         &self,
         rows: &[InFlight<'_, T>],
         deliveries: &[Delivery<'_, T>],
         conn: &mut Connection<'_>,
         beside: Option<B>,
-    ) -> (
-        Option<Vec<Result<(), SinkError>>>,
-        Instant,
-        Option<Ahead<T>>,
-    )
+    ) -> (Answer, Instant, Option<Ahead<T>>)
     where
         B: Future<Output = (Option<PoolConnection<Postgres>>, Ahead<T>)>,
     {
@@ -860,6 +886,8 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let started = Instant::now();
         let mut renewal = Renewal::new(rows, started);
         let mut grace: Option<Instant> = None;
+        // The grace ran out and the sink took the batch back: its results are awaited.
+        let mut withdrawn = false;
         let mut sending = pin!(tokio::time::timeout(
             relay.send_timeout,
             sink::publish_contained::<T, S>(&relay.sink, deliveries)
@@ -872,7 +900,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let mut db_busy = busy;
         let mut renewal_waits = false;
 
-        let results = loop {
+        let answer = loop {
             tokio::select! {
                 biased;
                 Some((held, done)) = &mut beside, if db_busy => {
@@ -882,7 +910,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     renewal_waits = false;
                 }
                 sent = &mut sending => {
-                    break Some(sent.unwrap_or_else(|_| self.timed_out(rows.len())));
+                    break if withdrawn {
+                        Answer::Withdrawn(sent.unwrap_or_else(|_| in_doubt(rows.len())))
+                    } else {
+                        Answer::Returned(sent.unwrap_or_else(|_| self.timed_out(rows.len())))
+                    };
                 }
                 // By this process's clock, the leases of the rows still owned ended with
                 // their renewals unanswered: nothing can be recorded for them, and another
@@ -921,7 +953,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                         row.lose();
                     }
                     if renewal.lost_all() {
-                        break None;
+                        break Answer::Abandoned;
                     }
                     // The batch claimed ahead waits for this send: renewed too, once due
                     // (not right after a renewal that got no answer).
@@ -935,9 +967,14 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                 () = self.stop.cancelled(), if grace.is_none() => {
                     grace = Some(Instant::now() + relay.shutdown_grace);
                 }
-                () = sleep_until(grace.unwrap_or(started)), if grace.is_some() => {
-                    tracing::info!(table, "shutdown grace over; handing unsent events back");
-                    break None;
+                () = sleep_until(grace.unwrap_or(started)), if grace.is_some() && !withdrawn => {
+                    if relay.sink.withdraw().await {
+                        tracing::info!(table, "shutdown grace over; the sink took the batch back, awaiting what became of each event");
+                        withdrawn = true;
+                    } else {
+                        tracing::info!(table, "shutdown grace over; handing unsent events back");
+                        break Answer::Abandoned;
+                    }
                 }
             }
         };
@@ -948,7 +985,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             conn.held = held;
             ahead = Some(done);
         }
-        (results, renewal.lease_deadline(), ahead)
+        (answer, renewal.lease_deadline(), ahead)
     }
 
     /// The results of a batch of `size` whose publish timed out: a transient failure each.
@@ -967,6 +1004,18 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             })
             .collect()
     }
+}
+
+/// The results of a withdrawn batch of `size` whose sink did not say, within the send
+/// timeout, what became of its events: each may still reach the destination.
+fn in_doubt(size: usize) -> Vec<Result<(), SinkError>> {
+    (0..size)
+        .map(|_| {
+            Err(SinkError::in_doubt(
+                "withdrawn at shutdown, and the sink did not say what became of it before the send timeout",
+            ))
+        })
+        .collect()
 }
 
 /// Logs and counts a claimed batch.

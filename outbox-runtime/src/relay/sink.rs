@@ -96,6 +96,15 @@ pub enum SinkError {
     /// acknowledgement is [`Transient`](Self::Transient).
     #[error("destination unavailable: {0}")]
     Unavailable(#[source] BoxError),
+    /// The message left this process and got no answer, and nothing can call it back:
+    /// the destination may have it, or may still get it, late (a Kafka record already
+    /// sent when the relay [withdrew](Sink::withdraw) its batch). The relay records
+    /// nothing: the event stays claimed until its lease ends, and is then published
+    /// again (the attempt counted, as for any claim that ran out). Handing it back at
+    /// once could let another publisher send it, and the events after it under its
+    /// ordering key, before the late copy lands.
+    #[error("in doubt: {0}")]
+    InDoubt(#[source] BoxError),
 }
 
 impl SinkError {
@@ -114,6 +123,11 @@ impl SinkError {
         Self::Unavailable(error.into())
     }
 
+    /// An [`InDoubt`](Self::InDoubt) error.
+    pub fn in_doubt(error: impl Into<BoxError>) -> Self {
+        Self::InDoubt(error.into())
+    }
+
     /// Whether this says the destination is unavailable.
     pub fn is_unavailable(&self) -> bool {
         matches!(self, Self::Unavailable(_))
@@ -124,8 +138,8 @@ impl SinkError {
 ///
 /// `publish` receives a whole claimed batch and reports one result per delivery, in
 /// order. A result is what the relay records: `Ok` -> `SENT`, a transient error ->
-/// retry with backoff, a permanent error -> `DEAD`. A missing result counts as a
-/// transient error.
+/// retry with backoff, a permanent error -> `DEAD`, an error in doubt -> nothing (the
+/// claim stands until its lease ends). A missing result counts as a transient error.
 ///
 /// When the destination itself is down, return [`SinkError::Unavailable`] for the
 /// deliveries it did not take (usually all of them): the relay hands them back without
@@ -167,6 +181,30 @@ pub trait Sink<T>: Send + Sync + 'static {
         &self,
         batch: &[Delivery<'_, T>],
     ) -> impl Future<Output = Vec<Result<(), SinkError>>> + Send;
+
+    /// Takes back what the sink still holds of the batches it is publishing: called when
+    /// the relay's shutdown grace runs out while `publish` has not returned.
+    ///
+    /// Without it the relay drops the `publish` future and hands the batch's events back,
+    /// due at once. That is safe for a sink that sends nothing once its future is
+    /// dropped, not for one whose client keeps sending in the background (a producer's
+    /// queue): another relay could claim and publish the next event of a key before the
+    /// late copy of this one lands, and the destination would hold them out of order.
+    ///
+    /// Return `true` once nothing of those batches can leave this process any more; the
+    /// `publish` calls in flight must then return promptly, each delivery's result saying
+    /// what became of it: `Ok` if the destination took it before, [`SinkError::Unavailable`]
+    /// if it was taken back unsent (handed back at once, the attempt not counted),
+    /// [`SinkError::InDoubt`] if it was sent and unanswered (kept claimed until its lease
+    /// ends). The relay waits for them within its
+    /// [`send_timeout`](super::Relay::send_timeout); a batch not answered by then is in
+    /// doubt as a whole. Return promptly: the relay renews no lease meanwhile.
+    ///
+    /// The default returns `false`: nothing to take back, and the relay drops `publish`.
+    /// A sink that wraps another forwards this call.
+    fn withdraw(&self) -> impl Future<Output = bool> + Send {
+        std::future::ready(false)
+    }
 }
 
 /// `sink.publish(batch)`, awaited, or the panic it raised: in the call itself (a sink

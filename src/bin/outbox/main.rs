@@ -31,9 +31,10 @@ struct Cli {
     #[arg(long, global = true)]
     schema: Option<String>,
 
-    /// How long the server lets any one statement run before cancelling it (`0`: no
-    /// limit). Counting a very large table, or pruning, should not weigh on the
-    /// application's database for longer.
+    /// How long the server lets any one statement run before cancelling it: `0` is no
+    /// limit, any other at least 1 ms (a shorter one is rounded up). Counting a very
+    /// large table, or pruning, should not weigh on the application's database for
+    /// longer.
     #[arg(long, value_name = "DURATION", default_value = "30s", global = true,
           value_parser = humantime::parse_duration)]
     statement_timeout: Duration,
@@ -182,18 +183,6 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     result
 }
 
-/// `statement_timeout` in PostgreSQL's unit: `0` is no limit, so a shorter one than a
-/// millisecond rounds up to one; one longer than the server takes (an `int` of
-/// milliseconds, 24.8 days) is that.
-fn timeout_millis(timeout: Duration) -> u128 {
-    if timeout.is_zero() {
-        return 0;
-    }
-    timeout
-        .as_millis()
-        .clamp(1, u128::from(i32::MAX.unsigned_abs()))
-}
-
 /// A small lazy pool: nothing connects until the first command needs it, which then
 /// reports a refused connection with where and why; and the settings its sessions
 /// must have.
@@ -210,8 +199,7 @@ fn connect(
             "invalid database URL: expected postgres://user@host:port/database",
         ));
     }
-    // Milliseconds, the setting's unit; 0 turns it off, as in PostgreSQL.
-    let timeout = timeout_millis(statement_timeout).to_string();
+    let timeout = outbox::statement_timeout_millis(statement_timeout).to_string();
     let mut options = PgConnectOptions::from_str(url)
         .map_err(|e| fail(format!("invalid database URL: {e}")))?
         .application_name("outbox-cli")
@@ -306,14 +294,20 @@ async fn grants(pool: &PgPool, args: &GrantsArgs) -> Result<(), Failure> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_statement_timeout_shorter_than_a_millisecond_is_one_not_none() {
-        assert_eq!(timeout_millis(Duration::ZERO), 0, "no limit");
-        assert_eq!(timeout_millis(Duration::from_micros(500)), 1);
-        assert_eq!(timeout_millis(Duration::from_secs(30)), 30_000);
+    /// What `--statement-timeout` sets on the sessions, and checks they have.
+    #[tokio::test]
+    async fn a_statement_timeout_shorter_than_a_millisecond_is_one_not_none() {
+        let session = |timeout| {
+            let (_, session) = connect(Some("postgres://outbox@127.0.0.1/outbox"), None, timeout)
+                .expect("a valid URL");
+            session.statement_timeout
+        };
+        assert_eq!(session(Duration::ZERO), "0", "no limit");
+        assert_eq!(session(Duration::from_micros(500)), "1");
+        assert_eq!(session(Duration::from_secs(30)), "30000");
         assert_eq!(
-            timeout_millis(Duration::from_hours(100 * 24)),
-            2_147_483_647,
+            session(Duration::from_hours(100 * 24)),
+            "2147483647",
             "the longest the server takes"
         );
     }
