@@ -928,7 +928,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     }
                     tracing::warn!(table, rows = expired,
                         "the batch's leases ended in flight, their renewals unanswered; abandoning it (its events are claimed and published again)");
-                    break None;
+                    break Answer::Abandoned;
                 }
                 () = sleep_until(renewal.due()), if !renewal_waits => {
                     // The transaction beside can wait on a lock for up to its limit,
