@@ -554,6 +554,10 @@ impl Sink<ChaosEvent> for Recording {
             );
         results
     }
+
+    async fn withdraw(&self) -> bool {
+        self.sink.withdraw().await
+    }
 }
 
 /// Three events published through `sink`, whose brokers cannot take them, until the

@@ -350,6 +350,10 @@ mod with_brokers {
             }
             results
         }
+
+        async fn withdraw(&self) -> bool {
+            self.inner.withdraw().await
+        }
     }
 
     impl Bench {

@@ -410,6 +410,18 @@ impl Publisher {
                 .collect(),
         }
     }
+
+    /// The broker's sink takes back what it still holds at the end of a shutdown grace.
+    async fn withdraw(&self) -> bool {
+        match self {
+            #[cfg(feature = "nats")]
+            Self::Nats(sink) => Sink::<ChaosEvent>::withdraw(sink).await,
+            #[cfg(feature = "rabbitmq")]
+            Self::RabbitMq(sink) => Sink::<ChaosEvent>::withdraw(sink).await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(sink) => Sink::<ChaosEvent>::withdraw(sink).await,
+        }
+    }
 }
 
 /// In a relay child: the sink of the broker `kind` (the run's `BROKER` parameter),
@@ -498,6 +510,10 @@ impl Sink<ChaosEvent> for BrokerSink {
                 (Err(error), _) => Err(error),
             })
             .collect()
+    }
+
+    async fn withdraw(&self) -> bool {
+        self.publisher.withdraw().await
     }
 }
 
