@@ -309,7 +309,7 @@ async fn every_enqueued_event_is_published_exactly_once_and_ends_sent() -> TestR
         (stats.ready, stats.in_progress, stats.sent, stats.dead),
         (0, 0, 200, 0)
     );
-    assert_eq!((stats.expired_claims, stats.oldest_eligible_age), (0, None));
+    assert_eq!((stats.expired_claims, stats.oldest_waiting_age), (0, None));
     db.drop_schema().await?;
     Ok(())
 }
@@ -1475,7 +1475,8 @@ async fn killed_sessions_do_not_stop_the_relay_and_every_event_ends_sent_once() 
 }
 
 #[tokio::test]
-async fn stats_count_statuses_expired_claims_and_the_oldest_eligible_age() -> TestResult {
+async fn stats_count_statuses_expired_claims_and_the_oldest_waiting_age_since_enqueue() -> TestResult
+{
     let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     let empty = outbox::stats::<Budgeted>(pool).await?;
@@ -1489,9 +1490,12 @@ async fn stats_count_statuses_expired_claims_and_the_oldest_eligible_age() -> Te
         ),
         (0, 0, 0, 0, 0)
     );
-    assert_eq!(empty.oldest_eligible_age, None);
+    assert_eq!(
+        (empty.oldest_waiting_age, empty.oldest_waiting_error),
+        (None, None)
+    );
 
-    enqueue(pool, &["live", "expired", "sent", "dead"].map(budgeted)).await;
+    enqueue(pool, &["dead", "live", "expired", "sent"].map(budgeted)).await;
     let mut held = Vec::new();
     for claim in Budgeted::claim_batch(pool, 10).await? {
         match claim.event().name.as_str() {
@@ -1500,12 +1504,19 @@ async fn stats_count_statuses_expired_claims_and_the_oldest_eligible_age() -> Te
             _ => held.push(claim),
         }
     }
-    enqueue(pool, &["due-10m", "due-1m", "later"].map(budgeted)).await;
+    enqueue(pool, &["due", "later"].map(budgeted)).await;
+    // The ages since enqueue; the DEAD event, the oldest of all, waits for an operator,
+    // not for the relay. Every waiting event was just made due again (an outage's
+    // hand-back does that): the age still counts from the enqueue.
     sqlx::raw_sql(
-        "UPDATE budget_events SET next_attempt_at = now() - interval '10 minutes' WHERE event_id = 'due-10m';
-         UPDATE budget_events SET next_attempt_at = now() - interval '1 minute' WHERE event_id = 'due-1m';
+        "UPDATE budget_events SET created_at = now() - interval '2 hours' WHERE event_id = 'dead';
+         UPDATE budget_events SET created_at = now() - interval '20 minutes' WHERE event_id = 'live';
+         UPDATE budget_events SET created_at = now() - interval '15 minutes',
+             lease_until = now() - interval '1 minute' WHERE event_id = 'expired';
+         UPDATE budget_events SET created_at = now() - interval '10 minutes',
+             last_error = 'destination unavailable: connection refused' WHERE event_id = 'due';
          UPDATE budget_events SET next_attempt_at = now() + interval '1 hour' WHERE event_id = 'later';
-         UPDATE budget_events SET lease_until = now() - interval '20 minutes' WHERE event_id = 'expired';",
+         UPDATE budget_events SET next_attempt_at = now() WHERE event_id = 'due';",
     )
     .execute(pool)
     .await?;
@@ -1519,34 +1530,44 @@ async fn stats_count_statuses_expired_claims_and_the_oldest_eligible_age() -> Te
             stats.dead,
             stats.expired_claims
         ),
-        (3, 2, 1, 1, 1)
+        (2, 2, 1, 1, 1)
     );
-    let age = stats.oldest_eligible_age.expect("eligible rows");
-    assert!(
-        Duration::from_mins(20) <= age && age < Duration::from_mins(21),
-        "the expired claim is the oldest: {age:?}"
+    let within = |age: Option<Duration>, minutes: u64| {
+        age.is_some_and(|age| {
+            Duration::from_mins(minutes) <= age && age < Duration::from_mins(minutes + 1)
+        })
+    };
+    // A live claim is still to be published: the oldest waiting event.
+    assert!(within(stats.oldest_waiting_age, 20), "{stats:?}");
+    assert_eq!(stats.oldest_waiting_error, None, "nothing failed for it");
+
+    // Once it is sent, the expired claim is the oldest, then the READY event with the
+    // reason the relay wrote when it handed it back.
+    let live = held.remove(0);
+    assert_eq!(live.event().name, "live");
+    live.complete(pool).await?;
+    let stats = outbox::stats::<Budgeted>(pool).await?;
+    assert!(within(stats.oldest_waiting_age, 15), "{stats:?}");
+    held.remove(0).complete(pool).await.ok();
+    sqlx::query(
+        "UPDATE budget_events SET status = 'SENT', lease_until = NULL WHERE event_id = 'expired'",
+    )
+    .execute(pool)
+    .await?;
+    let stats = outbox::stats::<Budgeted>(pool).await?;
+    assert!(within(stats.oldest_waiting_age, 10), "{stats:?}");
+    assert_eq!(
+        stats.oldest_waiting_error.as_deref(),
+        Some("destination unavailable: connection refused")
     );
 
-    // Without the expired claim, the oldest due READY row is.
-    sqlx::query("UPDATE budget_events SET lease_until = now() + interval '1 hour' WHERE event_id = 'expired'")
+    // A time written by hand as -infinity is the longest age the outbox counts, not an
+    // error that would stop the monitor.
+    sqlx::query("UPDATE budget_events SET created_at = '-infinity' WHERE event_id = 'due'")
         .execute(pool)
         .await?;
     let stats = outbox::stats::<Budgeted>(pool).await?;
-    assert_eq!((stats.in_progress, stats.expired_claims), (2, 0));
-    let age = stats.oldest_eligible_age.expect("eligible rows");
-    assert!(
-        Duration::from_mins(10) <= age && age < Duration::from_mins(11),
-        "{age:?}"
-    );
-
-    // A time written by hand as -infinity (an operator's "due now") is the longest age
-    // the outbox counts, not an error that would stop the monitor.
-    sqlx::query("UPDATE budget_events SET next_attempt_at = '-infinity' WHERE event_id = 'due-1m'")
-        .execute(pool)
-        .await?;
-    let stats = outbox::stats::<Budgeted>(pool).await?;
-    assert_eq!(stats.oldest_eligible_age, Some(outbox::MAX_INTERVAL));
-    drop(held);
+    assert_eq!(stats.oldest_waiting_age, Some(outbox::MAX_INTERVAL));
     db.drop_schema().await?;
     Ok(())
 }

@@ -116,8 +116,12 @@ impl Delivered {
                 delay: retry.delay(attempt),
                 error: "the sink returned no result for this event".to_owned(),
             },
-            // Not sent, or the destination was down: not this event's attempt.
-            Self::Abandoned | Self::Failed(SinkError::Unavailable(_)) => Outcome::Release,
+            // Not sent, or the destination was down: not this event's attempt. The
+            // outage's reason is written, for the operators' `status`.
+            Self::Abandoned => Outcome::Release,
+            Self::Failed(error @ SinkError::Unavailable(_)) => Outcome::Unavailable {
+                error: error.to_string(),
+            },
         }
     }
 }
@@ -169,7 +173,13 @@ mod tests {
         assert!(
             matches!(&outcomes[2], Outcome::Retry { delay, error } if *delay >= Duration::from_millis(500) && error == "unavailable")
         );
-        assert_eq!(outcomes[3], Outcome::Release, "the attempt is not counted");
+        assert_eq!(
+            outcomes[3],
+            Outcome::Unavailable {
+                error: "destination unavailable: connection refused".to_owned()
+            },
+            "the attempt is not counted, the reason is kept"
+        );
         assert!(
             matches!(&outcomes[4], Outcome::Retry { error, .. } if error == "the sink returned no result for this event")
         );

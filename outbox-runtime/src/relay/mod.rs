@@ -959,7 +959,7 @@ fn account<T: Outbox>(outcomes: &[(Owned, Outcome)], recorded: &Recorded) {
             }
             (Some(Status::Dead), _) => dead += 1,
             (Some(_), Outcome::Sent) => sent += 1,
-            (Some(_), Outcome::Release) => released += 1,
+            (Some(_), Outcome::Release | Outcome::Unavailable { .. }) => released += 1,
             (Some(_), _) => retried += 1,
         }
     }

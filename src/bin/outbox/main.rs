@@ -47,16 +47,17 @@ Exit codes:
   0  done; for `status`: nothing needs attention
   1  an error (the database, a table, a refused change)
   2  a usage error
-  3  something needs attention: for `status`, a table (dead rows, an oldest eligible
-     event older than --max-age, a catalog entry that does not match its table, or no
+  3  something needs attention: for `status`, a table (dead rows, an event waiting
+     longer than --max-age since its enqueue, a catalog entry that does not match its table, or no
      outbox table at all; a `status --watch` ends with 0 on Ctrl-C, its attention
      lines on stdout); for `dead`, a table it could not read; for `requeue` and
      `discard` by id, ids left alone (not DEAD, or no such event)";
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Every outbox table: counts per status, due backlog, oldest eligible age, expired
-    /// claims, dead rows, sent in the last minute.
+    /// Every outbox table: counts per status, due backlog, the oldest waiting event's
+    /// age since its enqueue (and why it waits), expired claims, dead rows, sent in the
+    /// last minute.
     Status(status::Args),
     /// The dead events, with their attempts, error and age.
     Dead(events::DeadArgs),
