@@ -1692,6 +1692,112 @@ async fn a_sweep_that_keeps_failing_leaves_the_other_claims_room_to_publish() ->
     Ok(())
 }
 
+/// Fails each event as its name says: `refused-..` for good, any other for now.
+#[derive(Clone)]
+struct FailingByName;
+
+impl Sink<Budgeted> for FailingByName {
+    async fn publish(&self, batch: &[Delivery<'_, Budgeted>]) -> Vec<Result<(), SinkError>> {
+        batch
+            .iter()
+            .map(|delivery| {
+                let name = &delivery.event().name;
+                Err(if name.starts_with("refused") {
+                    SinkError::permanent(format!("no such topic for {name}"))
+                } else {
+                    SinkError::transient(format!("broker busy for {name}"))
+                })
+            })
+            .collect()
+    }
+}
+
+/// A broker that fails every event of a batch writes one line per cause, not one per
+/// event: a warning for the retries, an error for the events refused for good, another
+/// for those whose budget ran out; each naming the table, an event, its attempt and the
+/// reason. (The next line of a cause, after the interval, says how many were left out:
+/// the failure log's own test.)
+#[tokio::test]
+async fn a_failing_broker_logs_one_line_per_cause_with_the_event_its_attempt_and_the_reason()
+-> TestResult {
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    let names = [
+        "busy-1",
+        "busy-2",
+        "busy-3",
+        "busy-4",
+        "refused-1",
+        "refused-2",
+        "refused-3",
+        "last-1",
+        "last-2",
+    ];
+    enqueue(pool, &names.map(budgeted)).await;
+    // The `last-..` events used two of their three attempts already.
+    sqlx::query("UPDATE budget_events SET attempts = 2 WHERE event_id LIKE 'last-%'")
+        .execute(pool)
+        .await?;
+    let logs = Captured::default();
+    let _guard = logs.this_thread(tracing_subscriber::filter::LevelFilter::WARN);
+    let hour = Duration::from_hours(1);
+    let relay = start(
+        fast(Relay::new(pool.clone(), FailingByName))
+            .batch_size(100)
+            .retry_backoff(Backoff::new(hour, hour)),
+    );
+    wait_until(
+        "5 DEAD and 4 retried",
+        Duration::from_secs(30),
+        async || {
+            count::<Budgeted>(pool, "DEAD").await == 5
+                && count::<Budgeted>(pool, "READY").await == 4
+        },
+    )
+    .await;
+    relay.stop().await?;
+
+    let text = logs.text();
+    let line = |message: &str| -> Vec<&str> {
+        text.lines().filter(|line| line.contains(message)).collect()
+    };
+    let retried = line("publishing an event failed; it will be retried");
+    assert_eq!(retried.len(), 1, "{text}");
+    for field in [
+        " WARN ",
+        "table=\"budget_events\"",
+        "event_id=busy-",
+        "attempt=1 ",
+        "reason=broker busy for busy-",
+        "suppressed=0",
+    ] {
+        assert!(retried[0].contains(field), "{field} in {}", retried[0]);
+    }
+    let refused = line("publishing an event failed for good; it is DEAD now");
+    assert_eq!(refused.len(), 1, "{text}");
+    for field in [
+        " ERROR ",
+        "event_id=refused-",
+        "attempt=1 ",
+        "reason=no such topic for refused-",
+    ] {
+        assert!(refused[0].contains(field), "{field} in {}", refused[0]);
+    }
+    let exhausted = line("failed on the last attempt of its budget; it is DEAD now");
+    assert_eq!(exhausted.len(), 1, "{text}");
+    for field in [
+        " ERROR ",
+        "event_id=last-",
+        "attempt=3 ",
+        "reason=broker busy for last-",
+    ] {
+        assert!(exhausted[0].contains(field), "{field} in {}", exhausted[0]);
+    }
+    assert_eq!(text.lines().count(), 3, "nothing else was logged:\n{text}");
+    db.drop_schema().await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_server_whose_transactions_default_to_repeatable_read_costs_the_relay_nothing()
 -> TestResult {

@@ -2,6 +2,7 @@
 
 use tokio_util::sync::CancellationToken;
 
+use super::failure_log::FailureLog;
 use super::record::{Outcome, Owned};
 use super::{Backoff, Delivery, SinkError, metric};
 use crate::claim::Claim;
@@ -127,16 +128,22 @@ impl Delivered {
 }
 
 /// The outcomes to record for a sent batch, one per row still owned: `results` is what
-/// the sink returned for `rows`, in order, or `None` for an abandoned batch.
+/// the sink returned for `rows`, in order, or `None` for an abandoned batch. Each
+/// failure goes to the `failures` log.
 pub(super) fn outcomes<T: Outbox>(
     rows: &[InFlight<'_, T>],
     results: Option<Vec<Result<(), SinkError>>>,
     retry: &Backoff,
+    failures: &FailureLog,
 ) -> Vec<(Owned, Outcome)> {
     rows.iter()
         .zip(Delivered::each(results))
         .filter(|(row, _)| row.is_owned())
-        .map(|(row, delivered)| (row.row(), delivered.outcome(row.claim.attempt(), retry)))
+        .map(|(row, delivered)| {
+            let outcome = delivered.outcome(row.claim.attempt(), retry);
+            failures.log(row.claim, &outcome);
+            (row.row(), outcome)
+        })
         .collect()
 }
 

@@ -10,6 +10,7 @@
 //! in-flight sends within a grace period and hands the rest back.
 
 mod backoff;
+mod failure_log;
 mod frontier;
 mod in_flight;
 mod outage;
@@ -93,6 +94,8 @@ pub struct Relay<T, S> {
     /// Whether the database stores only ASCII reasons safely (its encoding is neither
     /// UTF-8 nor SQL_ASCII): read when the relay starts.
     ascii_reasons: bool,
+    /// The sink's failures, logged at most once per cause per 10 s by all the workers.
+    failures: failure_log::FailureLog,
     event: PhantomData<fn() -> T>,
 }
 
@@ -120,6 +123,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             retry: Backoff::new(spec.retry_delay, Duration::from_hours(1)),
             unavailable: Backoff::new(Duration::from_millis(100), Duration::from_secs(5)),
             ascii_reasons: false,
+            failures: failure_log::FailureLog::default(),
             event: PhantomData,
         }
     }
@@ -791,7 +795,8 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             if found_nothing {
                 metrics::counter!(metric::IDLE_CLAIMS, "table" => table).increment(1);
             }
-            let mut outcomes = in_flight::outcomes(&rows, results, &self.relay.retry);
+            let mut outcomes =
+                in_flight::outcomes(&rows, results, &self.relay.retry, &self.relay.failures);
             if self.relay.ascii_reasons {
                 outcomes = outcomes
                     .into_iter()
