@@ -2068,6 +2068,57 @@ async fn a_relay_refused_by_the_server_stops_and_says_where() -> TestResult {
     Ok(())
 }
 
+/// `outbox::connect` fails at once, naming where and why: a port nothing listens on, a
+/// database that does not exist, a URL that does not parse; and otherwise opens a pool.
+#[tokio::test]
+async fn connect_says_where_and_why_it_cannot() -> TestResult {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let refused = outbox::connect(&format!("postgres://ada@127.0.0.1:{port}/shop"))
+        .await
+        .expect_err("nothing listens there");
+    let OutboxError::Connect { endpoint, .. } = &refused else {
+        panic!("expected Connect, got {refused}");
+    };
+    assert_eq!(endpoint, &format!("127.0.0.1:{port}/shop as ada"));
+    assert!(
+        refused.to_string().contains("Connection refused") && refused.is_transient(),
+        "{refused}"
+    );
+    assert_eq!(format!("{refused:?}"), refused.to_string());
+
+    let db = TestSchema::new().await?;
+    let options: PgConnectOptions = db.url().parse()?;
+    let missing = outbox::connect_with(
+        PgPoolOptions::new(),
+        options.clone().database("no_such_database"),
+    )
+    .await
+    .expect_err("no such database");
+    assert!(
+        matches!(missing, OutboxError::Connect { .. })
+            && missing.to_string().contains("no_such_database")
+            && !missing.is_transient(),
+        "{missing}"
+    );
+    let garbled = outbox::connect("postgres://ada:secret@[nope/shop")
+        .await
+        .expect_err("not a URL");
+    assert!(
+        matches!(garbled, OutboxError::InvalidUrl { .. })
+            && !garbled.to_string().contains("secret"),
+        "{garbled}"
+    );
+
+    let pool = outbox::connect(&db.url()).await?;
+    let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&pool).await?;
+    assert_eq!(one, 1);
+    pool.close().await;
+    db.drop_schema().await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_relay_on_a_table_that_lost_a_column_stops_with_drift() -> TestResult {
     let db = schema_from_zero(&[OrderPlaced::migrations()]).await?;

@@ -151,10 +151,17 @@ fn report(failure: &Failure) -> ExitCode {
     match failure {
         Failure::Attention => ExitCode::from(3),
         Failure::Error(error) => {
-            eprintln!("error: {error}");
+            let mut said = error.to_string();
+            eprintln!("error: {said}");
+            // Most messages already end with their cause (`..: Connection refused`): a
+            // cause is printed only when it says something new.
             let mut source = error.source();
             while let Some(cause) = source {
-                eprintln!("  caused by: {cause}");
+                let text = cause.to_string();
+                if !said.contains(&text) {
+                    eprintln!("  caused by: {text}");
+                    said.push_str(&text);
+                }
                 source = cause.source();
             }
             ExitCode::FAILURE
@@ -167,7 +174,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         cli.database_url.as_deref(),
         cli.schema.as_deref(),
         cli.statement_timeout,
-    )?;
+    )
+    .await?;
     session.check(&pool).await?;
     let result = match cli.command {
         Command::Status(args) => status::run(&pool, args).await,
@@ -195,10 +203,9 @@ fn timeout_millis(timeout: Duration) -> u128 {
         .clamp(1, u128::from(i32::MAX.unsigned_abs()))
 }
 
-/// A small lazy pool: nothing connects until the first command needs it, which then
-/// reports a refused connection with where and why; and the settings its sessions
-/// must have.
-fn connect(
+/// A small pool, once a first connection made directly succeeded (a refused one is
+/// reported at once, with where and why); and the settings its sessions must have.
+async fn connect(
     url: Option<&str>,
     schema: Option<&str>,
     statement_timeout: Duration,
@@ -220,10 +227,13 @@ fn connect(
     if let Some(schema) = schema {
         options = options.options([("search_path", schema)]);
     }
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .acquire_timeout(Duration::from_secs(3))
-        .connect_lazy_with(options);
+    let pool = outbox::connect_with(
+        PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(3)),
+        options,
+    )
+    .await?;
     let session = Session {
         search_path: schema.map(str::to_owned),
         statement_timeout: timeout,
