@@ -76,6 +76,9 @@ impl FailureLog {
     /// was not logged within the interval. Nothing to do, and no lock taken, for a
     /// published event or one handed back.
     pub(super) fn log<T: Outbox>(&self, claim: &Claim<T>, outcome: &Outcome) {
+        if let Outcome::Sent | Outcome::Release | Outcome::Unavailable { .. } = outcome {
+            return;
+        }
         let (table, event_id, attempt) = (T::SPEC.table, claim.event_id(), claim.attempt());
         let max_attempts = T::SPEC.max_attempts;
         match outcome {

@@ -95,7 +95,8 @@ pub struct Relay<T, S> {
     /// UTF-8 nor SQL_ASCII): read when the relay starts.
     ascii_reasons: bool,
     /// The sink's failures, logged at most once per cause per 10 s by all the workers.
-    failures: failure_log::FailureLog,
+    /// (Boxed: a relay's `run` future holds the relay, and stays small.)
+    failures: Box<failure_log::FailureLog>,
     event: PhantomData<fn() -> T>,
 }
 
@@ -123,7 +124,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             retry: Backoff::new(spec.retry_delay, Duration::from_hours(1)),
             unavailable: Backoff::new(Duration::from_millis(100), Duration::from_secs(5)),
             ascii_reasons: false,
-            failures: failure_log::FailureLog::default(),
+            failures: Box::default(),
             event: PhantomData,
         }
     }
