@@ -75,6 +75,18 @@ enum Command {
     Serve(serve::Args),
 }
 
+impl Command {
+    /// Whether it keeps going while the database does not answer, saying so (`serve`,
+    /// `status --watch`): it starts without one.
+    fn rides_out_a_lost_database(&self) -> bool {
+        match self {
+            Self::Serve(_) => true,
+            Self::Status(args) => args.watches(),
+            _ => false,
+        }
+    }
+}
+
 #[derive(Debug, clap::Args)]
 struct GrantsArgs {
     /// The outbox table.
@@ -174,6 +186,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         cli.database_url.as_deref(),
         cli.schema.as_deref(),
         cli.statement_timeout,
+        cli.command.rides_out_a_lost_database(),
     )
     .await?;
     session.check(&pool).await?;
@@ -204,11 +217,14 @@ fn timeout_millis(timeout: Duration) -> u128 {
 }
 
 /// A small pool, once a first connection made directly succeeded (a refused one is
-/// reported at once, with where and why); and the settings its sessions must have.
+/// reported at once, with where and why), or, for a command that `rides_out` a database
+/// that does not answer, a pool that connects when it is first used; and the settings
+/// its sessions must have.
 async fn connect(
     url: Option<&str>,
     schema: Option<&str>,
     statement_timeout: Duration,
+    rides_out: bool,
 ) -> Result<(PgPool, Session), Failure> {
     let url = url.ok_or_else(|| {
         fail("no database: pass --database-url or set DATABASE_URL (postgres://user@host/db)")
@@ -227,13 +243,14 @@ async fn connect(
     if let Some(schema) = schema {
         options = options.options([("search_path", schema)]);
     }
-    let pool = outbox::connect_with(
-        PgPoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(Duration::from_secs(3)),
-        options,
-    )
-    .await?;
+    let pool_options = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(3));
+    let pool = if rides_out {
+        pool_options.connect_lazy_with(options)
+    } else {
+        outbox::connect_with(pool_options, options).await?
+    };
     let session = Session {
         search_path: schema.map(str::to_owned),
         statement_timeout: timeout,

@@ -25,6 +25,13 @@ pub(crate) struct Args {
     max_age: Option<Duration>,
 }
 
+impl Args {
+    /// Whether it refreshes until interrupted.
+    pub(crate) fn watches(&self) -> bool {
+        self.watch.is_some()
+    }
+}
+
 /// One table's state: its catalog entry's settings and its live signals.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct TableStatus {
