@@ -386,11 +386,12 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             // error. Ids follow the enqueue order (to within concurrent enqueues), and the
             // age is its `created_at`'s, not its `next_attempt_at`'s: every hand-back of
             // an outage makes an event due again, which would restart the age. (No index
-            // has `created_at`; a min() of it is a second aggregate over the scan, a
-            // fifth slower than the id's.) Measured with EXPLAIN ANALYZE on 1,000,000
-            // SENT, 100,000 READY and 100 INPROGRESS rows (PostgreSQL 15, 2 cores, no
-            // parallel workers): 550 ms, as the earlier statement without this figure;
-            // the probe 0.04 ms.
+            // has `created_at`; its min() in the scan as well as the id's measured a
+            // sixth slower.) Measured with EXPLAIN ANALYZE on 1,000,000
+            // SENT, 100,000 READY and 100 INPROGRESS rows (PostgreSQL 15, 2 busy cores):
+            // a median of 357 ms with two parallel workers (609 ms without), as the
+            // statement before this figure (348 ms, 707 ms) within the noise; the
+            // probe 0.04 ms.
             let waiting = format!("status IN ('{ready}', '{in_progress}')");
             let sql = format!(
                 "SELECT s.*, w.oldest_waiting_age, w.oldest_waiting_error\n\
