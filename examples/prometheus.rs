@@ -1,7 +1,7 @@
 //! Live gauges for Prometheus: a relay publishes the orders' events while a
 //! [`Monitor`](outbox::Monitor) samples both outbox tables every second, and
 //! `/metrics` shows the relay's counters (`outbox_sent_total`, ...) next to the
-//! monitor's gauges (`outbox_due`, `outbox_oldest_eligible_age_seconds`, ...).
+//! monitor's gauges (`outbox_due`, `outbox_oldest_waiting_age_seconds`, ...).
 //!
 //! The customers' events have no relay here, so their backlog and its age grow: what
 //! the alert rules in the README catch.

@@ -123,9 +123,9 @@ pub use outbox_runtime::relay::{
 pub use outbox_runtime::{
     AppliedMigration, Claim, Column, Enqueued, EventId, EventIdField, Generation, MAX_INTERVAL,
     MigrationReport, MigrationStep, Monitor, OutboxError, Retried, Stats, TableMigrations,
-    TableSpec, claim, claim_batch, discard_dead, enqueue, enqueue_all, export, inbox, message,
-    migrate, migrate_with_app, monitor, prune_sent, refinery, relay, requeue_all_dead,
-    requeue_dead, statement_timeout_millis, stats, verify,
+    TableSpec, claim, claim_batch, connect, connect_with, discard_dead, enqueue, enqueue_all,
+    export, inbox, message, migrate, migrate_with_app, monitor, prune_sent, refinery, relay,
+    requeue_all_dead, requeue_dead, statement_timeout_millis, stats, verify,
 };
 
 #[cfg(feature = "testing")]

@@ -158,6 +158,11 @@ async fn the_gauges_follow_each_tables_claims_failures_and_repairs() -> TestResu
     let claimed = OrderStep::claim(pool).await?.expect("2-a");
     assert_eq!(claimed.event().name, "2-a", "1-b waits behind 1-a");
     claimed.complete(pool).await?;
+    // 1-b, the oldest event still to be published, was enqueued 10 minutes ago (1-a,
+    // DEAD, waits for an operator, not for the relay).
+    sqlx::query("UPDATE order_step_events SET created_at = now() - interval '10 minutes' WHERE event_id = '1-b'")
+        .execute(pool)
+        .await?;
     let died = OrderStep::claim(pool).await?.expect("3-a");
     let _live = OrderStep::claim(pool).await?.expect("4-a");
     expire::<OrderStep>(pool, died.id()).await?;
@@ -172,9 +177,12 @@ async fn the_gauges_follow_each_tables_claims_failures_and_repairs() -> TestResu
     )
     .await;
     let age = counters
-        .gauge(metric::OLDEST_ELIGIBLE_AGE_SECONDS, STEPS)
+        .gauge(metric::OLDEST_WAITING_AGE_SECONDS, STEPS)
         .expect("the age gauge");
-    assert!(age >= 1.0, "3-a's lease ended a second ago: {age}");
+    assert!(
+        (600.0..660.0).contains(&age),
+        "1-b waits since its enqueue, 10 minutes ago: {age}"
+    );
 
     // Receipts: one sent (its row deleted), one retried in an hour (waiting, not due),
     // one due.

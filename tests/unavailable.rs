@@ -232,6 +232,16 @@ async fn only_the_unavailable_deliveries_of_a_batch_are_handed_back() -> TestRes
         [("SENT", 1, 1), ("SENT", 1, 2), ("DEAD", 1, 1)],
         "ok, down, bad: (status, attempts, generation)"
     );
+    // The hand-back says why, where `outbox status` reads it (kept once sent).
+    let errors: Vec<Option<&str>> = rows.iter().map(|r| r.last_error.as_deref()).collect();
+    assert_eq!(
+        errors,
+        [
+            None,
+            Some("destination unavailable: partition leader moving"),
+            Some("too large")
+        ]
+    );
     db.drop_schema().await?;
     Ok(())
 }

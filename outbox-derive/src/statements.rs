@@ -284,7 +284,7 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                      \x20   last_error = CASE\n\
                      \x20       WHEN u.outcome = '{o_retry}' AND o.attempts >= {max}\n\
                      \x20           THEN 'attempt budget exhausted after ' || o.attempts || ' of {max} claims' || coalesce(': ' || u.error, '')\n\
-                     \x20       WHEN u.outcome IN ('{o_retry}', '{o_dead}') THEN coalesce(u.error, o.last_error)\n\
+                     \x20       WHEN u.outcome IN ('{o_retry}', '{o_dead}', '{o_release}') THEN coalesce(u.error, o.last_error)\n\
                      \x20       ELSE o.last_error END\n\
                      FROM {from}\n\
                      WHERE {only}{OWNED_EACH}"
@@ -380,21 +380,36 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             Definition { sql, checked }
         }
         Statement::Stats => {
+            // One sequential scan counts every row (the counts of SENT rows have no index
+            // to come from); the oldest waiting event is the one with the lowest id in that
+            // scan, then one primary-key probe reads when it was enqueued and its last
+            // error. Ids follow the enqueue order (to within concurrent enqueues), and the
+            // age is its `created_at`'s, not its `next_attempt_at`'s: every hand-back of
+            // an outage makes an event due again, which would restart the age. (No index
+            // has `created_at`; its min() in the scan as well as the id's measured a
+            // sixth slower.) Measured with EXPLAIN ANALYZE on 1,000,000
+            // SENT, 100,000 READY and 100 INPROGRESS rows (PostgreSQL 15, 2 busy cores):
+            // a median of 357 ms with two parallel workers (609 ms without), as the
+            // statement before this figure (348 ms, 707 ms) within the noise; the
+            // probe 0.04 ms.
+            let waiting = format!("status IN ('{ready}', '{in_progress}')");
             let sql = format!(
-                "SELECT\n\
+                "SELECT s.*, w.oldest_waiting_age, w.oldest_waiting_error\n\
+                 FROM (SELECT\n\
                  \x20   count(*) FILTER (WHERE status = '{ready}') AS ready,\n\
                  \x20   count(*) FILTER (WHERE status = '{in_progress}') AS in_progress,\n\
                  \x20   count(*) FILTER (WHERE status = '{sent}') AS sent,\n\
                  \x20   count(*) FILTER (WHERE status = '{dead}') AS dead,\n\
                  \x20   count(*) FILTER (WHERE status = '{in_progress}' AND lease_until <= statement_timestamp()) AS expired_claims,\n\
-                 \x20   statement_timestamp() - min(CASE\n\
-                 \x20       WHEN status = '{ready}' AND next_attempt_at <= statement_timestamp() THEN greatest(next_attempt_at, {oldest})\n\
-                 \x20       WHEN status = '{in_progress}' AND lease_until <= statement_timestamp() THEN greatest(lease_until, {oldest}) END)\n\
-                 \x20       AS oldest_eligible_age,\n\
+                 \x20   min(id) FILTER (WHERE {waiting}) AS first_waiting,\n\
                  \x20   {held},\n\
                  \x20   {recent} AS sent_last_minute,\n\
                  \x20   count(*) FILTER (WHERE status = '{ready}' AND next_attempt_at <= statement_timestamp()) AS due\n\
-                 FROM {t}",
+                 \x20   FROM {t}) AS s\n\
+                 LEFT JOIN LATERAL (SELECT\n\
+                 \x20   statement_timestamp() - greatest(created_at, {oldest}) AS oldest_waiting_age,\n\
+                 \x20   last_error AS oldest_waiting_error\n\
+                 \x20   FROM {t} WHERE id = s.first_waiting) AS w ON true",
                 held = held_keys(table.model),
                 oldest = oldest(),
                 recent = match table.model.sent {
@@ -411,7 +426,7 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
     }
 }
 
-/// The stats' last two columns: how many keys a `DEAD` event holds back, and the age
+/// The stats' two columns of held keys: how many keys a `DEAD` event holds back, and the age
 /// of the oldest such event (zero and NULL where no key can be held).
 fn held_keys(model: &Model) -> String {
     let (held, age) = ("held_keys", "oldest_held_age");

@@ -1,13 +1,57 @@
-//! Taking a connection from the application's pool, with an error that says where and
-//! why when there is none.
+//! Opening a pool, and taking a connection from the application's pool, with an error
+//! that says where and why when there is none.
 
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::PgConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions as _, Connection as _, PgPool, Postgres};
 
 use crate::error::{OutboxError, sqlstate};
+
+/// A pool of connections to the database at `url` (`postgres://user:password@host:port/
+/// database`), with sqlx's default pool options: [`connect_with`] says how it fails.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), outbox::OutboxError> {
+/// let url = std::env::var("DATABASE_URL").unwrap_or_default();
+/// let pool = outbox::connect(&url).await?;
+/// # Ok(()) }
+/// ```
+pub async fn connect(url: &str) -> Result<PgPool, OutboxError> {
+    let options = url
+        .parse::<PgConnectOptions>()
+        .map_err(|source| OutboxError::InvalidUrl { source })?;
+    connect_with(PgPoolOptions::new(), options).await
+}
+
+/// A pool of `pool`'s kind, of connections made with `options`, once one connection made
+/// directly succeeded: a server that is not there, or that refuses the role, its
+/// password or the database, is [`OutboxError::Connect`] at once, naming
+/// `host:port/database as user` and the cause (`Connection refused`, `password
+/// authentication failed`, ...). sqlx's own `connect` retries until the pool's acquire
+/// timeout (30 s by default) and then says only that the pool timed out. A server that
+/// does not answer at all is given that timeout too.
+pub async fn connect_with(
+    pool: PgPoolOptions,
+    options: PgConnectOptions,
+) -> Result<PgPool, OutboxError> {
+    let wait = pool.get_acquire_timeout();
+    let failed = |source| OutboxError::Connect {
+        target: String::new(),
+        endpoint: endpoint(&options),
+        source,
+    };
+    match tokio::time::timeout(wait, options.connect()).await {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+        }
+        Ok(Err(error)) => return Err(failed(error)),
+        Err(_) => return Err(failed(no_answer(wait))),
+    }
+    // The pool opens its own connections as they are needed, from the first use on.
+    Ok(pool.connect_lazy_with(options))
+}
 
 /// How long the diagnostic connection after a pool timeout may take.
 const DIAGNOSIS: Duration = Duration::from_secs(5);
@@ -55,11 +99,16 @@ async fn diagnose(options: &PgConnectOptions) -> Option<sqlx::Error> {
             None
         }
         Ok(Err(error)) => Some(error),
-        Err(_) => Some(sqlx::Error::Io(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("no answer within {DIAGNOSIS:?}"),
-        ))),
+        Err(_) => Some(no_answer(DIAGNOSIS)),
     }
+}
+
+/// A connection attempt that got no answer in `wait`.
+fn no_answer(wait: Duration) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("no answer within {wait:?}"),
+    ))
 }
 
 /// Errors of the connection phase: the network, TLS, the configuration, or the server

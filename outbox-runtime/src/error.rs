@@ -23,7 +23,10 @@ use crate::id::Generation;
 ///
 /// [`Stale`](Self::Stale) is neither: it is the answer, not a failure (the claim is no
 /// longer yours; never retry the outcome).
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` form is its message, causes included: what a `main` returning
+/// `Result<(), Box<dyn Error>>` prints for it.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum OutboxError {
     /// The ownership guard matched nothing: the claim's lease expired, or another
@@ -91,13 +94,25 @@ pub enum OutboxError {
 
     /// No connection could be opened: the server refused or did not answer, or it
     /// refused the credentials or the database name.
-    #[error("cannot connect to PostgreSQL at {endpoint} (for `{target}`): {source}")]
+    #[error("cannot connect to PostgreSQL at {endpoint}{}: {source}", for_target(.target))]
     Connect {
-        /// The outbox table or operation that needed the connection.
+        /// The outbox table or operation that needed the connection; empty for a new
+        /// pool's first connection ([`connect`](crate::connect)).
         target: String,
         /// Where: `host:port/database as user` (no password).
         endpoint: String,
         /// What the connection attempt reported.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// A database URL that does not parse (given to [`connect`](crate::connect)). The
+    /// URL is not repeated: it may hold a password.
+    #[error(
+        "invalid database URL (expected postgres://user:password@host:port/database): {source}"
+    )]
+    InvalidUrl {
+        /// What sqlx reported.
         #[source]
         source: sqlx::Error,
     },
@@ -224,6 +239,15 @@ pub enum OutboxError {
     },
 }
 
+/// The message: every variant's says what happened, where, and the cause (or what to
+/// do), where a derived `Debug` would print nested structs (`MissingTable { table: ..,
+/// source: Database(PgDatabaseError { .. }) }`).
+impl std::fmt::Debug for OutboxError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
 impl OutboxError {
     /// Classifies a sqlx error raised by a statement on `table`.
     pub(crate) fn from_sqlx(table: &'static str, source: sqlx::Error) -> Self {
@@ -260,6 +284,14 @@ impl OutboxError {
             Self::Connect { source, .. } | Self::Database { source, .. } => is_transient(source),
             _ => false,
         }
+    }
+}
+
+fn for_target(target: &str) -> String {
+    if target.is_empty() {
+        String::new()
+    } else {
+        format!(" (for `{target}`)")
     }
 }
 
@@ -350,6 +382,24 @@ mod tests {
             generation: Generation::new(1),
         };
         assert!(!stale.is_transient());
+    }
+
+    #[test]
+    fn debug_is_the_message() {
+        let missing = OutboxError::MissingTable {
+            table: "order_events",
+            source: sqlx::Error::RowNotFound,
+        };
+        assert_eq!(
+            format!("{missing:?}"),
+            "outbox table `order_events` does not exist; run outbox::migrate at startup"
+        );
+        let boxed: Box<dyn std::error::Error> = Box::new(missing);
+        assert_eq!(
+            format!("{boxed:?}"),
+            boxed.to_string(),
+            "as `main` prints it"
+        );
     }
 
     #[test]

@@ -31,6 +31,7 @@ mod spec;
 pub mod testing;
 
 pub use claim::{Claim, Enqueued, Retried, claim, claim_batch, enqueue, enqueue_all};
+pub use connect::{connect, connect_with};
 pub use error::OutboxError;
 pub use id::{EventId, EventIdField, Generation};
 pub use interval::{MAX_INTERVAL, statement_timeout_millis};

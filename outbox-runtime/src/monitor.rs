@@ -30,9 +30,10 @@ pub mod metric {
     pub const EXPIRED_CLAIMS: &str = "outbox_expired_claims";
     /// Gauge: `DEAD` rows, waiting for an operator to requeue or discard them.
     pub const DEAD: &str = "outbox_dead";
-    /// Gauge: seconds the oldest eligible event (due `READY`, or an expired claim) has
-    /// waited; 0 when nothing is eligible. The lag to alert on.
-    pub const OLDEST_ELIGIBLE_AGE_SECONDS: &str = "outbox_oldest_eligible_age_seconds";
+    /// Gauge: seconds since the oldest event still to be published (`READY` or
+    /// `INPROGRESS`) was enqueued; 0 when none is. The lag to alert on: it keeps growing
+    /// through an outage, however often the relay hands the events back.
+    pub const OLDEST_WAITING_AGE_SECONDS: &str = "outbox_oldest_waiting_age_seconds";
     /// Gauge, tables with an ordering key (`#[outbox(key)]`) only: keys held back by a
     /// `DEAD` event, whose later events wait for an operator.
     pub const HELD_KEYS: &str = "outbox_held_keys";
@@ -211,7 +212,7 @@ struct TableGauges {
     in_progress: Gauge,
     expired_claims: Gauge,
     dead: Gauge,
-    oldest_eligible_age: Gauge,
+    oldest_waiting_age: Gauge,
     /// Only for a table with an ordering key: others hold no key.
     held: Option<(Gauge, Gauge)>,
     /// Only for a table that keeps its `SENT` rows: the others cannot count them.
@@ -228,7 +229,7 @@ impl TableGauges {
             in_progress: gauge(metric::IN_PROGRESS),
             expired_claims: gauge(metric::EXPIRED_CLAIMS),
             dead: gauge(metric::DEAD),
-            oldest_eligible_age: gauge(metric::OLDEST_ELIGIBLE_AGE_SECONDS),
+            oldest_waiting_age: gauge(metric::OLDEST_WAITING_AGE_SECONDS),
             held: spec.key.map(|_| {
                 (
                     gauge(metric::HELD_KEYS),
@@ -246,8 +247,8 @@ impl TableGauges {
         self.in_progress.set(rows(stats.in_progress));
         self.expired_claims.set(rows(stats.expired_claims));
         self.dead.set(rows(stats.dead));
-        self.oldest_eligible_age
-            .set(seconds(stats.oldest_eligible_age));
+        self.oldest_waiting_age
+            .set(seconds(stats.oldest_waiting_age));
         if let Some((held_keys, oldest_held_age)) = &self.held {
             held_keys.set(rows(stats.held_keys));
             oldest_held_age.set(seconds(stats.oldest_held_age));

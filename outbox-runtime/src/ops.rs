@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use sqlx::postgres::PgRow;
 use sqlx::postgres::types::PgInterval;
-use sqlx::{AssertSqlSafe, PgExecutor};
+use sqlx::{AssertSqlSafe, PgExecutor, Row as _};
 
 use crate::error::OutboxError;
 use crate::interval;
@@ -59,44 +60,21 @@ impl Operations<'_> {
         &self,
         executor: impl PgExecutor<'e>,
     ) -> Result<Stats, OutboxError> {
-        #[allow(clippy::type_complexity, reason = "the statement's columns, in order")]
-        let (
-            ready,
-            in_progress,
-            sent,
-            dead,
-            expired_claims,
-            age,
-            held_keys,
-            held_age,
-            recent,
-            due,
-        ): (
-            i64,
-            i64,
-            i64,
-            i64,
-            i64,
-            Option<PgInterval>,
-            i64,
-            Option<PgInterval>,
-            Option<i64>,
-            i64,
-        ) = sqlx::query_as(text(self.stats))
+        let row = sqlx::query(text(self.stats))
             .fetch_one(executor)
             .await
             .map_err(self.error())?;
-        Ok(Stats {
-            ready,
-            due,
-            in_progress,
-            sent,
-            dead,
-            expired_claims,
-            oldest_eligible_age: age.map(interval_to_duration),
-            held_keys,
-            oldest_held_age: held_age.map(interval_to_duration),
-            sent_last_minute: recent,
+        Stats::decode(&row).map_err(|error| match error {
+            // A catalog entry written by an older build: its statement measured the
+            // oldest age from when an event became due, and has no such column.
+            sqlx::Error::ColumnNotFound(column) => OutboxError::CatalogEntryInvalid {
+                table: self.table,
+                problem: format!(
+                    "its `stats` statement was written by an older build of the outbox crate \
+                     (it has no `{column}` column); run outbox::migrate with this version"
+                ),
+            },
+            error => self.error()(error),
         })
     }
 
@@ -154,7 +132,7 @@ impl Operations<'_> {
 }
 
 /// A snapshot of one outbox table, for dashboards and alerts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Stats {
     /// Rows waiting for a claim (due or not yet due).
@@ -169,9 +147,17 @@ pub struct Stats {
     pub dead: i64,
     /// Claims whose lease expired: a publisher died or stalled holding them.
     pub expired_claims: i64,
-    /// How long the oldest eligible event (due `READY`, or expired `INPROGRESS`) has
-    /// waited; `None` when nothing is eligible. The lag alert signal.
-    pub oldest_eligible_age: Option<Duration>,
+    /// How long ago the oldest event still to be published (`READY` or `INPROGRESS`, the
+    /// one with the lowest id) was enqueued; `None` when none is. The lag to alert on:
+    /// it grows through an outage, whatever the relay retries or hands back meanwhile.
+    /// `DEAD` events are not waiting for the relay but for an operator: they have their
+    /// own figures ([`dead`](Self::dead), [`oldest_held_age`](Self::oldest_held_age)).
+    pub oldest_waiting_age: Option<Duration>,
+    /// That oldest waiting event's `last_error`: why it is still waiting, once a relay
+    /// tried it (`destination unavailable: ..` through an outage, which the relay
+    /// writes when it hands events back, or a transient failure's reason). `None` when
+    /// no relay recorded a failure for it: not tried yet, or no relay runs.
+    pub oldest_waiting_error: Option<String>,
     /// Ordering keys held back by a `DEAD` event (a type with `#[outbox(key)]`, unless
     /// it says `dead_releases_key`): their later events wait for an operator to requeue
     /// or discard it.
@@ -182,6 +168,30 @@ pub struct Stats {
     /// Events recorded `SENT` in the last minute: the publish rate. `None` for a
     /// `delete_sent` table, whose sent events leave no row behind.
     pub sent_last_minute: Option<i64>,
+}
+
+impl Stats {
+    /// The `stats` statement's row, by column name (its contract).
+    fn decode(row: &PgRow) -> Result<Self, sqlx::Error> {
+        let age = |column: &str| -> Result<Option<Duration>, sqlx::Error> {
+            Ok(row
+                .try_get::<Option<PgInterval>, _>(column)?
+                .map(interval_to_duration))
+        };
+        Ok(Self {
+            ready: row.try_get("ready")?,
+            due: row.try_get("due")?,
+            in_progress: row.try_get("in_progress")?,
+            sent: row.try_get("sent")?,
+            dead: row.try_get("dead")?,
+            expired_claims: row.try_get("expired_claims")?,
+            oldest_waiting_age: age("oldest_waiting_age")?,
+            oldest_waiting_error: row.try_get("oldest_waiting_error")?,
+            held_keys: row.try_get("held_keys")?,
+            oldest_held_age: age("oldest_held_age")?,
+            sent_last_minute: row.try_get("sent_last_minute")?,
+        })
+    }
 }
 
 /// Reads [`Stats`] for `T`'s table. Counts the whole table: poll it every few seconds,

@@ -25,18 +25,25 @@ impl Captured {
     /// Captures what this thread logs at `level` and above, until the guard drops. A
     /// current-thread runtime (`#[tokio::test]`'s) polls its tasks on this thread, so
     /// they log here.
+    ///
+    /// tracing caches per log statement whether any subscriber wants it. A statement
+    /// first reached on another test's thread, which has no subscriber, while this one
+    /// was being installed can be cached as wanted by none, and its lines would be lost
+    /// here: the cache is rebuilt once this subscriber is in place.
     pub fn this_thread(
         &self,
         level: tracing_subscriber::filter::LevelFilter,
     ) -> tracing::dispatcher::DefaultGuard {
         use tracing_subscriber::util::SubscriberInitExt as _;
         let writer = self.clone();
-        tracing_subscriber::fmt()
+        let guard = tracing_subscriber::fmt()
             .with_max_level(level)
             .with_writer(move || writer.clone())
             .with_ansi(false)
             .finish()
-            .set_default()
+            .set_default();
+        tracing::callsite::rebuild_interest_cache();
+        guard
     }
 
     /// Everything written so far.

@@ -170,3 +170,26 @@ async fn without_database_url_it_says_so() {
         describe(&output)
     );
 }
+
+/// A wrong port: the program says at once where it tried and why it failed, in one
+/// readable line (not sqlx's "pool timed out" after 30 s, nor an error's `Debug` form).
+#[tokio::test]
+async fn a_wrong_port_says_where_and_why() -> Result<(), Box<dyn Error>> {
+    // A port nothing listens on: one just freed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let output = run(Some(&format!("postgres://ada@127.0.0.1:{port}/shop"))).await;
+    assert!(!output.status.success(), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let expected = format!(
+        "Error: cannot connect to PostgreSQL at 127.0.0.1:{port}/shop as ada: \
+         error communicating with database: Connection refused"
+    );
+    assert!(
+        stderr.starts_with(&expected) && stderr.lines().count() == 1,
+        "{}",
+        describe(&output)
+    );
+    Ok(())
+}

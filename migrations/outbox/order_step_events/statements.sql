@@ -157,7 +157,7 @@ UPDATE "order_step_events" AS o SET
     last_error = CASE
         WHEN u.outcome = 'RETRY' AND o.attempts >= 2
             THEN 'attempt budget exhausted after ' || o.attempts || ' of 2 claims' || coalesce(': ' || u.error, '')
-        WHEN u.outcome IN ('RETRY', 'DEAD') THEN coalesce(u.error, o.last_error)
+        WHEN u.outcome IN ('RETRY', 'DEAD', 'RELEASE') THEN coalesce(u.error, o.last_error)
         ELSE o.last_error END
 FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[])
     AS u(id, generation, outcome, delay, error)
@@ -214,18 +214,20 @@ WITH doomed AS (
 DELETE FROM "order_step_events" AS o USING doomed AS d WHERE o.id = d.id;
 
 -- stats
-SELECT
+SELECT s.*, w.oldest_waiting_age, w.oldest_waiting_error
+FROM (SELECT
     count(*) FILTER (WHERE status = 'READY') AS ready,
     count(*) FILTER (WHERE status = 'INPROGRESS') AS in_progress,
     count(*) FILTER (WHERE status = 'SENT') AS sent,
     count(*) FILTER (WHERE status = 'DEAD') AS dead,
     count(*) FILTER (WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()) AS expired_claims,
-    statement_timestamp() - min(CASE
-        WHEN status = 'READY' AND next_attempt_at <= statement_timestamp() THEN greatest(next_attempt_at, statement_timestamp() - interval '31557600000 seconds')
-        WHEN status = 'INPROGRESS' AND lease_until <= statement_timestamp() THEN greatest(lease_until, statement_timestamp() - interval '31557600000 seconds') END)
-        AS oldest_eligible_age,
+    min(id) FILTER (WHERE status IN ('READY', 'INPROGRESS')) AS first_waiting,
     count(DISTINCT "order_id") FILTER (WHERE status = 'DEAD') AS held_keys,
     statement_timestamp() - min(greatest(created_at, statement_timestamp() - interval '31557600000 seconds')) FILTER (WHERE status = 'DEAD' AND "order_id" IS NOT NULL) AS oldest_held_age,
     count(*) FILTER (WHERE status = 'SENT' AND next_attempt_at > statement_timestamp() - interval '1 minute') AS sent_last_minute,
     count(*) FILTER (WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()) AS due
-FROM "order_step_events";
+    FROM "order_step_events") AS s
+LEFT JOIN LATERAL (SELECT
+    statement_timestamp() - greatest(created_at, statement_timestamp() - interval '31557600000 seconds') AS oldest_waiting_age,
+    last_error AS oldest_waiting_error
+    FROM "order_step_events" WHERE id = s.first_waiting) AS w ON true;

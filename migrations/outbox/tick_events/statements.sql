@@ -104,7 +104,7 @@ UPDATE "tick_events" AS o SET
     last_error = CASE
         WHEN u.outcome = 'RETRY' AND o.attempts >= 10
             THEN 'attempt budget exhausted after ' || o.attempts || ' of 10 claims' || coalesce(': ' || u.error, '')
-        WHEN u.outcome IN ('RETRY', 'DEAD') THEN coalesce(u.error, o.last_error)
+        WHEN u.outcome IN ('RETRY', 'DEAD', 'RELEASE') THEN coalesce(u.error, o.last_error)
         ELSE o.last_error END
 FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[])
     AS u(id, generation, outcome, delay, error)
@@ -135,17 +135,19 @@ WITH doomed AS (
 DELETE FROM "tick_events" AS o USING doomed AS d WHERE o.id = d.id;
 
 -- stats
-SELECT
+SELECT s.*, w.oldest_waiting_age, w.oldest_waiting_error
+FROM (SELECT
     count(*) FILTER (WHERE status = 'READY') AS ready,
     count(*) FILTER (WHERE status = 'INPROGRESS') AS in_progress,
     count(*) FILTER (WHERE status = 'SENT') AS sent,
     count(*) FILTER (WHERE status = 'DEAD') AS dead,
     count(*) FILTER (WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()) AS expired_claims,
-    statement_timestamp() - min(CASE
-        WHEN status = 'READY' AND next_attempt_at <= statement_timestamp() THEN greatest(next_attempt_at, statement_timestamp() - interval '31557600000 seconds')
-        WHEN status = 'INPROGRESS' AND lease_until <= statement_timestamp() THEN greatest(lease_until, statement_timestamp() - interval '31557600000 seconds') END)
-        AS oldest_eligible_age,
+    min(id) FILTER (WHERE status IN ('READY', 'INPROGRESS')) AS first_waiting,
     0::bigint AS held_keys, NULL::interval AS oldest_held_age,
     count(*) FILTER (WHERE status = 'SENT' AND next_attempt_at > statement_timestamp() - interval '1 minute') AS sent_last_minute,
     count(*) FILTER (WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()) AS due
-FROM "tick_events";
+    FROM "tick_events") AS s
+LEFT JOIN LATERAL (SELECT
+    statement_timestamp() - greatest(created_at, statement_timestamp() - interval '31557600000 seconds') AS oldest_waiting_age,
+    last_error AS oldest_waiting_error
+    FROM "tick_events" WHERE id = s.first_waiting) AS w ON true;

@@ -48,7 +48,9 @@ pub enum Outcome {
     Retry,
     /// Failed for good: `DEAD`.
     Dead,
-    /// Not sent (shutdown): back to `READY`, due now, the attempt not counted.
+    /// Not sent (shutdown, or the destination unavailable): back to `READY`, due now,
+    /// the attempt not counted; with an error (the destination's), that is its
+    /// `last_error`, which is kept otherwise.
     Release,
 }
 
@@ -258,10 +260,13 @@ statements! {
     DiscardDead => "discard_dead",
     /// Deletes up to `$2` (`bigint`) `SENT` rows created more than `$1` (`interval`) ago.
     PruneSent => "prune_sent",
-    /// Counts per status, expired claims, the age of the oldest eligible event, then the
-    /// keys held back by a `DEAD` event and the age of the oldest such event, then the
-    /// rows recorded `SENT` in the last minute (NULL for a `delete_sent` table), then the
-    /// `READY` rows that are due.
+    /// The operators' figures, one row, its columns read by name: `ready`,
+    /// `in_progress`, `sent`, `dead` (counts per status), `expired_claims`,
+    /// `oldest_waiting_age` and `oldest_waiting_error` (how long ago the oldest `READY`
+    /// or `INPROGRESS` event, the one with the lowest id, was enqueued, and its
+    /// `last_error`; NULL when none waits), `held_keys` and `oldest_held_age` (the keys
+    /// held back by a `DEAD` event, the age of the oldest such event), `sent_last_minute`
+    /// (NULL for a `delete_sent` table) and `due` (the `READY` rows that are due).
     Stats => "stats",
 }
 

@@ -2,6 +2,7 @@
 
 use tokio_util::sync::CancellationToken;
 
+use super::failure_log::FailureLog;
 use super::record::{Outcome, Owned};
 use super::{Backoff, Delivery, SinkError, metric};
 use crate::claim::Claim;
@@ -124,8 +125,12 @@ impl Delivered {
                 delay: retry.delay(attempt),
                 error: "the sink returned no result for this event".to_owned(),
             },
-            // Not sent, or the destination was down: not this event's attempt.
-            Self::Abandoned | Self::Failed(SinkError::Unavailable(_)) => Outcome::Release,
+            // Not sent, or the destination was down: not this event's attempt. The
+            // outage's reason is written, for the operators' `status`.
+            Self::Abandoned => Outcome::Release,
+            Self::Failed(error @ SinkError::Unavailable(_)) => Outcome::Unavailable {
+                error: error.to_string(),
+            },
             Self::Failed(SinkError::InDoubt(e)) => return Err(e.to_string()),
         })
     }
@@ -133,11 +138,12 @@ impl Delivered {
 
 /// The outcomes to record for a sent batch, one per row still owned and not in doubt:
 /// `results` is what the sink returned for `rows`, in order, or `None` for an abandoned
-/// batch.
+/// batch. Each failure goes to the `failures` log.
 pub(super) fn outcomes<T: Outbox>(
     rows: &[InFlight<'_, T>],
     results: Option<Vec<Result<(), SinkError>>>,
     retry: &Backoff,
+    failures: &FailureLog,
 ) -> Vec<(Owned, Outcome)> {
     let table = T::SPEC.table;
     rows.iter()
@@ -145,7 +151,10 @@ pub(super) fn outcomes<T: Outbox>(
         .filter(|(row, _)| row.is_owned())
         .filter_map(
             |(row, delivered)| match delivered.outcome(row.claim.attempt(), retry) {
-                Ok(outcome) => Some((row.row(), outcome)),
+                Ok(outcome) => {
+                    failures.log(row.claim, &outcome);
+                    Some((row.row(), outcome))
+                }
                 Err(reason) => {
                     let claim = row.claim;
                     tracing::warn!(table, id = claim.id(), event_id = %claim.event_id(), generation = %claim.generation(), %reason,
@@ -190,7 +199,13 @@ mod tests {
         assert!(
             matches!(&outcomes[2], Outcome::Retry { delay, error } if *delay >= Duration::from_millis(500) && error == "unavailable")
         );
-        assert_eq!(outcomes[3], Outcome::Release, "the attempt is not counted");
+        assert_eq!(
+            outcomes[3],
+            Outcome::Unavailable {
+                error: "destination unavailable: connection refused".to_owned()
+            },
+            "the attempt is not counted, the reason is kept"
+        );
         assert!(
             matches!(&outcomes[4], Outcome::Retry { error, .. } if error == "the sink returned no result for this event")
         );

@@ -10,6 +10,7 @@
 //! in-flight sends within a grace period and hands the rest back.
 
 mod backoff;
+mod failure_log;
 mod frontier;
 mod in_flight;
 mod outage;
@@ -93,6 +94,9 @@ pub struct Relay<T, S> {
     /// Whether the database stores only ASCII reasons safely (its encoding is neither
     /// UTF-8 nor SQL_ASCII): read when the relay starts.
     ascii_reasons: bool,
+    /// The sink's failures, logged at most once per cause per 10 s by all the workers.
+    /// (Boxed: a relay's `run` future holds the relay, and stays small.)
+    failures: Box<failure_log::FailureLog>,
     event: PhantomData<fn() -> T>,
 }
 
@@ -120,6 +124,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             retry: Backoff::new(spec.retry_delay, Duration::from_hours(1)),
             unavailable: Backoff::new(Duration::from_millis(100), Duration::from_secs(5)),
             ascii_reasons: false,
+            failures: Box::default(),
             event: PhantomData,
         }
     }
@@ -841,7 +846,12 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             if found_nothing {
                 metrics::counter!(metric::IDLE_CLAIMS, "table" => table).increment(1);
             }
-            let mut outcomes = in_flight::outcomes(&rows, answer.results(), &self.relay.retry);
+            let mut outcomes = in_flight::outcomes(
+                &rows,
+                answer.results(),
+                &self.relay.retry,
+                &self.relay.failures,
+            );
             if self.relay.ascii_reasons {
                 outcomes = outcomes
                     .into_iter()
@@ -1046,7 +1056,7 @@ fn account<T: Outbox>(outcomes: &[(Owned, Outcome)], recorded: &Recorded) {
             }
             (Some(Status::Dead), _) => dead += 1,
             (Some(_), Outcome::Sent) => sent += 1,
-            (Some(_), Outcome::Release) => released += 1,
+            (Some(_), Outcome::Release | Outcome::Unavailable { .. }) => released += 1,
             (Some(_), _) => retried += 1,
         }
     }

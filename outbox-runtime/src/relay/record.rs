@@ -23,6 +23,9 @@ pub(crate) enum Outcome {
     Dead { error: String },
     /// Not sent (shutdown): back to `READY`, due now, the attempt not counted.
     Release,
+    /// [`Release`](Self::Release), the destination unavailable: the reason goes to
+    /// `last_error`, so that an outage shows in the table.
+    Unavailable { error: String },
 }
 
 impl Outcome {
@@ -35,6 +38,9 @@ impl Outcome {
                 error: ascii_reason(error),
             },
             Self::Dead { error } => Self::Dead {
+                error: ascii_reason(error),
+            },
+            Self::Unavailable { error } => Self::Unavailable {
                 error: ascii_reason(error),
             },
             other => other,
@@ -175,6 +181,9 @@ pub(crate) async fn record<'e, T: Outbox>(
                 Outcome::Retry { delay, error } => (Recording::Retry, *delay, Some(error.as_str())),
                 Outcome::Dead { error } => (Recording::Dead, Duration::ZERO, Some(error.as_str())),
                 Outcome::Release => (Recording::Release, Duration::ZERO, None),
+                Outcome::Unavailable { error } => {
+                    (Recording::Release, Duration::ZERO, Some(error.as_str()))
+                }
             };
             kinds.push(kind.as_sql());
             delays.push(interval(delay));

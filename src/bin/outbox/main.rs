@@ -48,16 +48,17 @@ Exit codes:
   0  done; for `status`: nothing needs attention
   1  an error (the database, a table, a refused change)
   2  a usage error
-  3  something needs attention: for `status`, a table (dead rows, an oldest eligible
-     event older than --max-age, a catalog entry that does not match its table, or no
+  3  something needs attention: for `status`, a table (dead rows, an event waiting
+     longer than --max-age since its enqueue, a catalog entry that does not match its table, or no
      outbox table at all; a `status --watch` ends with 0 on Ctrl-C, its attention
      lines on stdout); for `dead`, a table it could not read; for `requeue` and
      `discard` by id, ids left alone (not DEAD, or no such event)";
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Every outbox table: counts per status, due backlog, oldest eligible age, expired
-    /// claims, dead rows, sent in the last minute.
+    /// Every outbox table: counts per status, due backlog, the oldest waiting event's
+    /// age since its enqueue (and why it waits), expired claims, dead rows, sent in the
+    /// last minute.
     Status(status::Args),
     /// The dead events, with their attempts, error and age.
     Dead(events::DeadArgs),
@@ -73,6 +74,18 @@ enum Command {
     Grants(GrantsArgs),
     /// A dashboard in the browser, with a JSON API (read-only unless --allow-writes).
     Serve(serve::Args),
+}
+
+impl Command {
+    /// Whether it keeps going while the database does not answer, saying so (`serve`,
+    /// `status --watch`): it starts without one.
+    fn rides_out_a_lost_database(&self) -> bool {
+        match self {
+            Self::Serve(_) => true,
+            Self::Status(args) => args.watches(),
+            _ => false,
+        }
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -151,10 +164,17 @@ fn report(failure: &Failure) -> ExitCode {
     match failure {
         Failure::Attention => ExitCode::from(3),
         Failure::Error(error) => {
-            eprintln!("error: {error}");
+            let mut said = error.to_string();
+            eprintln!("error: {said}");
+            // Most messages already end with their cause (`..: Connection refused`): a
+            // cause is printed only when it says something new.
             let mut source = error.source();
             while let Some(cause) = source {
-                eprintln!("  caused by: {cause}");
+                let text = cause.to_string();
+                if !said.contains(&text) {
+                    eprintln!("  caused by: {text}");
+                    said.push_str(&text);
+                }
                 source = cause.source();
             }
             ExitCode::FAILURE
@@ -167,7 +187,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         cli.database_url.as_deref(),
         cli.schema.as_deref(),
         cli.statement_timeout,
-    )?;
+        cli.command.rides_out_a_lost_database(),
+    )
+    .await?;
     session.check(&pool).await?;
     let result = match cli.command {
         Command::Status(args) => status::run(&pool, args).await,
@@ -183,13 +205,15 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     result
 }
 
-/// A small lazy pool: nothing connects until the first command needs it, which then
-/// reports a refused connection with where and why; and the settings its sessions
-/// must have.
-fn connect(
+/// A small pool, once a first connection made directly succeeded (a refused one is
+/// reported at once, with where and why), or, for a command that `rides_out` a database
+/// that does not answer, a pool that connects when it is first used; and the settings
+/// its sessions must have.
+async fn connect(
     url: Option<&str>,
     schema: Option<&str>,
     statement_timeout: Duration,
+    rides_out: bool,
 ) -> Result<(PgPool, Session), Failure> {
     let url = url.ok_or_else(|| {
         fail("no database: pass --database-url or set DATABASE_URL (postgres://user@host/db)")
@@ -207,10 +231,14 @@ fn connect(
     if let Some(schema) = schema {
         options = options.options([("search_path", schema)]);
     }
-    let pool = PgPoolOptions::new()
+    let pool_options = PgPoolOptions::new()
         .max_connections(4)
-        .acquire_timeout(Duration::from_secs(3))
-        .connect_lazy_with(options);
+        .acquire_timeout(Duration::from_secs(3));
+    let pool = if rides_out {
+        pool_options.connect_lazy_with(options)
+    } else {
+        outbox::connect_with(pool_options, options).await?
+    };
     let session = Session {
         search_path: schema.map(str::to_owned),
         statement_timeout: timeout,
@@ -297,16 +325,23 @@ mod tests {
     /// What `--statement-timeout` sets on the sessions, and checks they have.
     #[tokio::test]
     async fn a_statement_timeout_shorter_than_a_millisecond_is_one_not_none() {
-        let session = |timeout| {
-            let (_, session) = connect(Some("postgres://outbox@127.0.0.1/outbox"), None, timeout)
-                .expect("a valid URL");
+        // A pool that connects when first used (`rides_out`): nothing connects here.
+        let session = async |timeout| {
+            let (_, session) = connect(
+                Some("postgres://outbox@127.0.0.1/outbox"),
+                None,
+                timeout,
+                true,
+            )
+            .await
+            .expect("a valid URL");
             session.statement_timeout
         };
-        assert_eq!(session(Duration::ZERO), "0", "no limit");
-        assert_eq!(session(Duration::from_micros(500)), "1");
-        assert_eq!(session(Duration::from_secs(30)), "30000");
+        assert_eq!(session(Duration::ZERO).await, "0", "no limit");
+        assert_eq!(session(Duration::from_micros(500)).await, "1");
+        assert_eq!(session(Duration::from_secs(30)).await, "30000");
         assert_eq!(
-            session(Duration::from_hours(100 * 24)),
+            session(Duration::from_hours(100 * 24)).await,
             "2147483647",
             "the longest the server takes"
         );

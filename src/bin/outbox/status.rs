@@ -19,9 +19,17 @@ pub(crate) struct Args {
     #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s",
           value_parser = crate::parse_every)]
     watch: Option<Duration>,
-    /// Exit with 3 when a table's oldest eligible event is older than this (e.g. 5m).
+    /// Exit with 3 when a table's oldest waiting event (READY or IN PROGRESS) was enqueued
+    /// longer ago than this (e.g. 5m).
     #[arg(long, value_name = "AGE", value_parser = humantime::parse_duration)]
     max_age: Option<Duration>,
+}
+
+impl Args {
+    /// Whether it refreshes until interrupted.
+    pub(crate) fn watches(&self) -> bool {
+        self.watch.is_some()
+    }
 }
 
 /// One table's state: its catalog entry's settings and its live signals.
@@ -42,7 +50,11 @@ pub(crate) struct TableStatus {
     pub(crate) sent: i64,
     /// `None` for a table that deletes its sent rows.
     pub(crate) sent_last_minute: Option<i64>,
-    pub(crate) oldest_eligible_age_seconds: Option<f64>,
+    /// Since the enqueue of the oldest event still to be published (`READY` or
+    /// `INPROGRESS`); `None` when none is.
+    pub(crate) oldest_waiting_age_seconds: Option<f64>,
+    /// That event's `last_error`: why it still waits, once a relay tried it.
+    pub(crate) oldest_waiting_error: Option<String>,
     pub(crate) held_keys: i64,
     pub(crate) oldest_held_age_seconds: Option<f64>,
     /// Why the catalog entry cannot be trusted, or the table's counts could not be read;
@@ -95,7 +107,8 @@ impl TableStatus {
             } else {
                 stats.sent_last_minute
             },
-            oldest_eligible_age_seconds: stats.oldest_eligible_age.map(|d| d.as_secs_f64()),
+            oldest_waiting_age_seconds: stats.oldest_waiting_age.map(|d| d.as_secs_f64()),
+            oldest_waiting_error: stats.oldest_waiting_error,
             held_keys: stats.held_keys,
             oldest_held_age_seconds: stats.oldest_held_age.map(|d| d.as_secs_f64()),
             problem,
@@ -103,8 +116,17 @@ impl TableStatus {
     }
 
     fn oldest(&self) -> Option<Duration> {
-        self.oldest_eligible_age_seconds
-            .map(Duration::from_secs_f64)
+        self.oldest_waiting_age_seconds.map(Duration::from_secs_f64)
+    }
+
+    /// What the table says of why its oldest waiting event still waits.
+    fn why_waiting(&self) -> String {
+        match &self.oldest_waiting_error {
+            Some(error) => format!("its last error: {error}"),
+            None => "no failure recorded for it: no relay has tried it yet (is one running, \
+                     and keeping up?)"
+                .to_owned(),
+        }
     }
 
     /// Why an operator should look at this table now, if at all.
@@ -130,10 +152,11 @@ impl TableStatus {
             && oldest > max
         {
             reasons.push(format!(
-                "{}: the oldest eligible event has waited {}, over --max-age {}",
+                "{}: the oldest waiting event was enqueued {} ago, over --max-age {}; {}",
                 self.table,
                 age(oldest),
-                humantime::format_duration(max)
+                humantime::format_duration(max),
+                self.why_waiting()
             ));
         }
         reasons
@@ -263,6 +286,17 @@ fn print(tables: &[TableStatus], json: bool) -> Result<(), Failure> {
         ]);
     }
     print!("{}", table.render());
+    // An outage (or any failure the relay rides out) shows here: the relay writes why
+    // it handed events back in their `last_error`.
+    for t in tables.iter().filter(|t| t.problem.is_none()) {
+        if let (Some(oldest), Some(error)) = (t.oldest(), &t.oldest_waiting_error) {
+            println!(
+                "{}: the oldest waiting event, enqueued {} ago, last failed: {error}",
+                t.table,
+                age(oldest)
+            );
+        }
+    }
     Ok(())
 }
 
