@@ -1704,8 +1704,7 @@ async fn a_server_whose_transactions_default_to_repeatable_read_costs_the_relay_
         "no claim or recording failed on a concurrent claim:\n{}",
         logs.text()
     );
-    // What the log says, the rows say too (a log line can be missed: tracing caches
-    // per statement whether anyone listens): every event claimed once, and sent once.
+    // What the log says, the rows say too: every event claimed once, and sent once.
     let again: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM budget_events WHERE (attempts, generation) <> (1, 1)",
     )
