@@ -9,6 +9,8 @@
 //! - [`counters`]: a `metrics` recorder that counts;
 //! - [`logs`]: the relay's log lines, captured;
 //! - [`running`]: a relay running in the background, and its stop;
+//! - [`seed`]: a chaos test's seed, from `OUTBOX_CHAOS_SEED` or fresh, named by its
+//!   failures;
 //! - [`role`]: a login role of the test's own, dropped whatever the test did;
 //! - [`cleanup`]: what a test created on a shared broker, deleted whatever the test did;
 //! - [`broker`]: what the broker sinks' tests share (a consumer's effect, an outage);
@@ -35,6 +37,7 @@ pub mod role;
 pub mod rows;
 pub mod running;
 pub mod schema;
+pub mod seed;
 pub mod tansu;
 
 use std::time::Duration;
