@@ -9,6 +9,10 @@
 //! duplicate. `cargo run --release --features nats,rabbitmq,kafka --example broker_chaos` is the
 //! long form, through NATS, RabbitMQ or Kafka.
 //!
+//! Every random choice comes from one seed, printed with the result and in a failure's
+//! message: `OUTBOX_CHAOS_SEED=<seed>` replays that schedule; without it each run draws a
+//! fresh seed.
+//!
 //! Needs the `nats-server` binary (the test starts its own server, on a free port), and
 //! PostgreSQL as the other tests do.
 
@@ -20,6 +24,7 @@ use std::time::Duration;
 
 use chaos::broker::{self, BrokerConfig, BrokerKind};
 use support::child::ChildCommand;
+use support::seed::{chaos_seed, replayable};
 
 /// A relay or consumer process: re-executed by the test with the chaos environment set,
 /// it runs until SIGTERM. A no-op in a normal test run.
@@ -40,21 +45,24 @@ async fn every_event_is_applied_exactly_once_through_kills_pauses_and_broker_res
     // publication falls inside it and is stored once.
     config.duplicate_window = Duration::from_secs(1);
     config.run.verbose = std::env::var_os("OUTBOX_CHAOS_VERBOSE").is_some();
-    if let Some(seed) = std::env::var("OUTBOX_CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
-        config.run.seed = seed;
-    }
-    let report = broker::run(&config, &ChildCommand::test("broker_chaos_child"))
-        .await
-        .unwrap_or_else(|error| panic!("the broker chaos run could not run: {error}"));
-    println!("{report}");
-    assert!(report.failures.is_empty(), "{report}");
-    assert!(
-        report.outages.len() >= 3 && report.consumer_kills >= 2 && report.relay.kills >= 2,
-        "{report}"
-    );
+    config.run.seed = chaos_seed();
+    // Boxed: the run's future is large.
+    replayable(
+        config.run.seed,
+        Box::pin(async {
+            let report = broker::run(&config, &ChildCommand::test("broker_chaos_child"))
+                .await
+                .map_err(|error| format!("the broker chaos run could not run: {error}"))?;
+            println!("{report}");
+            assert!(report.failures.is_empty(), "{report}");
+            assert!(
+                report.outages.len() >= 3 && report.consumer_kills >= 2 && report.relay.kills >= 2,
+                "{report}"
+            );
+            Ok(())
+        }),
+    )
+    .await;
 }
 
 /// The audit's explanation of the duplicate a consumer makes when it handles a first

@@ -3,6 +3,10 @@
 //! their lease, terminates their database sessions and restarts PostgreSQL once. Every
 //! event must end `SENT` exactly once, delivered at least once, recorded by the
 //! generation that held it. `cargo run --release --example chaos` is the long form.
+//!
+//! Every random choice comes from one seed, printed with the result and in a failure's
+//! message: `OUTBOX_CHAOS_SEED=<seed>` replays that schedule; without it each run draws a
+//! fresh seed.
 
 // `mod chaos;` alone would find this file as well as the driver.
 #[path = "chaos/mod.rs"]
@@ -10,6 +14,7 @@ mod chaos;
 mod support;
 
 use support::child::ChildCommand;
+use support::seed::{chaos_seed, replayable};
 
 /// A relay process: re-executed by the test with the chaos environment set, it runs a
 /// relay until SIGTERM. A no-op in a normal test run.
@@ -26,9 +31,14 @@ async fn relays_deliver_every_event_through_kills_pauses_terminations_and_a_rest
         .unwrap_or(2_000);
     let mut config = chaos::Config::new(events);
     config.verbose = std::env::var_os("OUTBOX_CHAOS_VERBOSE").is_some();
-    let report = chaos::run(&config, &ChildCommand::test("chaos_child"))
-        .await
-        .unwrap_or_else(|error| panic!("the chaos run could not run: {error}"));
-    println!("{report}");
-    assert!(report.failures.is_empty(), "{report}");
+    config.seed = chaos_seed();
+    replayable(config.seed, async {
+        let report = chaos::run(&config, &ChildCommand::test("chaos_child"))
+            .await
+            .map_err(|error| format!("the chaos run could not run: {error}"))?;
+        println!("{report}");
+        assert!(report.failures.is_empty(), "{report}");
+        Ok(())
+    })
+    .await;
 }

@@ -10,10 +10,10 @@ use common::{EmailChanged, Line, OrderPlaced};
 use outbox::testing::TestSchema;
 use outbox::{Enqueued, Outbox, OutboxError, Retried};
 use sqlx::PgPool;
-use support::TestResult;
 use support::counters::Counters;
 use support::events::{Address, Budgeted, EveryType, Tick};
 use support::rows::{expire, row_of, status};
+use support::{TestResult, wait_until};
 // Generations start at a random value here, as in production: these tests check that.
 use support::schema::schema_with;
 
@@ -784,10 +784,26 @@ async fn a_missing_table_is_a_typed_error() -> TestResult {
 async fn a_transaction_the_server_ends_for_idling_is_a_transient_error() -> TestResult {
     let db = schema_with(&[OrderPlaced::migrations()]).await?;
     let mut tx = db.pool().begin().await?;
+    let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *tx)
+        .await?;
     sqlx::query("SET LOCAL idle_in_transaction_session_timeout = '50ms'")
         .execute(&mut *tx)
         .await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_until(
+        "the server ends the idle session",
+        Duration::from_secs(30),
+        async || {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)",
+            )
+            .bind(backend)
+            .fetch_one(db.pool())
+            .await
+            .unwrap()
+        },
+    )
+    .await;
     // The server ended the session (SQLSTATE 25P03): a relay retries on another
     // connection, as after any lost connection, rather than stopping.
     let err = OrderPlaced::claim(&mut *tx).await.unwrap_err();

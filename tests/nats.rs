@@ -24,6 +24,7 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -31,6 +32,7 @@ use futures_util::StreamExt as _;
 use outbox::Outbox;
 use outbox::inbox::{self, Inbox, Received};
 use outbox::message::header;
+use outbox::nats::async_nats::jetstream::context::GetStreamErrorKind;
 use outbox::nats::async_nats::jetstream::{self, consumer, stream};
 use outbox::nats::{JetStreamSink, async_nats};
 use outbox::relay::{Delivery, Relay, Sink, SinkError};
@@ -38,6 +40,7 @@ use outbox::testing::TestSchema;
 use sqlx::PgPool;
 use support::broker::{self, RefuseUnencodable};
 use support::child::{self, ChildCommand};
+use support::cleanup::Cleanup;
 use support::counters::Counters;
 use support::events::{ChaosEvent, OrderStep};
 use support::nats_server::{NatsServer, Stop};
@@ -196,7 +199,7 @@ struct Scene {
     nats: async_nats::Client,
     js: jetstream::Context,
     db: TestSchema,
-    stream: stream::Stream,
+    stream: SharedStream,
     subject: String,
     events: Vec<ChaosEvent>,
 }
@@ -212,16 +215,11 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
     sqlx::query("CREATE TABLE shipments (event_id text NOT NULL, parcels bigint NOT NULL)")
         .execute(pool)
         .await?;
-    let stream_name = db.name().to_uppercase();
     let subject = format!("outbox.test.{}.shipments", db.name());
-    let stream = js
-        .create_stream(stream::Config {
-            name: stream_name.clone(),
-            subjects: vec![subject.clone()],
-            duplicate_window: Duration::from_mins(2),
-            ..Default::default()
-        })
-        .await?;
+    let stream = SharedStream::create(&js, &db, &subject, |config| {
+        config.duplicate_window = Duration::from_mins(2);
+    })
+    .await?;
 
     let events: Vec<ChaosEvent> = (1..=3)
         .map(|n| ChaosEvent {
@@ -241,7 +239,7 @@ async fn a_publisher_killed_after_the_pub_ack_is_redelivered_stored_once_and_app
     let first_acks = first_relay_is_killed_after_the_acks(&mut scene).await?;
     let redelivered = second_relay_redelivers(&mut scene, &first_acks).await?;
     consumer_applies_each_effect_once(&mut scene, &redelivered).await?;
-    scene.js.delete_stream(&stream_name).await?;
+    scene.stream.delete().await?;
     scene.db.drop_schema().await?;
     Ok(())
 }
@@ -433,7 +431,7 @@ async fn consumer_applies_each_effect_once(
     Ok(())
 }
 
-/// A stream taking `subject`, named after the test's schema, with `configure` applied.
+/// A stream taking `subject`, with `configure` applied.
 async fn create_stream(
     js: &jetstream::Context,
     name: &str,
@@ -449,16 +447,111 @@ async fn create_stream(
     Ok(js.create_stream(config).await?)
 }
 
+/// A stream on the shared server, named after the test's schema: deleted by
+/// [`SharedStream::delete`] at the end of the test, or when dropped if the test fails
+/// first.
+struct SharedStream {
+    stream: stream::Stream,
+    cleanup: Cleanup,
+}
+
+impl SharedStream {
+    /// A stream taking `subject`, with `configure` applied, named after `db`.
+    async fn create(
+        js: &jetstream::Context,
+        db: &TestSchema,
+        subject: &str,
+        configure: impl FnOnce(&mut stream::Config),
+    ) -> TestResult<Self> {
+        STREAMS_SWEPT
+            .get_or_init(|| sweep_leftover_streams(js))
+            .await;
+        let name = db.name().to_uppercase();
+        let cleanup = Cleanup::new(format!("the NATS stream {name}"), {
+            let name = name.clone();
+            move || async move { delete_shared_stream(&name).await }
+        });
+        let stream = create_stream(js, &name, subject, configure).await?;
+        Ok(Self { stream, cleanup })
+    }
+
+    async fn delete(self) -> TestResult {
+        self.cleanup.run().await
+    }
+}
+
+impl Deref for SharedStream {
+    type Target = stream::Stream;
+
+    fn deref(&self) -> &stream::Stream {
+        &self.stream
+    }
+}
+
+impl DerefMut for SharedStream {
+    fn deref_mut(&mut self) -> &mut stream::Stream {
+        &mut self.stream
+    }
+}
+
+/// Deletes the stream `name` from the shared server, on a connection of its own (the
+/// test's may be gone); one that is not there is deleted already.
+async fn delete_shared_stream(name: &str) -> TestResult {
+    let js = jetstream::new(async_nats::connect(nats_url()).await?);
+    match js.delete_stream(name).await {
+        Ok(_) => Ok(()),
+        Err(error) => match error.kind() {
+            GetStreamErrorKind::JetStream(e)
+                if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
+            {
+                Ok(())
+            }
+            _ => Err(error.into()),
+        },
+    }
+}
+
+/// Whether this process swept the shared server already.
+static STREAMS_SWEPT: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+
+/// Deletes the streams that test runs killed midway (a cancelled run, a CI timeout) left
+/// on the shared server: named after a test schema (`OUTBOX_TEST_` and a UUIDv7, which
+/// says when it was created: the tests' and the examples' streams) and older than an hour,
+/// longer than any run of them takes. Best effort.
+async fn sweep_leftover_streams(js: &jetstream::Context) {
+    let mut names = js.stream_names();
+    let mut leftovers = Vec::new();
+    while let Some(Ok(name)) = names.next().await {
+        let created = name
+            .strip_prefix("OUTBOX_TEST_")
+            .and_then(|id| uuid::Uuid::try_parse(id).ok())
+            .filter(|id| id.get_version_num() == 7)
+            .and_then(|id| id.get_timestamp())
+            .map(|at| {
+                let (secs, nanos) = at.to_unix();
+                std::time::UNIX_EPOCH + Duration::new(secs, nanos)
+            });
+        let age = created.and_then(|at| std::time::SystemTime::now().duration_since(at).ok());
+        if age.is_some_and(|age| age > Duration::from_hours(1)) {
+            leftovers.push(name);
+        }
+    }
+    for name in leftovers {
+        if js.delete_stream(&name).await.is_ok() {
+            eprintln!("deleted the stream {name}, which a killed test run left behind");
+        }
+    }
+}
+
 #[tokio::test]
 async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> TestResult {
     let js = jetstream::new(connect_nats().await);
     let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
     let pool = db.pool();
-    let stream_name = db.name().to_uppercase();
     let subject = format!("outbox.test.{}.shipments", db.name());
     let nowhere = format!("outbox.test.{}.nowhere", db.name());
     let below = format!("{subject}.>");
-    let mut stream = create_stream(&js, &stream_name, &subject, |config| {
+    let mut stream = SharedStream::create(&js, &db, &subject, |config| {
         config.max_message_size = 1024;
         // Would store a message published to a wildcard below the subject.
         config.subjects.push(below);
@@ -509,7 +602,7 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
     )
     .await?;
     assert_eq!(stream.info().await?.state.messages, 2);
-    js.delete_stream(&stream_name).await?;
+    stream.delete().await?;
     db.drop_schema().await?;
     Ok(())
 }
@@ -524,9 +617,8 @@ async fn a_batch_larger_than_the_contexts_acknowledgement_slots_is_sent_promptly
         .build(connect_nats().await);
     let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
     let pool = db.pool();
-    let stream_name = db.name().to_uppercase();
     let subject = format!("outbox.test.{}.shipments", db.name());
-    let mut stream = create_stream(&js, &stream_name, &subject, |_| {}).await?;
+    let mut stream = SharedStream::create(&js, &db, &subject, |_| {}).await?;
     let events: Vec<ChaosEvent> = (1..=50)
         .map(|n| ChaosEvent {
             key: format!("shipment-{n:02}"),
@@ -564,7 +656,7 @@ async fn a_batch_larger_than_the_contexts_acknowledgement_slots_is_sent_promptly
     }
     let enqueued: Vec<String> = events.iter().map(|event| event.key.clone()).collect();
     assert_eq!(stored, enqueued);
-    js.delete_stream(&stream_name).await?;
+    stream.delete().await?;
     db.drop_schema().await?;
     Ok(())
 }
@@ -574,9 +666,8 @@ async fn two_tables_events_with_one_event_id_are_both_stored_in_a_shared_stream(
     let js = jetstream::new(connect_nats().await);
     let db = schema_from_zero(&[ChaosEvent::migrations(), OrderStep::migrations()]).await?;
     let pool = db.pool();
-    let stream_name = db.name().to_uppercase();
     let prefix = format!("outbox.test.{}", db.name());
-    let mut stream = create_stream(&js, &stream_name, &format!("{prefix}.>"), |_| {}).await?;
+    let mut stream = SharedStream::create(&js, &db, &format!("{prefix}.>"), |_| {}).await?;
     // One business id, two event types, each with its own table.
     let id = "order-42";
     ChaosEvent {
@@ -629,7 +720,7 @@ async fn two_tables_events_with_one_event_id_are_both_stored_in_a_shared_stream(
             Some(format!("order_step_events:{id}"))
         ]
     );
-    js.delete_stream(&stream_name).await?;
+    stream.delete().await?;
     db.drop_schema().await?;
     Ok(())
 }
@@ -639,9 +730,8 @@ async fn the_ordering_key_is_a_header_and_each_keys_messages_are_stored_in_order
     let js = jetstream::new(connect_nats().await);
     let db = schema_from_zero(&[OrderStep::migrations()]).await?;
     let pool = db.pool();
-    let stream_name = db.name().to_uppercase();
     let subject = format!("outbox.test.{}.steps", db.name());
-    let stream = create_stream(&js, &stream_name, &subject, |_| {}).await?;
+    let stream = SharedStream::create(&js, &db, &subject, |_| {}).await?;
     broker::publish_order_steps(pool, JetStreamSink::new(js.clone(), subject)).await?;
 
     // key -> its messages' event ids, in the stream's order.
@@ -660,7 +750,7 @@ async fn the_ordering_key_is_a_header_and_each_keys_messages_are_stored_in_order
         broker::steps_by_order(),
         "each order's steps in the outbox's order"
     );
-    js.delete_stream(&stream_name).await?;
+    stream.delete().await?;
     db.drop_schema().await?;
     Ok(())
 }
@@ -671,9 +761,8 @@ async fn a_server_outage_burns_no_attempts_and_the_relay_resumes_when_it_returns
     let js = jetstream::new(direct);
     let db = schema_from_zero(&[ChaosEvent::migrations()]).await?;
     let pool = db.pool();
-    let stream_name = db.name().to_uppercase();
     let subject = format!("outbox.test.{}.shipments", db.name());
-    let mut stream = create_stream(&js, &stream_name, &subject, |_| {}).await?;
+    let mut stream = SharedStream::create(&js, &db, &subject, |_| {}).await?;
 
     let upstream = nats_url().trim_start_matches("nats://").to_owned();
     let mut proxy = Proxy::start(upstream).await?;
@@ -688,7 +777,7 @@ async fn a_server_outage_burns_no_attempts_and_the_relay_resumes_when_it_returns
     broker::ride_out_an_outage(pool, &mut proxy, sink).await?;
     assert_eq!(stream.info().await?.state.messages, 10);
     proxy.down();
-    js.delete_stream(&stream_name).await?;
+    stream.delete().await?;
     db.drop_schema().await?;
     Ok(())
 }

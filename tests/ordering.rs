@@ -15,6 +15,7 @@ use std::time::Duration;
 use outbox::relay::{CancellationToken, Delivery, Relay, Sink, SinkError};
 use outbox::{Claim, Outbox};
 use sqlx::PgPool;
+use support::counters::Counters;
 use support::events::{LenientStep, OrderStep, Shipment, ShipmentBeforeKey};
 use support::rows::{due_in, enqueue, expire, status};
 use support::running::start;
@@ -334,11 +335,17 @@ async fn a_relay_of_a_build_without_the_key_refuses_a_table_a_newer_build_keyed(
     Ok(())
 }
 
-/// Runs `relay` for 200 ms: it must still be running (not refused the table), then stop
-/// cleanly.
+/// Runs `relay` until its first claim found nothing (past the checks of the table at
+/// start): it must still be running (not refused the table), then stop cleanly.
 async fn runs_until_stopped<T: Outbox, S: Sink<T>>(relay: Relay<T, S>) -> TestResult {
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
     let running = start(relay);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_until("the relay claims", Duration::from_secs(30), async || {
+        counters.get(outbox::relay::metric::IDLE_CLAIMS, T::SPEC.table()) > 0
+            || !running.is_running()
+    })
+    .await;
     assert!(
         running.is_running(),
         "the relay stopped: {:?}",

@@ -13,10 +13,15 @@
 //! The events are enqueued in waves during the chaos (25 s), as business transactions
 //! keep coming. `OUTBOX_ORDERING_CHAOS_KEYS` and `OUTBOX_ORDERING_CHAOS_SECS` make it
 //! larger or longer.
+//!
+//! Every random choice (the driver's, and the relays' sinks' through a seed of their own)
+//! comes from one seed, printed at the start and in a failure's message:
+//! `OUTBOX_CHAOS_SEED=<seed>` replays that schedule; without it each run draws a fresh seed.
 
 mod support;
 
 use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -27,6 +32,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use support::child::{self, Child, ChildCommand};
 use support::events::OrderedChaosEvent;
 use support::schema::schema_with;
+use support::seed::{chaos_seed, replayable};
 use support::{TestResult, wait_until};
 use tokio::time::{Instant, sleep};
 
@@ -79,7 +85,11 @@ async fn relay_child(url: &str) -> i32 {
             shutdown.cancel();
         }
     });
-    let sink = Broker { pool: pool.clone() };
+    let seed = child::param("SEED").and_then(|seed| seed.parse().ok());
+    let sink = Broker {
+        pool: pool.clone(),
+        rng: Mutex::new(seed.map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed)),
+    };
     let relay = Relay::<OrderedChaosEvent, _>::new(pool, sink)
         .batch_size(50)
         .concurrency(2)
@@ -100,6 +110,14 @@ async fn relay_child(url: &str) -> i32 {
 /// (transient), and logs what it took in `ordering_deliveries`, one statement per batch.
 struct Broker {
     pool: PgPool,
+    /// Its random choices, seeded by the driver.
+    rng: Mutex<fastrand::Rng>,
+}
+
+impl Broker {
+    fn draw<T>(&self, choose: impl FnOnce(&mut fastrand::Rng) -> T) -> T {
+        choose(&mut self.rng.lock().unwrap_or_else(PoisonError::into_inner))
+    }
 }
 
 impl Sink<OrderedChaosEvent> for Broker {
@@ -107,11 +125,11 @@ impl Sink<OrderedChaosEvent> for Broker {
         &self,
         batch: &[Delivery<'_, OrderedChaosEvent>],
     ) -> Vec<Result<(), SinkError>> {
-        sleep(Duration::from_millis(fastrand::u64(20..100))).await;
+        sleep(Duration::from_millis(self.draw(|rng| rng.u64(20..100)))).await;
         let results: Vec<Result<(), SinkError>> = batch
             .iter()
             .map(|_| {
-                if fastrand::u8(0..20) == 0 {
+                if self.draw(|rng| rng.u8(0..20)) == 0 {
                     Err(SinkError::transient("the broker refused it"))
                 } else {
                     Ok(())
@@ -138,7 +156,7 @@ impl Sink<OrderedChaosEvent> for Broker {
                 .collect();
         }
         // The window in which a kill or a pause leaves a batch sent but not recorded.
-        sleep(Duration::from_millis(fastrand::u64(50..150))).await;
+        sleep(Duration::from_millis(self.draw(|rng| rng.u64(50..150)))).await;
         results
     }
 }
@@ -147,11 +165,34 @@ struct Relays {
     command: ChildCommand,
     url: String,
     children: Vec<Child>,
+    /// The run's seed, and the children spawned so far: each child's seed derives from
+    /// both.
+    seed: u64,
+    spawned: u64,
 }
 
 impl Relays {
-    fn spawn(&self) -> Result<Child, String> {
-        self.command.spawn(ROLE, &[("URL", &self.url)])
+    /// The relays of a run on `url` whose seed is `seed`, started.
+    fn start(url: String, seed: u64) -> Result<Self, String> {
+        let mut relays = Relays {
+            command: ChildCommand::test("ordering_chaos_child"),
+            url,
+            children: Vec::new(),
+            seed,
+            spawned: 0,
+        };
+        for _ in 0..RELAYS {
+            let child = relays.spawn()?;
+            relays.children.push(child);
+        }
+        Ok(relays)
+    }
+
+    fn spawn(&mut self) -> Result<Child, String> {
+        self.spawned += 1;
+        let seed = (self.seed ^ self.spawned).to_string();
+        self.command
+            .spawn(ROLE, &[("URL", &self.url), ("SEED", &seed)])
     }
 
     fn kill_and_restart(&mut self, slot: usize) -> Result<(), String> {
@@ -162,8 +203,13 @@ impl Relays {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn four_relays_publish_each_key_in_order_through_kills_pauses_and_terminations() -> TestResult
-{
+async fn four_relays_publish_each_key_in_order_through_kills_pauses_and_terminations() {
+    let seed = chaos_seed();
+    replayable(seed, four_relays_under_chaos(seed)).await;
+}
+
+async fn four_relays_under_chaos(seed: u64) -> TestResult {
+    let mut rng = fastrand::Rng::with_seed(seed);
     let keys = i64::try_from(setting("OUTBOX_ORDERING_CHAOS_KEYS", 1_000))?;
     let chaos_for = Duration::from_secs(setting("OUTBOX_ORDERING_CHAOS_SECS", 25));
     let db = schema_with(&[OrderedChaosEvent::migrations()]).await?;
@@ -187,15 +233,7 @@ async fn four_relays_publish_each_key_in_order_through_kills_pauses_and_terminat
     let rounds = usize::try_from(chaos_for.as_secs() * 10 / 21)?.max(1);
     let mut waves = events.chunks(events.len().div_ceil(rounds));
 
-    let mut relays = Relays {
-        command: ChildCommand::test("ordering_chaos_child"),
-        url: db.url(),
-        children: Vec::new(),
-    };
-    for _ in 0..RELAYS {
-        let child = relays.spawn()?;
-        relays.children.push(child);
-    }
+    let mut relays = Relays::start(db.url(), seed)?;
     let mut actions: HashMap<&str, u32> = HashMap::new();
     let until = Instant::now() + chaos_for;
     // Each kind of chaos in turn, on a relay drawn at random.
@@ -206,8 +244,8 @@ async fn four_relays_publish_each_key_in_order_through_kills_pauses_and_terminat
         if let Some(wave) = waves.next() {
             OrderedChaosEvent::enqueue_all(wave, pool).await?;
         }
-        sleep(Duration::from_millis(fastrand::u64(300..900))).await;
-        let slot = fastrand::usize(0..RELAYS);
+        sleep(Duration::from_millis(rng.u64(300..900))).await;
+        let slot = rng.usize(0..RELAYS);
         match round % 3 {
             0 => {
                 relays.kill_and_restart(slot)?;
@@ -216,7 +254,7 @@ async fn four_relays_publish_each_key_in_order_through_kills_pauses_and_terminat
             1 => {
                 // Past the lease (2 s): its rows are taken over while it sleeps.
                 relays.children[slot].signal(Signal::SIGSTOP)?;
-                sleep(Duration::from_millis(fastrand::u64(2_500..3_500))).await;
+                sleep(Duration::from_millis(rng.u64(2_500..3_500))).await;
                 relays.children[slot].signal(Signal::SIGCONT)?;
                 *actions.entry("SIGSTOP past the lease").or_default() += 1;
             }

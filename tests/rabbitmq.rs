@@ -39,6 +39,7 @@ use outbox::testing::TestSchema;
 use sqlx::PgPool;
 use support::broker::{self, RefuseUnencodable};
 use support::child::{self, ChildCommand};
+use support::cleanup::Cleanup;
 use support::events::{ChaosEvent, OrderStep};
 use support::proxy::Proxy;
 use support::rows::{enqueue, row_of};
@@ -77,16 +78,19 @@ async fn connect_rabbitmq() -> Arc<Connection> {
 }
 
 /// A fresh exchange and a queue bound to it with [`ROUTING_KEY`], named after the test's
-/// schema; deleted by [`Topology::delete`].
+/// schema: deleted by [`Topology::delete`] at the end of the test, or when dropped if the
+/// test fails first.
 struct Topology {
     exchange: String,
     queue: String,
+    cleanup: Cleanup,
 }
 
 impl Topology {
     async fn declare(channel: &Channel, db: &TestSchema) -> TestResult<Self> {
         let exchange = format!("outbox.test.{}", db.name());
         let queue = format!("outbox.test.{}.shipments", db.name());
+        let cleanup = deleted_later(Some(&queue), &exchange);
         channel
             .exchange_declare(
                 exchange.as_str().into(),
@@ -111,7 +115,11 @@ impl Topology {
                 FieldTable::default(),
             )
             .await?;
-        Ok(Self { exchange, queue })
+        Ok(Self {
+            exchange,
+            queue,
+            cleanup,
+        })
     }
 
     /// A sink publishing to the exchange with [`ROUTING_KEY`], on `connection`.
@@ -131,18 +139,32 @@ impl Topology {
         Ok(queue.message_count())
     }
 
-    async fn delete(self, channel: &Channel) -> TestResult {
-        channel
-            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
-            .await?;
-        channel
-            .exchange_delete(
-                self.exchange.as_str().into(),
-                ExchangeDeleteOptions::default(),
-            )
-            .await?;
-        Ok(())
+    async fn delete(self) -> TestResult {
+        self.cleanup.run().await
     }
+}
+
+/// Deletes `queue` and `exchange` from the shared server, at the end of the test or when
+/// dropped (see [`Cleanup`]); on a connection of its own, as the test's may be gone.
+/// RabbitMQ deletes what is not there without an error.
+fn deleted_later(queue: Option<&str>, exchange: &str) -> Cleanup {
+    let (queue, exchange) = (queue.map(str::to_owned), exchange.to_owned());
+    let what = format!("the RabbitMQ exchange {exchange} and its queue {queue:?}");
+    Cleanup::new(what, move || async move {
+        let connection =
+            Connection::connect(&amqp_url(), lapin::ConnectionProperties::default()).await?;
+        let channel = connection.create_channel().await?;
+        if let Some(queue) = queue {
+            channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await?;
+        }
+        channel
+            .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+            .await?;
+        connection.close(200, "deleted".into()).await?;
+        Ok(())
+    })
 }
 
 /// The relay process: re-executed by the test, it publishes through RabbitMQ and dies by
@@ -243,13 +265,8 @@ async fn a_publisher_killed_after_the_confirms_is_redelivered_queued_twice_and_a
     let first = first_relay_is_killed_after_the_confirms(&mut scene).await?;
     second_relay_redelivers(&mut scene).await?;
     consumer_applies_each_effect_once(&mut scene, &first).await?;
-    let Scene {
-        channel,
-        db,
-        topology,
-        ..
-    } = scene;
-    topology.delete(&channel).await?;
+    let Scene { db, topology, .. } = scene;
+    topology.delete().await?;
     db.drop_schema().await?;
     Ok(())
 }
@@ -419,7 +436,7 @@ async fn bad_input_is_dead_with_its_reason_and_the_other_events_are_sent() -> Te
     )
     .await?;
     assert_eq!(topology.messages(&channel).await?, 2);
-    topology.delete(&channel).await?;
+    topology.delete().await?;
     db.drop_schema().await?;
     Ok(())
 }
@@ -477,7 +494,7 @@ async fn each_returned_message_is_its_own_events_among_routed_ones() -> TestResu
     .await?;
     assert!(wrong.is_empty(), "misattributed: {wrong:?}");
     assert_eq!(topology.messages(&channel).await?, 266);
-    topology.delete(&channel).await?;
+    topology.delete().await?;
     db.drop_schema().await?;
     Ok(())
 }
@@ -508,7 +525,7 @@ async fn the_ordering_key_is_a_header_and_each_keys_messages_are_queued_in_order
         broker::steps_by_order(),
         "each order's steps in the outbox's order"
     );
-    topology.delete(&channel).await?;
+    topology.delete().await?;
     db.drop_schema().await?;
     Ok(())
 }
@@ -541,7 +558,7 @@ async fn a_broker_outage_burns_no_attempts_and_the_relay_resumes_when_it_returns
     broker::ride_out_an_outage(pool, &mut proxy, sink).await?;
     assert_eq!(topology.messages(&channel).await?, 10);
     proxy.down();
-    topology.delete(&channel).await?;
+    topology.delete().await?;
     db.drop_schema().await?;
     Ok(())
 }
@@ -597,7 +614,7 @@ async fn a_missing_exchange_is_dead_with_its_reason_and_the_sink_goes_on_on_a_ne
         let row = row_of::<ChaosEvent>(pool, format!("shipment-{n}").as_str()).await;
         assert_eq!((row.status.as_str(), row.attempts), ("SENT", 1));
     }
-    topology.delete(&admin).await?;
+    topology.delete().await?;
     db.drop_schema().await?;
     Ok(())
 }
@@ -611,6 +628,7 @@ async fn an_exchange_that_refuses_publishers_is_dead_with_its_reason_not_retried
     // An internal exchange takes messages only from other exchanges: the broker answers
     // a publish with ACCESS_REFUSED and closes the channel, the connection stays open.
     let exchange = format!("outbox.test.{}.internal", db.name());
+    let cleanup = deleted_later(None, &exchange);
     let admin = connection.create_channel().await?;
     admin
         .exchange_declare(
@@ -646,9 +664,7 @@ async fn an_exchange_that_refuses_publishers_is_dead_with_its_reason_not_retried
         assert!(error.contains("ACCESS_REFUSED"), "{error}");
     }
     relay.stop().await?;
-    admin
-        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
-        .await?;
+    cleanup.run().await?;
     db.drop_schema().await?;
     Ok(())
 }

@@ -20,7 +20,7 @@ use outbox::testing::TestSchema;
 use outbox::{EventId, Outbox, OutboxError};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
-use support::events::{Budgeted, ChaosEvent};
+use support::events::{Budgeted, ChaosEvent, LongSend};
 use support::proxy::Proxy;
 use support::role::with_role;
 use support::rows::{Row, count, enqueue, row_of, status};
@@ -44,6 +44,32 @@ fn payment(amount_cents: i64) -> PaymentCaptured {
         payment_id: uuid::Uuid::now_v7(),
         amount_cents,
     }
+}
+
+fn long_send(name: &str) -> LongSend {
+    LongSend { name: name.into() }
+}
+
+/// The lease of `LongSend` `name` as it is now, in the database's clock.
+async fn lease_until(pool: &PgPool, name: &str) -> chrono::DateTime<chrono::Utc> {
+    sqlx::query_scalar("SELECT lease_until FROM long_send_events WHERE event_id = $1")
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Waits until the database's clock is past `lease`: from then on, only a renewal keeps
+/// the row from being claimed.
+async fn wait_past(pool: &PgPool, lease: chrono::DateTime<chrono::Utc>) {
+    wait_until("the lease is over", Duration::from_secs(30), async || {
+        sqlx::query_scalar::<_, bool>("SELECT clock_timestamp() > $1")
+            .bind(lease)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    })
+    .await;
 }
 
 /// Records every status change of `table`'s rows in a `history` table, with the delay
@@ -100,10 +126,12 @@ impl Seen {
 /// What a scripted publish waits for before it reports its results.
 enum Wait {
     Nothing,
-    For(Duration),
     Forever,
     /// Until the relay says it lost ownership of this event (at most 10 s).
     UntilLost(String),
+    /// Until the test cancels this token: a send that lasts until the test has seen
+    /// what it waits for, however slow the machine.
+    Until(CancellationToken),
 }
 
 /// What one publish call does.
@@ -204,8 +232,8 @@ impl<T: Send + Sync + 'static> Sink<T> for ScriptSink {
         let mut unfinished = Unfinished(Some(&*self.log));
         match plan.wait {
             Wait::Nothing => {}
-            Wait::For(delay) => sleep(delay).await,
             Wait::Forever => pending::<()>().await,
+            Wait::Until(released) => released.cancelled().await,
             Wait::UntilLost(event_id) => {
                 if let Some(d) = batch.iter().find(|d| d.event_id() == event_id.as_str()) {
                     let _ = timeout(Duration::from_secs(10), d.ownership_lost()).await;
@@ -220,6 +248,19 @@ impl<T: Send + Sync + 'static> Sink<T> for ScriptSink {
         unfinished.0 = None;
         plan.results
     }
+}
+
+/// Waits until two more of the relay's claims of `table` found nothing: a relay that
+/// would claim an event again has had its chances. (`counters` must be the test's
+/// recorder.)
+async fn two_more_empty_claims(counters: &Counters, table: &str) {
+    let idle = counters.get(IDLE_CLAIMS, table);
+    wait_until(
+        "two more claims find nothing",
+        Duration::from_secs(10),
+        async || counters.get(IDLE_CLAIMS, table) >= idle + 2,
+    )
+    .await;
 }
 
 /// A relay that polls every 20 ms, for retries due within milliseconds.
@@ -329,7 +370,8 @@ async fn an_event_committed_seconds_after_its_insert_is_published_behind_later_o
     let mut slow = pool.begin().await?;
     outbox::enqueue(&budgeted("committed-late"), &mut *slow).await?;
     // Later events, committed at once, claimed and published while it is uncommitted:
-    // the frontier passes it.
+    // the frontier passes it. (Spread over 1.5 s: the frontier trails the latest row it
+    // claimed by half a second.)
     for n in 0..15 {
         enqueue(pool, &[budgeted(&format!("on-time-{n:02}"))]).await;
         sleep(Duration::from_millis(100)).await;
@@ -443,7 +485,11 @@ async fn a_notification_wakes_one_idle_worker_not_all_of_them() -> TestResult {
             sink.published().len() == n
         })
         .await;
-        sleep(Duration::from_millis(20)).await;
+        // Recorded: the worker that published it is done with it, and idle again.
+        wait_until("it is SENT", Duration::from_secs(5), async || {
+            outbox::stats::<EmailChanged>(pool).await.unwrap().sent == i64::try_from(n).unwrap()
+        })
+        .await;
     }
     let idle_claims = counters.get(IDLE_CLAIMS, "customer_events") - idle_at_start;
     // Each event costs the claim that finds it and the worker's next, empty one. Woken
@@ -459,80 +505,97 @@ async fn a_notification_wakes_one_idle_worker_not_all_of_them() -> TestResult {
 
 #[tokio::test]
 async fn lease_renewal_keeps_a_slow_send_owned() -> TestResult {
-    let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;
+    let db = schema_from_zero(&[LongSend::migrations()]).await?;
     let pool = db.pool();
-    // PaymentCaptured's lease is one second; this send takes 2.5.
-    let sink = ScriptSink::new(|_, seen| Plan::after(Wait::For(Duration::from_millis(2500)), seen));
+    // The send lasts until the test has seen its lease run out and the row stay owned.
+    let released = CancellationToken::new();
+    let sink = ScriptSink::new({
+        let released = released.clone();
+        move |_, seen| Plan::after(Wait::Until(released.clone()), seen)
+    });
     let relay = start(
-        fast(Relay::<PaymentCaptured, _>::new(pool.clone(), sink.clone()))
-            .send_timeout(Duration::from_secs(30)),
+        fast(Relay::<LongSend, _>::new(pool.clone(), sink.clone()))
+            .send_timeout(Duration::from_mins(1)),
     );
-    let id = payment(100).enqueue(pool).await?.into_event_id();
-    wait_until("the send started", Duration::from_secs(5), async || {
+    long_send("slow").enqueue(pool).await?;
+    wait_until("the send started", Duration::from_secs(10), async || {
         !sink.calls().is_empty()
     })
     .await;
-    sleep(Duration::from_millis(1300)).await;
-    // Past the first lease: without renewal the row would be claimable now.
+    // Past the lease the row had when the send began: without renewal it would be
+    // claimable now. (The relay's own clock: it renews every second, and the 3 s lease
+    // lets two renewals in a row come late before the row is free.)
+    wait_past(pool, lease_until(pool, "slow").await).await;
     assert!(
-        PaymentCaptured::claim(pool).await?.is_none(),
+        LongSend::claim(pool).await?.is_none(),
         "the renewed claim keeps its row"
     );
-    let stats = outbox::stats::<PaymentCaptured>(pool).await?;
+    let stats = outbox::stats::<LongSend>(pool).await?;
     assert_eq!((stats.in_progress, stats.expired_claims), (1, 0));
-    assert!(row_of::<PaymentCaptured>(pool, &id).await.lease_left > Some(0.0));
+    assert!(row_of::<LongSend>(pool, "slow").await.lease_left > Some(0.0));
 
+    released.cancel();
     wait_until(
         "the slow send is SENT",
         Duration::from_secs(10),
-        async || status::<PaymentCaptured>(pool, &id).await == "SENT",
+        async || status::<LongSend>(pool, "slow").await == "SENT",
     )
     .await;
-    let row = row_of::<PaymentCaptured>(pool, &id).await;
+    let row = row_of::<LongSend>(pool, "slow").await;
     assert_eq!((row.generation, row.attempts), (1, 1), "never reclaimed");
-    assert_eq!(sink.calls(), [[Seen::new(&id, 1, 1)]]);
-    assert_eq!(sink.owned(), [[(id.to_string(), true)]]);
+    assert_eq!(sink.calls(), [[Seen::new("slow", 1, 1)]]);
+    assert_eq!(sink.owned(), [[("slow".to_owned(), true)]]);
     relay.stop().await?;
     db.drop_schema().await?;
     Ok(())
 }
 
-/// Two payments and a relay of batches of one, whose sink takes 2.5 s (two and a half
-/// of the one-second lease) over the first: the second is claimed ahead meanwhile.
-async fn behind_a_slow_send(pool: &PgPool) -> TestResult<(EventId, EventId, ScriptSink, Running)> {
-    let first = payment(1).enqueue(pool).await?.into_event_id();
-    let second = payment(2).enqueue(pool).await?.into_event_id();
-    let sink = ScriptSink::new(|call, seen| match call {
-        0 => Plan::after(Wait::For(Duration::from_millis(2500)), seen),
-        _ => Plan::ok(seen),
+/// Two events and a relay of batches of one, whose sink holds the first until the test
+/// cancels `released`: the second is claimed ahead meanwhile.
+async fn behind_a_slow_send(
+    pool: &PgPool,
+    released: &CancellationToken,
+) -> TestResult<(EventId, EventId, ScriptSink, Running)> {
+    let first = long_send("first").enqueue(pool).await?.into_event_id();
+    let second = long_send("second").enqueue(pool).await?.into_event_id();
+    let sink = ScriptSink::new({
+        let released = released.clone();
+        move |call, seen| match call {
+            0 => Plan::after(Wait::Until(released.clone()), seen),
+            _ => Plan::ok(seen),
+        }
     });
     let relay = start(
-        fast(Relay::<PaymentCaptured, _>::new(pool.clone(), sink.clone()))
+        fast(Relay::<LongSend, _>::new(pool.clone(), sink.clone()))
             .batch_size(1)
-            .send_timeout(Duration::from_secs(30)),
+            .send_timeout(Duration::from_mins(1)),
     );
     Ok((first, second, sink, relay))
 }
 
 #[tokio::test]
 async fn a_batch_claimed_ahead_keeps_its_lease_behind_a_send_longer_than_the_lease() -> TestResult {
-    let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;
+    let db = schema_from_zero(&[LongSend::migrations()]).await?;
     let pool = db.pool();
-    let (first, second, sink, relay) = behind_a_slow_send(pool).await?;
+    let released = CancellationToken::new();
+    let (first, second, sink, relay) = behind_a_slow_send(pool, &released).await?;
     // Claimed ahead: the second is claimed while the first is still in the sink (a
     // relay in sequence claims it in the transaction that records the first SENT).
     wait_until(
         "the second claimed behind the first's send",
-        Duration::from_secs(5),
+        Duration::from_secs(10),
         async || {
-            status::<PaymentCaptured>(pool, &first).await == "INPROGRESS"
-                && status::<PaymentCaptured>(pool, &second).await == "INPROGRESS"
+            status::<LongSend>(pool, &first).await == "INPROGRESS"
+                && status::<LongSend>(pool, &second).await == "INPROGRESS"
         },
     )
     .await;
     assert_eq!(sink.calls().len(), 1, "the first is still in the sink");
+    // The first's send outlasts the lease the second was claimed with.
+    wait_past(pool, lease_until(pool, second.as_str()).await).await;
+    released.cancel();
     wait_until("both SENT", Duration::from_secs(10), async || {
-        outbox::stats::<PaymentCaptured>(pool).await.unwrap().sent == 2
+        outbox::stats::<LongSend>(pool).await.unwrap().sent == 2
     })
     .await;
     relay.stop().await?;
@@ -543,7 +606,7 @@ async fn a_batch_claimed_ahead_keeps_its_lease_behind_a_send_longer_than_the_lea
         sink.calls(),
         [[Seen::new(&first, 1, 1)], [Seen::new(&second, 1, 1)]]
     );
-    let row = row_of::<PaymentCaptured>(pool, &second).await;
+    let row = row_of::<LongSend>(pool, &second).await;
     assert_eq!((row.generation, row.attempts), (1, 1));
     db.drop_schema().await?;
     Ok(())
@@ -552,59 +615,78 @@ async fn a_batch_claimed_ahead_keeps_its_lease_behind_a_send_longer_than_the_lea
 #[tokio::test]
 async fn a_batch_in_flight_keeps_its_lease_while_the_worker_records_the_one_before_slowly()
 -> TestResult {
-    let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;
+    let db = schema_from_zero(&[LongSend::migrations()]).await?;
     let pool = db.pool();
-    let first = payment(1).enqueue(pool).await?.into_event_id();
-    let second = payment(2).enqueue(pool).await?.into_event_id();
-    // Recording the first SENT takes the worker's connection for 2 s (as a row lock
+    let first = long_send("first").enqueue(pool).await?.into_event_id();
+    let second = long_send("second").enqueue(pool).await?.into_event_id();
+    // Recording the first SENT takes the worker's connection for 4 s (as a row lock
     // held by an operator's statement, or a slow disk, would): longer than the second's
-    // one-second lease, while the second is in the sink. The first's own outcome stays
+    // 3 s lease, while the second is in the sink. The first's own outcome stays
     // valid: its lease was checked when the statement began.
     sqlx::raw_sql(AssertSqlSafe(format!(
         "CREATE TABLE slowed (at timestamptz);
          CREATE FUNCTION slow_record() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
-             PERFORM pg_sleep(2);
+             PERFORM pg_sleep(4);
              INSERT INTO slowed VALUES (clock_timestamp());
              RETURN NEW;
          END $$;
          CREATE TRIGGER slow_record BEFORE UPDATE ON {table} FOR EACH ROW
              WHEN (NEW.status = 'SENT' AND NEW.event_id = '{first}')
              EXECUTE FUNCTION slow_record();",
-        table = PaymentCaptured::SPEC.table(),
+        table = LongSend::SPEC.table(),
     )))
     .execute(pool)
     .await?;
-    // Batches of one: the first takes 300 ms to publish, the second (claimed ahead
-    // meanwhile) 2.5 s, and the first is recorded beside the second's send.
-    let sink = ScriptSink::new(|call, seen| match call {
-        0 => Plan::after(Wait::For(Duration::from_millis(300)), seen),
-        1 => Plan::after(Wait::For(Duration::from_millis(2500)), seen),
-        _ => Plan::ok(seen),
+    // Batches of one: the first stays in the sink until the second is claimed ahead,
+    // the second until the first's slow recording is over.
+    let (first_sent, second_sent) = (CancellationToken::new(), CancellationToken::new());
+    let sink = ScriptSink::new({
+        let (first_sent, second_sent) = (first_sent.clone(), second_sent.clone());
+        move |call, seen| match call {
+            0 => Plan::after(Wait::Until(first_sent.clone()), seen),
+            1 => Plan::after(Wait::Until(second_sent.clone()), seen),
+            _ => Plan::ok(seen),
+        }
     });
     let relay = start(
-        fast(Relay::<PaymentCaptured, _>::new(pool.clone(), sink.clone()))
+        fast(Relay::<LongSend, _>::new(pool.clone(), sink.clone()))
             .batch_size(1)
-            .send_timeout(Duration::from_secs(30)),
+            .send_timeout(Duration::from_mins(1)),
     );
+    wait_until(
+        "the second claimed behind the first's send",
+        Duration::from_secs(10),
+        async || status::<LongSend>(pool, &second).await == "INPROGRESS",
+    )
+    .await;
+    first_sent.cancel();
+    let slowed = async || {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM slowed")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+    // 4 s after the second was claimed: its lease from then is over.
+    wait_until(
+        "the first is recorded, slowly",
+        Duration::from_secs(30),
+        async || slowed().await == 1,
+    )
+    .await;
+    second_sent.cancel();
     wait_until("both SENT", Duration::from_secs(15), async || {
-        outbox::stats::<PaymentCaptured>(pool).await.unwrap().sent == 2
+        outbox::stats::<LongSend>(pool).await.unwrap().sent == 2
     })
     .await;
     relay.stop().await?;
-    assert_eq!(
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM slowed")
-            .fetch_one(pool)
-            .await?,
-        1,
-        "the first was recorded slowly, once"
-    );
+    assert_eq!(slowed().await, 1, "the first was recorded slowly, once");
     assert_eq!(
         sink.calls(),
         [[Seen::new(&first, 1, 1)], [Seen::new(&second, 1, 1)]],
         "each went out once"
     );
-    let row = row_of::<PaymentCaptured>(pool, &second).await;
+    let row = row_of::<LongSend>(pool, &second).await;
     assert_eq!(
         (row.generation, row.attempts),
         (1, 1),
@@ -618,27 +700,40 @@ async fn a_batch_in_flight_keeps_its_lease_while_the_worker_records_the_one_befo
 #[tokio::test]
 async fn a_batch_claimed_ahead_that_was_taken_over_while_it_waited_is_not_published() -> TestResult
 {
-    let db = schema_from_zero(&[PaymentCaptured::migrations()]).await?;
+    let logs = Captured::default();
+    // A current-thread runtime polls the relay's tasks on this thread: they log here.
+    let _logging = logs.this_thread(tracing_subscriber::filter::LevelFilter::INFO);
+    let db = schema_from_zero(&[LongSend::migrations()]).await?;
     let pool = db.pool();
-    let (first, second, sink, relay) = behind_a_slow_send(pool).await?;
+    let released = CancellationToken::new();
+    let (first, second, sink, relay) = behind_a_slow_send(pool, &released).await?;
     wait_until(
         "the second claimed ahead",
-        Duration::from_secs(5),
-        async || status::<PaymentCaptured>(pool, &second).await == "INPROGRESS",
+        Duration::from_secs(10),
+        async || status::<LongSend>(pool, &second).await == "INPROGRESS",
     )
     .await;
     // Another publisher takes it over meanwhile (as after a pause of this relay's past
     // the lease).
-    let theirs = take_over::<PaymentCaptured>(pool, &second).await;
+    let theirs = take_over::<LongSend>(pool, &second).await;
     // A third event: once it is out, the worker has moved past the second.
-    let third = payment(3).enqueue(pool).await?.into_event_id();
+    let third = long_send("third").enqueue(pool).await?.into_event_id();
+    // The first's send ends once a renewal of the second (one a second, once a third of
+    // its lease is gone) was rejected: the relay knows it lost the second.
+    wait_until(
+        "the relay finds the second taken over",
+        Duration::from_secs(10),
+        async || logs.lines_with(&["taken over while they waited"]) == 1,
+    )
+    .await;
+    released.cancel();
 
     wait_until(
         "the slow send and the third SENT",
         Duration::from_secs(10),
         async || {
-            status::<PaymentCaptured>(pool, &first).await == "SENT"
-                && status::<PaymentCaptured>(pool, &third).await == "SENT"
+            status::<LongSend>(pool, &first).await == "SENT"
+                && status::<LongSend>(pool, &third).await == "SENT"
         },
     )
     .await;
@@ -647,7 +742,7 @@ async fn a_batch_claimed_ahead_that_was_taken_over_while_it_waited_is_not_publis
         [[Seen::new(&first, 1, 1)], [Seen::new(&third, 1, 1)]],
         "the batch claimed ahead was checked before the sink got it"
     );
-    let row = row_of::<PaymentCaptured>(pool, &second).await;
+    let row = row_of::<LongSend>(pool, &second).await;
     assert_eq!(
         (row.status.as_str(), row.generation),
         ("INPROGRESS", theirs)
@@ -668,10 +763,16 @@ async fn a_worker_whose_database_goes_silent_closes_that_connection_and_goes_on(
         order_seq: 1,
     };
     enqueue(pool, std::slice::from_ref(&event)).await;
-    // A send shorter than a third of the lease (2 s): no renewal runs meanwhile.
-    let sink = ScriptSink::new(|call, seen| match call {
-        0 => Plan::after(Wait::For(Duration::from_millis(400)), seen),
-        _ => Plan::ok(seen),
+    // The first send ends once the server is silent: the worker records its outcome
+    // into the silence. (Well within a third of the lease, 2 s: no renewal runs
+    // meanwhile.)
+    let released = CancellationToken::new();
+    let sink = ScriptSink::new({
+        let released = released.clone();
+        move |call, seen| match call {
+            0 => Plan::after(Wait::Until(released.clone()), seen),
+            _ => Plan::ok(seen),
+        }
     });
     let relay = start(fast(Relay::<ChaosEvent, _>::new(through, sink.clone())));
     wait_until("the send started", Duration::from_secs(5), async || {
@@ -682,6 +783,7 @@ async fn a_worker_whose_database_goes_silent_closes_that_connection_and_goes_on(
     // half-open), which the worker records the outcome on once the send is over. After
     // 10 s without an answer it closes that connection and goes on with a new one.
     proxy.freeze();
+    released.cancel();
     wait_until("SENT", Duration::from_secs(40), async || {
         status::<ChaosEvent>(pool, "silenced").await == "SENT"
     })
@@ -800,9 +902,14 @@ async fn a_batch_published_after_a_takeover_records_sent_for_every_row_but_the_t
     let pool = db.pool();
     let ids = enqueue(pool, &[budgeted("victim"), budgeted("other")]).await;
     let (victim, other) = (&ids[0], &ids[1]);
-    // Slow enough for the takeover, far shorter than the 30 s lease: no renewal notices it,
-    // so only the guard of the outcome statement stands between the relay and the row.
-    let sink = ScriptSink::new(|_, seen| Plan::after(Wait::For(Duration::from_secs(1)), seen));
+    // In the sink until the takeover is done, far shorter than the 30 s lease: no renewal
+    // notices it, so only the guard of the outcome statement stands between the relay
+    // and the row.
+    let released = CancellationToken::new();
+    let sink = ScriptSink::new({
+        let released = released.clone();
+        move |_, seen| Plan::after(Wait::Until(released.clone()), seen)
+    });
     let relay = start(fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone())));
     wait_until(
         "the batch is in the sink",
@@ -810,7 +917,10 @@ async fn a_batch_published_after_a_takeover_records_sent_for_every_row_but_the_t
         async || !sink.calls().is_empty(),
     )
     .await;
+    let in_the_sink = Instant::now();
     assert_eq!(take_over::<Budgeted>(pool, victim).await, 2);
+    released.cancel();
+    let held = in_the_sink.elapsed();
 
     wait_until(
         "the rest of the batch is SENT",
@@ -835,7 +945,7 @@ async fn a_batch_published_after_a_takeover_records_sent_for_every_row_but_the_t
         "the relay did not publish the victim again"
     );
     // What an operator sees of it: one stale outcome, one SENT, two claimed, in one
-    // batch that spent its second in the sink.
+    // batch that spent in the sink at least the time the test held it there.
     let table = Budgeted::SPEC.table();
     let metric = |name| counters.get(name, table);
     assert_eq!(
@@ -852,8 +962,8 @@ async fn a_batch_published_after_a_takeover_records_sent_for_every_row_but_the_t
     );
     let publish = counters.samples(outbox::relay::metric::PUBLISH_SECONDS, table);
     assert!(
-        matches!(publish[..], [seconds] if seconds >= 1.0),
-        "one batch, in the sink for the script's second: {publish:?}"
+        matches!(publish[..], [seconds] if seconds >= held.as_secs_f64()),
+        "one batch, in the sink for at least {held:?}: {publish:?}"
     );
     db.drop_schema().await?;
     Ok(())
@@ -910,6 +1020,8 @@ async fn a_batch_whose_every_renewal_is_rejected_is_abandoned_and_the_relay_goes
 
 #[tokio::test]
 async fn transient_failures_back_off_with_growing_delays_until_the_budget_is_spent() -> TestResult {
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
     let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     record_history(pool, "budget_events").await;
@@ -930,7 +1042,7 @@ async fn transient_failures_back_off_with_growing_delays_until_the_budget_is_spe
         status::<Budgeted>(pool, &id).await == "DEAD"
     })
     .await;
-    sleep(Duration::from_millis(200)).await;
+    two_more_empty_claims(&counters, "budget_events").await;
     relay.stop().await?;
 
     assert_eq!(
@@ -1017,6 +1129,8 @@ async fn retry_delays_stop_growing_at_the_backoff_cap() -> TestResult {
 
 #[tokio::test]
 async fn a_permanent_failure_moves_the_event_to_dead_at_once() -> TestResult {
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
     let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
     let sink = ScriptSink::new(|_, seen| Plan {
@@ -1039,7 +1153,7 @@ async fn a_permanent_failure_moves_the_event_to_dead_at_once() -> TestResult {
             && status::<Budgeted>(pool, "fine").await == "SENT"
     })
     .await;
-    sleep(Duration::from_millis(200)).await;
+    two_more_empty_claims(&counters, "budget_events").await;
     relay.stop().await?;
 
     let poison = row_of::<Budgeted>(pool, "poison").await;
@@ -1318,7 +1432,12 @@ async fn a_shutdown_hands_unsent_claims_back_without_counting_the_attempt() -> T
 async fn a_shutdown_lets_a_send_in_flight_finish_and_records_it() -> TestResult {
     let db = schema_from_zero(&[Budgeted::migrations()]).await?;
     let pool = db.pool();
-    let sink = ScriptSink::new(|_, seen| Plan::after(Wait::For(Duration::from_millis(300)), seen));
+    // The send ends once the shutdown is under way.
+    let released = CancellationToken::new();
+    let sink = ScriptSink::new({
+        let released = released.clone();
+        move |_, seen| Plan::after(Wait::Until(released.clone()), seen)
+    });
     // Waits as long as it takes: the longest durations a user can ask for are accepted.
     let relay = start(
         fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone()))
@@ -1330,11 +1449,14 @@ async fn a_shutdown_lets_a_send_in_flight_finish_and_records_it() -> TestResult 
         !sink.calls().is_empty()
     })
     .await;
+    relay.begin_stop();
+    released.cancel();
     relay.stop().await?;
     assert_eq!(status::<Budgeted>(pool, "in-flight").await, "SENT");
     assert_eq!(sink.abandoned(), 0);
 
     budgeted("after").enqueue(pool).await?;
+    // `run` has returned: this only gives a task it left behind a chance to claim.
     sleep(Duration::from_millis(200)).await;
     let after = row_of::<Budgeted>(pool, "after").await;
     assert_eq!(
@@ -1361,6 +1483,7 @@ async fn a_hung_sink_is_cut_off_by_the_send_timeout_and_the_batch_is_retried() -
             seen,
         )
     });
+    record_history(pool, "budget_events").await;
     let relay = start(
         fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone()))
             .send_timeout(Duration::from_millis(200))
@@ -1382,8 +1505,12 @@ async fn a_hung_sink_is_cut_off_by_the_send_timeout_and_the_batch_is_retried() -
     let retried = retried.expect("seen");
     let error = retried.last_error.as_deref().unwrap_or_default();
     assert!(error.contains("publish timed out after 200ms"), "{error}");
-    // Backed off by 1 to 2 s (equal jitter on 2 s), minus the time since: still ahead.
-    assert!(0.0 < retried.due_in && retried.due_in <= 2.0, "{retried:?}");
+    // Backed off by 1 to 2 s (equal jitter on 2 s), as the outcome's statement set it.
+    let delays = retry_delays(pool).await;
+    assert!(
+        matches!(delays[..], [delay] if (1000.0..=2000.0).contains(&delay)),
+        "{delays:?}"
+    );
     assert_eq!(sink.abandoned(), 1, "the hung send was dropped");
     assert!(relay.is_running());
 
@@ -1837,8 +1964,7 @@ async fn a_server_whose_transactions_default_to_repeatable_read_costs_the_relay_
         "no claim or recording failed on a concurrent claim:\n{}",
         logs.text()
     );
-    // What the log says, the rows say too (a log line can be missed: tracing caches
-    // per statement whether anyone listens): every event claimed once, and sent once.
+    // What the log says, the rows say too: every event claimed once, and sent once.
     let again: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM budget_events WHERE (attempts, generation) <> (1, 1)",
     )

@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use outbox::Outbox;
@@ -54,33 +54,15 @@ impl Sink<Budgeted> for OutageSink {
     }
 }
 
-/// The process's log at INFO and above, captured from the first call on. A subscriber
-/// of the test's own thread would miss lines: tracing caches whether a log statement is
-/// enabled per statement, and another test's thread without a subscriber races to
-/// disable it.
-fn captured_log() -> &'static Captured {
-    static LOGGED: OnceLock<Captured> = OnceLock::new();
-    LOGGED.get_or_init(|| {
-        let logged = Captured::default();
-        tracing_subscriber::fmt()
-            .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
-            .with_writer({
-                let logged = logged.clone();
-                move || logged.clone()
-            })
-            .with_ansi(false)
-            .init();
-        logged
-    })
-}
-
 /// `Budgeted` allows 3 attempts. The destination refuses 15 batches in a row, each
 /// claiming every event again: counted, that would have sent all of them to `DEAD` after
 /// the third. Handed back uncounted, every event is `SENT` after one counted attempt.
 #[tokio::test]
 async fn a_long_outage_burns_no_attempts_backs_off_and_logs_twice() -> TestResult {
-    let logged = captured_log();
-    // A current-thread runtime polls the relay's tasks on this thread: they count here.
+    let logged = Captured::default();
+    // A current-thread runtime polls the relay's tasks on this thread: they log and
+    // count here.
+    let _logging = logged.this_thread(tracing_subscriber::filter::LevelFilter::INFO);
     let counters = Counters::default();
     let _recording = metrics::set_default_local_recorder(&counters);
 
@@ -161,7 +143,6 @@ async fn a_long_outage_burns_no_attempts_backs_off_and_logs_twice() -> TestResul
         25 * refused as u64
     );
     assert_eq!(counters.get(outbox::relay::metric::RETRIED, table), 0);
-    // This file's other test logs an outage of its own table.
     assert_eq!(
         (
             logged.lines_with(&["the destination is unavailable", table]),
@@ -207,7 +188,6 @@ async fn only_the_unavailable_deliveries_of_a_batch_are_handed_back() -> TestRes
         .map(|n| LabEvent { name: (*n).into() })
         .collect();
     enqueue(pool, &events).await;
-    captured_log(); // whichever test starts first installs the subscriber
     let relay = start(
         Relay::<LabEvent, _>::new(pool.clone(), HalfDown::default()).unavailable_backoff(
             Backoff::new(Duration::from_millis(10), Duration::from_millis(10)),

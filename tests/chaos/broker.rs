@@ -448,6 +448,7 @@ pub(super) async fn relay_sink(kind: &str, pool: PgPool, pid: i32) -> Result<Bro
         pool,
         pid,
         publisher,
+        rng: super::child_rng(),
     })
 }
 
@@ -458,6 +459,7 @@ pub(super) struct BrokerSink {
     pool: PgPool,
     pid: i32,
     publisher: Publisher,
+    rng: std::sync::Mutex<fastrand::Rng>,
 }
 
 impl Sink<ChaosEvent> for BrokerSink {
@@ -499,7 +501,10 @@ impl Sink<ChaosEvent> for BrokerSink {
         // The window between the broker's acknowledgement and the relay's outcome,
         // widened a little so that the driver's kills and pauses land in it: the
         // redeliveries the broker and the inbox must absorb.
-        sleep(Duration::from_millis(fastrand::u64(5..=40))).await;
+        sleep(Duration::from_millis(super::draw(&self.rng, |rng| {
+            rng.u64(5..=40)
+        })))
+        .await;
         receipts
             .into_iter()
             .map(|receipt| match (receipt, &recorded) {

@@ -61,7 +61,8 @@ pub struct Config {
     pub batch_size: u32,
     /// Workers per relay.
     pub concurrency: usize,
-    /// Seed of the driver's choices (which relay, which action, how long).
+    /// Seed of every random choice: the driver's (which relay, which action, how long)
+    /// and, through a seed of their own, the children's (a sink's latency).
     pub seed: u64,
     /// Restart PostgreSQL once mid-run (only when the run owns its server).
     pub restart_postgres: bool,
@@ -336,6 +337,7 @@ async fn relay_child(url: &str, app: &str, batch: u32, concurrency: usize) -> i3
     let sink = RecordingSink {
         pool: pool.clone(),
         pid,
+        rng: child_rng(),
     };
     run_relay(pool, sink, batch, concurrency, shutdown).await
 }
@@ -380,12 +382,27 @@ async fn run_relay(
 struct RecordingSink {
     pool: PgPool,
     pid: i32,
+    rng: Mutex<fastrand::Rng>,
+}
+
+/// In a child: the generator of its random choices, seeded by the driver (`SEED`).
+fn child_rng() -> Mutex<fastrand::Rng> {
+    let seed = child::param("SEED").and_then(|seed| seed.parse().ok());
+    Mutex::new(seed.map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed))
+}
+
+/// A draw from a child's generator.
+fn draw<T>(rng: &Mutex<fastrand::Rng>, choose: impl FnOnce(&mut fastrand::Rng) -> T) -> T {
+    choose(&mut rng.lock().unwrap_or_else(PoisonError::into_inner))
 }
 
 impl Sink<ChaosEvent> for RecordingSink {
     async fn publish(&self, batch: &[Delivery<'_, ChaosEvent>]) -> Vec<Result<(), SinkError>> {
         say(&format!("batch {}", batch.len()));
-        sleep(Duration::from_millis(fastrand::u64(2..=12))).await;
+        sleep(Duration::from_millis(draw(&self.rng, |rng| {
+            rng.u64(2..=12)
+        })))
+        .await;
         let event_ids: Vec<&str> = batch.iter().map(|d| d.event_id().as_str()).collect();
         let generations: Vec<i64> = batch.iter().map(|d| d.generation().get()).collect();
         let attempts: Vec<i32> = batch
@@ -406,13 +423,16 @@ impl Sink<ChaosEvent> for RecordingSink {
         // Redeliveries are slow too, so that a stale owner woken from a pause acts while
         // the new owner still holds the row: the window in which a fencing bug would
         // let the stale outcome through.
-        let latency = if fastrand::u32(0..40) == 0 {
-            fastrand::u64(700..=2_500)
-        } else if batch.iter().any(|d| d.attempt() > 1) {
-            fastrand::u64(100..=300)
-        } else {
-            fastrand::u64(5..=20)
-        };
+        let redelivery = batch.iter().any(|d| d.attempt() > 1);
+        let latency = draw(&self.rng, |rng| {
+            if rng.u32(0..40) == 0 {
+                rng.u64(700..=2_500)
+            } else if redelivery {
+                rng.u64(100..=300)
+            } else {
+                rng.u64(5..=20)
+            }
+        });
         sleep(Duration::from_millis(latency)).await;
         match inserted {
             Ok(_) => batch.iter().map(|_| Ok(())).collect(),
@@ -565,11 +585,16 @@ impl Relays {
 
     fn spawn(&mut self, slot: usize) -> Result<RelayProcess, String> {
         self.incarnations += 1;
-        let (app, batch, concurrency, slot_param) = (
+        // Each incarnation's choices from the run's seed, in the driver's order of spawns.
+        let seed = self.config.seed
+            ^ (u64::from(self.letter) << 56)
+            ^ u64::try_from(self.incarnations).unwrap_or(u64::MAX);
+        let (app, batch, concurrency, slot_param, seed) = (
             self.app_name(slot),
             self.config.batch_size.to_string(),
             self.config.concurrency.to_string(),
             slot.to_string(),
+            seed.to_string(),
         );
         let mut params = vec![
             ("URL", self.url.as_str()),
@@ -577,6 +602,7 @@ impl Relays {
             ("SLOT", slot_param.as_str()),
             ("BATCH", batch.as_str()),
             ("CONCURRENCY", concurrency.as_str()),
+            ("SEED", seed.as_str()),
         ];
         params.extend(self.params.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let mut child = self

@@ -73,6 +73,22 @@ pub struct LabEvent {
     pub name: String,
 }
 
+/// A lease of three seconds, renewed every second: for the relay tests whose sends outlast
+/// a lease. Each renewal gets a second and two can fail before the lease runs out: a
+/// margin that a loaded machine does not eat, where a one-second lease leaves a third of
+/// a second per renewal.
+#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+#[outbox(
+    table = "long_send_events",
+    lease = "3s",
+    retry_delay = "5s",
+    max_attempts = 5
+)]
+pub struct LongSend {
+    #[outbox(event_id)]
+    pub name: String,
+}
+
 /// The chaos event: a short lease so that pauses outlast it within seconds, a short
 /// retry delay, and a budget that chaos never exhausts. The broker tests publish it as
 /// JSON.

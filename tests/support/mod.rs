@@ -9,7 +9,10 @@
 //! - [`counters`]: a `metrics` recorder that counts;
 //! - [`logs`]: the relay's log lines, captured;
 //! - [`running`]: a relay running in the background, and its stop;
+//! - [`seed`]: a chaos test's seed, from `OUTBOX_CHAOS_SEED` or fresh, named by its
+//!   failures;
 //! - [`role`]: a login role of the test's own, dropped whatever the test did;
+//! - [`cleanup`]: what a test created on a shared broker, deleted whatever the test did;
 //! - [`broker`]: what the broker sinks' tests share (a consumer's effect, an outage);
 //! - [`proxy`]: a TCP proxy between clients and a server, to cut or to silence;
 //! - [`nats_server`]: a NATS server of the test's own, to restart or to start with
@@ -24,6 +27,7 @@
 
 pub mod broker;
 pub mod child;
+pub mod cleanup;
 pub mod counters;
 pub mod events;
 pub mod logs;
@@ -33,6 +37,7 @@ pub mod role;
 pub mod rows;
 pub mod running;
 pub mod schema;
+pub mod seed;
 pub mod tansu;
 
 use std::time::Duration;

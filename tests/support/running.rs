@@ -27,6 +27,12 @@ impl Running {
         !self.handle.is_finished()
     }
 
+    /// Cancels the shutdown token without waiting: the relay stops claiming, and
+    /// [`stop`](Self::stop) then waits for it to return.
+    pub fn begin_stop(&self) {
+        self.shutdown.cancel();
+    }
+
     /// Cancels the shutdown token and waits for `run` to return, with what it returned.
     pub async fn stop(self) -> Result<(), OutboxError> {
         self.shutdown.cancel();

@@ -28,6 +28,7 @@ use tokio::time::{Instant, sleep};
 use super::{BrokerConfig, BrokerReport, Consumer};
 use crate::chaos::say;
 use crate::support::child;
+use crate::support::cleanup::Cleanup;
 use crate::support::events::ChaosEvent;
 use crate::support::proxy::Proxy;
 
@@ -51,6 +52,9 @@ pub(super) struct Broker {
     through: String,
     exchange: String,
     queue: String,
+    /// Deletes the exchange and the queue from the shared server: at the teardown, or
+    /// when dropped if the run ends early (an error, a panic).
+    cleanup: Cleanup,
 }
 
 impl Broker {
@@ -70,6 +74,7 @@ impl Broker {
             .map_err(|e| e.to_string())?;
         let exchange = format!("outbox.chaos.{}", schema.name());
         let queue = format!("outbox.chaos.{}.shipments", schema.name());
+        let cleanup = deleted_later(&url, &queue, &exchange);
         let durable = |what: &str, e: lapin::Error| format!("declaring the {what}: {e}");
         channel
             .exchange_declare(
@@ -115,6 +120,7 @@ impl Broker {
             through,
             exchange,
             queue,
+            cleanup,
         })
     }
 
@@ -217,20 +223,31 @@ impl Broker {
     }
 
     pub(super) async fn teardown(self) {
-        let _ = self
-            .channel
-            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
-            .await;
-        let _ = self
-            .channel
-            .exchange_delete(
-                self.exchange.as_str().into(),
-                ExchangeDeleteOptions::default(),
-            )
-            .await;
+        if let Err(error) = self.cleanup.run().await {
+            eprintln!("broker chaos: {error}");
+        }
         let mut proxy = self.proxy;
         proxy.down();
     }
+}
+
+/// Deletes `queue` and `exchange` from the server at `url`, on a connection of its own
+/// (see [`Cleanup`]).
+fn deleted_later(url: &str, queue: &str, exchange: &str) -> Cleanup {
+    let (url, queue, exchange) = (url.to_owned(), queue.to_owned(), exchange.to_owned());
+    let what = format!("the RabbitMQ exchange {exchange} and its queue {queue}");
+    Cleanup::new(what, move || async move {
+        let connection = Connection::connect(&url, ConnectionProperties::default()).await?;
+        let channel = connection.create_channel().await?;
+        channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await?;
+        channel
+            .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+            .await?;
+        connection.close(200, "deleted".into()).await?;
+        Ok(())
+    })
 }
 
 /// `host:port` of an AMQP URL.
