@@ -13,9 +13,9 @@ use crate::error::{OutboxError, sqlstate};
 /// database`), with sqlx's default pool options: [`connect_with`] says how it fails.
 ///
 /// ```no_run
-/// # async fn run() -> Result<(), outbox::OutboxError> {
+/// # async fn run() -> Result<(), outbox_runtime::OutboxError> {
 /// let url = std::env::var("DATABASE_URL").unwrap_or_default();
-/// let pool = outbox::connect(&url).await?;
+/// let pool = outbox_runtime::connect(&url).await?;
 /// # Ok(()) }
 /// ```
 pub async fn connect(url: &str) -> Result<PgPool, OutboxError> {
