@@ -1067,8 +1067,9 @@ async fn drain(
         };
         if started.elapsed() > config.run.drain_timeout {
             report.failures.push(format!(
-                "{left} {:?} after the chaos",
-                config.run.drain_timeout
+                "{left} {:?} after the chaos: {}",
+                config.run.drain_timeout,
+                super::unsent_rows(pool).await
             ));
             break;
         }

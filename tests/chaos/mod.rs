@@ -1016,6 +1016,32 @@ async fn unsent(pool: &PgPool) -> Result<i64, sqlx::Error> {
         .await
 }
 
+/// What the events still unsent look like, grouped: for a drain that timed out, so that
+/// the failure says where they are stuck.
+async fn unsent_rows(pool: &PgPool) -> String {
+    let groups: Result<Vec<(String, i32, bool, Option<String>, i64)>, _> = sqlx::query_as(
+        "SELECT status, attempts, coalesce(lease_until > clock_timestamp(), false), \
+                left(last_error, 200), count(*) \
+         FROM chaos_events WHERE status <> 'SENT' GROUP BY 1, 2, 3, 4 ORDER BY 5 DESC LIMIT 5",
+    )
+    .fetch_all(pool)
+    .await;
+    match groups {
+        Ok(groups) => groups
+            .into_iter()
+            .map(|(status, attempts, live, error, n)| {
+                format!(
+                    "{n} {status} after {attempts} attempts{}{}",
+                    if live { ", lease live" } else { "" },
+                    error.map(|e| format!(", last error: {e}")).unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        Err(error) => format!("(could not read them: {error})"),
+    }
+}
+
 // -------------------------------------------------------------------------------------
 // The driver: the run
 // -------------------------------------------------------------------------------------
@@ -1105,8 +1131,9 @@ async fn drain(
             }
             Ok(left) => {
                 report.failures.push(format!(
-                    "{left} events still unsent {:?} after the chaos",
-                    config.drain_timeout
+                    "{left} events still unsent {:?} after the chaos: {}",
+                    config.drain_timeout,
+                    unsent_rows(pool).await
                 ));
                 break;
             }
