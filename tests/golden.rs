@@ -69,7 +69,7 @@ fn check(tables: &[TableMigrations]) {
 
 /// Every event type in this repository: the `checked` build applies their files to
 /// the schema it compiles against.
-fn every_table() -> [TableMigrations; 18] {
+fn every_table() -> [TableMigrations; 19] {
     [
         common::OrderPlaced::migrations(),
         common::EmailChanged::migrations(),
@@ -89,6 +89,7 @@ fn every_table() -> [TableMigrations; 18] {
         events::Shipment::migrations(),
         events::OrderedChaosEvent::migrations(),
         events::ParcelSentChanged::migrations(),
+        events::LongSend::migrations(),
     ]
 }
 

@@ -2700,7 +2700,7 @@ async fn a_send_whose_lease_ends_by_the_relays_clock_with_renewals_unanswered_is
     });
     let relay = start(
         fast(Relay::<ChaosEvent, _>::new(through, sink.clone()))
-            .send_timeout(Duration::from_secs(600)),
+            .send_timeout(Duration::from_mins(10)),
     );
     wait_until("the send started", Duration::from_secs(5), async || {
         !sink.calls().is_empty()
@@ -2713,7 +2713,7 @@ async fn a_send_whose_lease_ends_by_the_relays_clock_with_renewals_unanswered_is
     proxy.down();
     wait_until(
         "the send is abandoned",
-        Duration::from_secs(60),
+        Duration::from_mins(1),
         async || sink.abandoned() == 1,
     )
     .await;

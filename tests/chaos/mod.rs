@@ -1019,7 +1019,9 @@ async fn unsent(pool: &PgPool) -> Result<i64, sqlx::Error> {
 /// What the events still unsent look like, grouped: for a drain that timed out, so that
 /// the failure says where they are stuck.
 async fn unsent_rows(pool: &PgPool) -> String {
-    let groups: Result<Vec<(String, i32, bool, Option<String>, i64)>, _> = sqlx::query_as(
+    /// Status, attempts, whether the lease is live, the last error, and how many.
+    type Group = (String, i32, bool, Option<String>, i64);
+    let groups: Result<Vec<Group>, _> = sqlx::query_as(
         "SELECT status, attempts, coalesce(lease_until > clock_timestamp(), false), \
                 left(last_error, 200), count(*) \
          FROM chaos_events WHERE status <> 'SENT' GROUP BY 1, 2, 3, 4 ORDER BY 5 DESC LIMIT 5",
