@@ -1035,7 +1035,9 @@ async fn unsent_rows(pool: &PgPool) -> String {
                 format!(
                     "{n} {status} after {attempts} attempts{}{}",
                     if live { ", lease live" } else { "" },
-                    error.map(|e| format!(", last error: {e}")).unwrap_or_default()
+                    error
+                        .map(|e| format!(", last error: {e}"))
+                        .unwrap_or_default()
                 )
             })
             .collect::<Vec<_>>()
