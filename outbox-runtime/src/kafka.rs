@@ -138,7 +138,7 @@ pub enum ConfigError {
 /// | a delivery report without error | `Ok` (`SENT`) |
 /// | no delivery of the batch succeeded, some failed on the way to the brokers (timed out, transport, all brokers down), and no broker answers a metadata request within 1 s | [`SinkError::Unavailable`]: handed back, no attempt counted |
 /// | the same failures while a broker answers (or beside a delivery that succeeded); the local queue is full; any other broker error | [`SinkError::Transient`] |
-/// | the cluster refuses the producer (authentication, cluster authorization such as `IDEMPOTENT_WRITE`); the producer hit a fatal error | [`SinkError::Unavailable`] |
+/// | the cluster refuses the producer (authentication, cluster authorization such as `IDEMPOTENT_WRITE`); the producer hit a fatal error, or a broker fenced it (`PRODUCER_FENCED`, `INVALID_PRODUCER_EPOCH`) | [`SinkError::Unavailable`] |
 /// | the event does not encode; the record is over `message.max.bytes` (librdkafka's or the broker's); the topic does not exist (above); an invalid topic name; no authorization for the topic | [`SinkError::Permanent`] (`DEAD`) |
 /// | purged from librdkafka's queue at shutdown ([below](KafkaSink#shutdown)) | [`SinkError::Unavailable`]: handed back |
 /// | purged in flight at shutdown | [`SinkError::InDoubt`]: kept claimed until its lease ends |
@@ -146,9 +146,11 @@ pub enum ConfigError {
 /// Once librdkafka reports that every broker is down, the sink asks for the cluster's
 /// metadata before it hands the producer a batch: while no broker answers, batches are
 /// unavailable at once, and no record waits in librdkafka's queue through the outage.
-/// A producer that hits a fatal error (possible with the idempotent producer) fails its
-/// batch as unavailable and is replaced by a new one, built from the same configuration,
-/// before the next batch.
+/// A producer that hits a fatal error (possible with the idempotent producer), or that a
+/// broker fenced (a newer producer id or epoch took its place there, after a lost
+/// connection: librdkafka raises no fatal error for it, and the broker refuses its every
+/// record), fails its batch as unavailable and is replaced by a new one, built from the
+/// same configuration, before the next batch.
 ///
 /// # Shutdown
 ///
@@ -201,8 +203,43 @@ pub struct KafkaSink<T, E = Json> {
 /// context learnt of the brokers.
 struct Client {
     config: ClientConfig,
-    producer: RwLock<Producer>,
+    producer: RwLock<Current>,
     brokers: Arc<Brokers>,
+}
+
+/// The producer in use, and whether the brokers fenced it.
+#[derive(Clone)]
+struct Current {
+    producer: Producer,
+    /// Set once a broker answered one of its records with `PRODUCER_FENCED` or
+    /// `INVALID_PRODUCER_EPOCH`: a newer producer id or epoch took its place there, and
+    /// it will be refused for good, though librdkafka raises no fatal error for an
+    /// idempotent (not transactional) producer. Measured on tansu after connection cuts:
+    /// one such producer failed every record for 90 s, 116 attempts each. Replaced
+    /// before the next batch, as after a fatal error.
+    fenced: Arc<AtomicBool>,
+}
+
+impl Current {
+    fn new(producer: Producer) -> Self {
+        Self {
+            producer,
+            fenced: Arc::default(),
+        }
+    }
+
+    /// Why it must be replaced: a fatal error, or fenced by a broker.
+    fn unusable(&self) -> Option<(RDKafkaErrorCode, String)> {
+        self.producer.client().fatal_error().or_else(|| {
+            self.fenced.load(Ordering::Relaxed).then(|| {
+                (
+                    RDKafkaErrorCode::ProducerFenced,
+                    "a broker fenced the producer: a newer producer id or epoch took its place"
+                        .to_owned(),
+                )
+            })
+        })
+    }
 }
 
 impl<T, E: Clone> Clone for KafkaSink<T, E> {
@@ -236,7 +273,7 @@ impl<T: Outbox> KafkaSink<T, Json> {
         Ok(Self {
             client: Arc::new(Client {
                 config,
-                producer: RwLock::new(producer),
+                producer: RwLock::new(Current::new(producer)),
                 brokers,
             }),
             topic: Arc::new(move |_: &T| topic.clone()),
@@ -298,31 +335,31 @@ impl<T, E> KafkaSink<T, E> {
 }
 
 impl Client {
-    /// The producer; a new one when the current one hit a fatal error.
-    fn producer(&self) -> Producer {
+    /// The producer; a new one when the current one hit a fatal error or was fenced.
+    fn producer(&self) -> Current {
         let producer = self
             .producer
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let Some((code, reason)) = producer.client().fatal_error() else {
+        let Some((code, reason)) = producer.unusable() else {
             return producer;
         };
         let mut current = self
             .producer
             .write()
             .unwrap_or_else(PoisonError::into_inner);
-        if current.client().fatal_error().is_none() {
+        if current.unusable().is_none() {
             // Replaced meanwhile.
             return current.clone();
         }
         match create(&self.config, &self.brokers) {
             Ok(fresh) => {
-                tracing::warn!(%code, %reason, "the Kafka producer hit a fatal error; replaced by a new one");
-                *current = fresh;
+                tracing::warn!(%code, %reason, "the Kafka producer is unusable; replaced by a new one");
+                *current = Current::new(fresh);
             }
             Err(error) => {
-                tracing::error!(%code, %reason, %error, "the Kafka producer hit a fatal error and cannot be replaced");
+                tracing::error!(%code, %reason, %error, "the Kafka producer is unusable and cannot be replaced");
             }
         }
         current.clone()
@@ -508,6 +545,9 @@ enum Kind {
     /// Purged while in flight ([`Sink::withdraw`]): sent, unanswered, and maybe still on
     /// its way to the broker.
     InDoubt,
+    /// A broker fenced the producer ([`Current::fenced`]): nothing it sends will be
+    /// taken, so no attempt is counted, and it is replaced.
+    Fenced,
 }
 
 fn kind(error: &KafkaError) -> Kind {
@@ -542,6 +582,7 @@ fn kind(error: &KafkaError) -> Kind {
             | Code::ClusterAuthorizationFailed
             | Code::Fatal,
         ) => Kind::Refused,
+        Some(Code::ProducerFenced | Code::InvalidProducerEpoch) => Kind::Fenced,
         Some(Code::PurgeQueue) => Kind::Withdrawn,
         Some(Code::PurgeInflight) => Kind::InDoubt,
         _ => Kind::Transient,
@@ -554,7 +595,8 @@ enum Outage {
     None,
     /// No broker answers.
     Brokers,
-    /// The producer hit a fatal error: it fails every record until it is replaced.
+    /// The producer hit a fatal error, or was fenced: it fails every record until it is
+    /// replaced.
     Fatal,
 }
 
@@ -580,7 +622,7 @@ impl Failure {
             (Kind::InDoubt, _) => SinkError::in_doubt(format!(
                 "{what} (taken back after it was sent: the broker may still write it)"
             )),
-            (Kind::Refused, _)
+            (Kind::Refused | Kind::Fenced, _)
             | (Kind::Unreached, Outage::Brokers | Outage::Fatal)
             | (Kind::Transient, Outage::Fatal) => SinkError::unavailable(what),
             (Kind::Unreached | Kind::Transient, _) => SinkError::transient(what),
@@ -597,13 +639,14 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
             return Vec::new();
         }
         let client = &self.client;
-        let producer = client.producer();
+        let current = client.producer();
+        let producer = &current.producer;
         if client.brokers.down.load(Ordering::Relaxed) {
             let topic = batch
                 .first()
                 .map(|delivery| (self.topic)(delivery.event()))
                 .unwrap_or_default();
-            if !client.reachable(&producer, topic).await {
+            if !client.reachable(producer, topic).await {
                 let cause = client.brokers.cause();
                 return batch
                     .iter()
@@ -619,7 +662,7 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
         // batch costs about one round trip (per partition leader), not one per event.
         let sent: Vec<_> = batch
             .iter()
-            .map(|delivery| self.send(&producer, delivery))
+            .map(|delivery| self.send(producer, delivery))
             .collect();
         let delivered = join_all(sent.into_iter().map(|sent| async move {
             let (topic, report) = sent?;
@@ -641,12 +684,17 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
             Err(Err(failure)) if failure.kind() == Kind::Unreached => Some(failure.topic.clone()),
             _ => None,
         });
-        let outage = if producer.client().fatal_error().is_some() {
+        if delivered.iter().any(
+            |delivered| matches!(delivered, Err(Err(failure)) if failure.kind() == Kind::Fenced),
+        ) {
+            current.fenced.store(true, Ordering::Relaxed);
+        }
+        let outage = if current.unusable().is_some() {
             // Replaced before the next batch.
             Outage::Fatal
         } else if let Some(topic) = unreached
             && !acked
-            && !client.reachable(&producer, topic).await
+            && !client.reachable(producer, topic).await
         {
             Outage::Brokers
         } else {
@@ -723,6 +771,7 @@ impl<T: Outbox + Send + Sync, E: Encoding<T>> Sink<T> for KafkaSink<T, E> {
             .producer
             .read()
             .unwrap_or_else(PoisonError::into_inner)
+            .producer
             .clone();
         let purged = tokio::task::spawn_blocking(move || {
             producer.purge(PurgeConfig::default().queue().inflight());
@@ -801,6 +850,22 @@ mod tests {
         assert!(matches!(queued, SinkError::Unavailable(_)), "{queued}");
         let in_flight = purged(RDKafkaErrorCode::PurgeInflight);
         assert!(matches!(in_flight, SinkError::InDoubt(_)), "{in_flight}");
+    }
+
+    #[test]
+    fn a_record_a_broker_refused_as_fenced_is_handed_back_for_the_producer_that_replaces_it() {
+        for code in [
+            RDKafkaErrorCode::ProducerFenced,
+            RDKafkaErrorCode::InvalidProducerEpoch,
+        ] {
+            let failure = Failure {
+                topic: "orders".to_owned(),
+                error: KafkaError::MessageProduction(code),
+            };
+            assert!(failure.kind() == Kind::Fenced, "{code}");
+            let error = failure.into_error(Outage::None);
+            assert!(matches!(error, SinkError::Unavailable(_)), "{error}");
+        }
     }
 
     #[test]
