@@ -134,10 +134,14 @@ async fn prove(db: &TestSchema, roles: &Roles) -> TestResult {
     let refused = outbox::migrate(&app, &tables)
         .await
         .expect_err("the application cannot migrate");
+    // The SQLSTATE is in the causes (`OutboxError`'s own Debug is its message).
+    let causes: String =
+        std::iter::successors(Some(&refused as &dyn std::error::Error), |e| e.source())
+            .map(|e| format!("{e:?}\n"))
+            .collect();
     assert!(
-        matches!(&refused, OutboxError::Migration { .. })
-            && format!("{refused:?}").contains("\"42501\""),
-        "{refused:?}"
+        matches!(&refused, OutboxError::Migration { .. }) && causes.contains("\"42501\""),
+        "{causes}"
     );
     application_enqueues_and_nothing_more(&app).await?;
     relay_publishes_and_nothing_more(owner, &relay).await?;
