@@ -38,6 +38,8 @@ use tokio::time::{Instant, sleep};
 
 const ROLE: &str = "ordering-relay";
 const APP: &str = "ordering-relay-";
+/// What a relay child says once a SIGTERM stops it gracefully.
+const READY: &str = "relay ready";
 const RELAYS: usize = 4;
 const PER_KEY: i32 = 20;
 
@@ -85,6 +87,8 @@ async fn relay_child(url: &str) -> i32 {
             shutdown.cancel();
         }
     });
+    // From here a SIGTERM is a graceful shutdown: before, it ends the process.
+    child::say(READY);
     let seed = child::param("SEED").and_then(|seed| seed.parse().ok());
     let sink = Broker {
         pool: pool.clone(),
@@ -173,7 +177,7 @@ struct Relays {
 
 impl Relays {
     /// The relays of a run on `url` whose seed is `seed`, started.
-    fn start(url: String, seed: u64) -> Result<Self, String> {
+    async fn start(url: String, seed: u64) -> Result<Self, String> {
         let mut relays = Relays {
             command: ChildCommand::test("ordering_chaos_child"),
             url,
@@ -182,22 +186,28 @@ impl Relays {
             spawned: 0,
         };
         for _ in 0..RELAYS {
-            let child = relays.spawn()?;
+            let child = relays.spawn().await?;
             relays.children.push(child);
         }
         Ok(relays)
     }
 
-    fn spawn(&mut self) -> Result<Child, String> {
+    /// A relay, once it said it handles SIGTERM: the end of the run sends one, which
+    /// would kill a relay restarted just before (on a loaded machine, its start can take
+    /// longer than the last events' drain) instead of stopping it.
+    async fn spawn(&mut self) -> Result<Child, String> {
         self.spawned += 1;
         let seed = (self.seed ^ self.spawned).to_string();
-        self.command
-            .spawn(ROLE, &[("URL", &self.url), ("SEED", &seed)])
+        let mut child = self
+            .command
+            .spawn(ROLE, &[("URL", &self.url), ("SEED", &seed)])?;
+        child::handshake(child.stderr()?, READY, Duration::from_mins(1)).await?;
+        Ok(child)
     }
 
-    fn kill_and_restart(&mut self, slot: usize) -> Result<(), String> {
+    async fn kill_and_restart(&mut self, slot: usize) -> Result<(), String> {
         self.children[slot].kill()?;
-        self.children[slot] = self.spawn()?;
+        self.children[slot] = self.spawn().await?;
         Ok(())
     }
 }
@@ -233,7 +243,7 @@ async fn four_relays_under_chaos(seed: u64) -> TestResult {
     let rounds = usize::try_from(chaos_for.as_secs() * 10 / 21)?.max(1);
     let mut waves = events.chunks(events.len().div_ceil(rounds));
 
-    let mut relays = Relays::start(db.url(), seed)?;
+    let mut relays = Relays::start(db.url(), seed).await?;
     let mut actions: HashMap<&str, u32> = HashMap::new();
     let until = Instant::now() + chaos_for;
     // Each kind of chaos in turn, on a relay drawn at random.
@@ -248,7 +258,7 @@ async fn four_relays_under_chaos(seed: u64) -> TestResult {
         let slot = rng.usize(0..RELAYS);
         match round % 3 {
             0 => {
-                relays.kill_and_restart(slot)?;
+                relays.kill_and_restart(slot).await?;
                 *actions.entry("SIGKILL and restart").or_default() += 1;
             }
             1 => {
