@@ -135,10 +135,10 @@ async fn prove(db: &TestSchema, roles: &Roles) -> TestResult {
         .await
         .expect_err("the application cannot migrate");
     // The SQLSTATE is in the causes (`OutboxError`'s own Debug is its message).
-    let causes: String =
-        std::iter::successors(Some(&refused as &dyn std::error::Error), |e| e.source())
-            .map(|e| format!("{e:?}\n"))
-            .collect();
+    let causes = std::iter::successors(Some(&refused as &dyn std::error::Error), |e| e.source())
+        .map(|e| format!("{e:?}"))
+        .collect::<Vec<_>>()
+        .join("\n");
     assert!(
         matches!(&refused, OutboxError::Migration { .. }) && causes.contains("\"42501\""),
         "{causes}"
