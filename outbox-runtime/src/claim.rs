@@ -328,7 +328,7 @@ async fn claim_rows<'a, T: Outbox>(
         // lease with an attempt spent. (A transaction around the claim would cost every
         // claim two more round trips.)
         let mut claimed = Vec::new();
-        return match claim_noting::<T>(&mut conn, Scope::All, limit, &mut claimed).await {
+        return match claim_noting::<T>(&mut conn, Scope::All, limit, Some(&mut claimed)).await {
             Ok(batch) => Ok(batch),
             Err(error) => {
                 hand_back::<T>(&mut conn, &claimed, &error).await;
@@ -414,16 +414,16 @@ pub(crate) async fn claim_on<T: Outbox>(
     scope: Scope,
     limit: u32,
 ) -> Result<ClaimedBatch<T>, OutboxError> {
-    claim_noting(conn, scope, limit, &mut Vec::new()).await
+    claim_noting(conn, scope, limit, None).await
 }
 
-/// [`claim_on`], noting in `claimed` each row its statements claim as soon as they
-/// return it, for [`hand_back`].
+/// [`claim_on`], noting in `claimed`, if given, each row its statements claim as soon as
+/// they return it, for [`hand_back`] (a claim in a transaction has no use for it).
 async fn claim_noting<T: Outbox>(
     conn: &mut PgConnection,
     scope: Scope,
     limit: u32,
-    claimed: &mut Vec<Owned>,
+    mut claimed: Option<&mut Vec<Owned>>,
 ) -> Result<ClaimedBatch<T>, OutboxError> {
     let spec = T::SPEC;
     let db = |e| OutboxError::from_sqlx(spec.table, e);
@@ -451,12 +451,14 @@ async fn claim_noting<T: Outbox>(
         }
         .map_err(db)?;
         took += sent.elapsed();
-        claimed.extend(rows.iter().filter_map(|row| {
-            Some(Owned {
-                id: row.try_get(header::ID).ok()?,
-                generation: row.try_get(header::GENERATION).ok()?,
-            })
-        }));
+        if let Some(claimed) = claimed.as_deref_mut() {
+            claimed.extend(rows.iter().filter_map(|row| {
+                Some(Owned {
+                    id: row.try_get(header::ID).ok()?,
+                    generation: row.try_get(header::GENERATION).ok()?,
+                })
+            }));
+        }
         let mut exhausted = false;
         for row in &rows {
             let (claimed, due) = decode_claim(row, sent).map_err(db)?;
