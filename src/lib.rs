@@ -133,3 +133,37 @@ pub use outbox_runtime::testing;
 
 #[doc(hidden)]
 pub use outbox_runtime::__private;
+
+/// The guide (`docs/src`): every chapter's Rust snippets run as this crate's doc tests,
+/// so the guide cannot drift from the code. A broker's chapter runs with its feature.
+#[cfg(doctest)]
+mod guide {
+    #[doc = include_str!("../docs/src/event-types.md")]
+    struct EventTypes;
+    #[doc = include_str!("../docs/src/sinks.md")]
+    struct Sinks;
+    #[cfg(feature = "nats")]
+    #[doc = include_str!("../docs/src/nats.md")]
+    struct Nats;
+    #[cfg(feature = "rabbitmq")]
+    #[doc = include_str!("../docs/src/rabbitmq.md")]
+    struct RabbitMq;
+    #[cfg(feature = "kafka")]
+    #[doc = include_str!("../docs/src/kafka.md")]
+    struct Kafka;
+    #[cfg(feature = "nats")]
+    #[doc = include_str!("../docs/src/inbox.md")]
+    struct Inbox;
+    #[doc = include_str!("../docs/src/ordering.md")]
+    struct Ordering;
+    #[doc = include_str!("../docs/src/operations.md")]
+    struct Operations;
+    #[doc = include_str!("../docs/src/monitoring.md")]
+    struct Monitoring;
+    #[doc = include_str!("../docs/src/relay.md")]
+    struct Relay;
+    #[doc = include_str!("../docs/src/schema.md")]
+    struct Schema;
+    #[doc = include_str!("../docs/src/testing.md")]
+    struct Testing;
+}
