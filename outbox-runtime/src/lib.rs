@@ -15,17 +15,11 @@ pub mod inbox;
 mod interval;
 #[doc(hidden)]
 pub mod json;
-#[cfg(feature = "kafka")]
-pub mod kafka;
-pub mod message;
 mod migrate;
 pub mod monitor;
-#[cfg(feature = "nats")]
-pub mod nats;
 mod ops;
-#[cfg(feature = "rabbitmq")]
-pub mod rabbitmq;
 pub mod relay;
+mod sink;
 mod spec;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -40,6 +34,13 @@ pub use migrate::{
 };
 pub use monitor::Monitor;
 pub use ops::{Stats, discard_dead, prune_sent, requeue_all_dead, requeue_dead, stats};
+#[cfg(feature = "kafka")]
+pub use sink::broker::kafka;
+#[cfg(feature = "nats")]
+pub use sink::broker::nats;
+#[cfg(feature = "rabbitmq")]
+pub use sink::broker::rabbitmq;
+pub use sink::message;
 pub use spec::{Column, MigrationStep, Outbox, PgQuery, TableSpec};
 
 /// Re-exported so applications can build their own refinery migrations

@@ -4,8 +4,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::failure_log::FailureLog;
 use super::record::{Outcome, Owned};
-use super::{Backoff, Delivery, SinkError, metric};
+use super::{Backoff, metric};
 use crate::claim::Claim;
+use crate::sink::{Delivery, SinkError};
 use crate::spec::Outbox;
 
 /// A claimed row while the sink has its batch: the claim, and its delivery's ownership

@@ -16,7 +16,7 @@ mod in_flight;
 mod outage;
 pub(crate) mod record;
 mod renewal;
-mod sink;
+mod sink_panics;
 mod wakeups;
 
 use std::marker::PhantomData;
@@ -31,13 +31,15 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, sleep_until};
 use tracing::Instrument as _;
 
+pub use crate::sink::memory::{MemorySink, Published};
+pub use crate::sink::stdout::StdoutSink;
+pub use crate::sink::{BoxError, Delivery, Sink, SinkError};
 pub use backoff::Backoff;
 use frontier::Frontier;
 use in_flight::InFlight;
 use outage::Outage;
 use record::{Outcome, Owned, Recorded};
 use renewal::{Needed, Renewal};
-pub use sink::{BoxError, Delivery, MemorySink, Published, Sink, SinkError, StdoutSink};
 /// The shutdown signal [`Relay::run`] takes (re-exported from tokio-util).
 pub use tokio_util::sync::CancellationToken;
 use wakeups::Wakeups;
@@ -900,7 +902,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let mut withdrawn = false;
         let mut sending = pin!(tokio::time::timeout(
             relay.send_timeout,
-            sink::publish_contained::<T, S>(&relay.sink, deliveries)
+            sink_panics::publish_contained::<T, S>(&relay.sink, deliveries)
         ));
         let busy = beside.is_some();
         let mut beside = pin!(futures_util::future::OptionFuture::from(beside));
