@@ -34,8 +34,8 @@ use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, PgPool, Row};
 use crate::error::OutboxError;
 use crate::id::EventId;
 use crate::migrate::TableMigrations;
-use crate::ops::{Operations, Stats, interval_to_duration};
 use crate::spec::{Statement, TableSpec};
+use crate::table::operations::{Operations, Stats, interval_to_duration};
 
 /// The catalog table, in the schema of the outbox tables it lists.
 pub const TABLE: &str = outbox_internals::CATALOG_TABLE;

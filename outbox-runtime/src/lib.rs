@@ -6,7 +6,6 @@
 //! Users depend on the `outbox` facade, which re-exports everything an application uses.
 
 pub mod catalog;
-mod claim;
 mod connect;
 mod error;
 pub mod export;
@@ -17,14 +16,13 @@ mod interval;
 pub mod json;
 mod migrate;
 pub mod monitor;
-mod ops;
 pub mod relay;
 mod sink;
 mod spec;
+mod table;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use claim::{Claim, Enqueued, Retried, claim, claim_batch, enqueue, enqueue_all};
 pub use connect::{connect, connect_with};
 pub use error::OutboxError;
 pub use id::{EventId, EventIdField, Generation};
@@ -33,7 +31,6 @@ pub use migrate::{
     AppliedMigration, MigrationReport, TableMigrations, migrate, migrate_with_app, verify,
 };
 pub use monitor::Monitor;
-pub use ops::{Stats, discard_dead, prune_sent, requeue_all_dead, requeue_dead, stats};
 #[cfg(feature = "kafka")]
 pub use sink::broker::kafka;
 #[cfg(feature = "nats")]
@@ -42,6 +39,12 @@ pub use sink::broker::nats;
 pub use sink::broker::rabbitmq;
 pub use sink::message;
 pub use spec::{Column, MigrationStep, Outbox, PgQuery, TableSpec};
+pub use table::claim::{Claim, Retried};
+pub use table::claiming::{claim, claim_batch};
+pub use table::enqueue::{Enqueued, enqueue, enqueue_all};
+pub use table::operations::{
+    Stats, discard_dead, prune_sent, requeue_all_dead, requeue_dead, stats,
+};
 
 /// Re-exported so applications can build their own refinery migrations
 /// (`refinery::Migration::unapplied`, `refinery::Runner`) for [`migrate_with_app`].

@@ -14,7 +14,7 @@ mod failure_log;
 mod frontier;
 mod in_flight;
 mod outage;
-pub(crate) mod record;
+mod record;
 mod renewal;
 mod sink_panics;
 mod wakeups;
@@ -34,49 +34,22 @@ use tracing::Instrument as _;
 pub use crate::sink::memory::{MemorySink, Published};
 pub use crate::sink::stdout::StdoutSink;
 pub use crate::sink::{BoxError, Delivery, Sink, SinkError};
+pub use crate::table::metric;
 pub use backoff::Backoff;
 use frontier::Frontier;
 use in_flight::InFlight;
 use outage::Outage;
-use record::{Outcome, Owned, Recorded};
 use renewal::{Needed, Renewal};
 /// The shutdown signal [`Relay::run`] takes (re-exported from tokio-util).
 pub use tokio_util::sync::CancellationToken;
 use wakeups::Wakeups;
 
-use crate::claim::{Claim, Scope};
 use crate::error::OutboxError;
 use crate::spec::Outbox;
+use crate::table::batch::{Outcome, Owned, Recorded};
+use crate::table::claim::Claim;
+use crate::table::claiming::Scope;
 use outbox_internals::Status;
-
-/// Metric names the relay emits through the `metrics` crate, each labelled `table`.
-pub mod metric {
-    /// Counter: rows claimed.
-    pub const CLAIMED: &str = "outbox_claimed_total";
-    /// Counter: claims that took over an expired lease.
-    pub const RECLAIMED: &str = "outbox_reclaimed_total";
-    /// Counter: rows recorded `SENT`.
-    pub const SENT: &str = "outbox_sent_total";
-    /// Counter: rows sent back to `READY` after a transient failure.
-    pub const RETRIED: &str = "outbox_retried_total";
-    /// Counter: rows moved to `DEAD` (permanent failure or spent budget).
-    pub const DEAD: &str = "outbox_dead_total";
-    /// Counter: outcomes or renewals rejected because a newer generation owns the row.
-    pub const STALE: &str = "outbox_stale_rejected_total";
-    /// Counter: claim statements that found nothing due (a worker going idle): the
-    /// cost of wake-ups and polling.
-    pub const IDLE_CLAIMS: &str = "outbox_idle_claims_total";
-    /// Counter: unsent rows handed back, the attempt not counted (at shutdown, or
-    /// because the destination was unavailable).
-    pub const RELEASED: &str = "outbox_released_total";
-    /// Counter: batches handed back because the sink said the destination is
-    /// unavailable ([`SinkError::Unavailable`](super::SinkError::Unavailable)).
-    pub const UNAVAILABLE: &str = "outbox_unavailable_total";
-    /// Histogram: seconds a batch spent in the sink.
-    pub const PUBLISH_SECONDS: &str = "outbox_publish_seconds";
-    /// Histogram: rows per claimed batch.
-    pub const BATCH_SIZE: &str = "outbox_batch_size";
-}
 
 /// The publisher loop for events of type `T`, sending through a sink `S`. Build it
 /// with [`new`](Self::new) and the setters, then [`run`](Self::run) it until shutdown
@@ -694,7 +667,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             .as_ref()
             .map_or((Scope::All, 0), |next| (next.scope, self.relay.batch_size));
         let claiming = next.is_some().then(|| self.wakeups.claiming());
-        let limit_time = crate::claim::transaction_limit(T::SPEC.lease);
+        let limit_time = crate::table::claiming::transaction_limit(T::SPEC.lease);
         let transaction = async {
             record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, scope, limit).await
         };
