@@ -5,18 +5,16 @@
 //!
 //! Users depend on the `outbox` facade, which re-exports everything an application uses.
 
-pub mod catalog;
 mod connect;
 mod error;
-pub mod export;
 mod id;
 pub mod inbox;
 mod interval;
 #[doc(hidden)]
 pub mod json;
-mod migrate;
 pub mod monitor;
 pub mod relay;
+mod schema;
 mod sink;
 mod spec;
 mod table;
@@ -27,10 +25,11 @@ pub use connect::{connect, connect_with};
 pub use error::OutboxError;
 pub use id::{EventId, EventIdField, Generation};
 pub use interval::{MAX_INTERVAL, statement_timeout_millis};
-pub use migrate::{
-    AppliedMigration, MigrationReport, TableMigrations, migrate, migrate_with_app, verify,
-};
 pub use monitor::Monitor;
+pub use schema::migrate::{AppliedMigration, MigrationReport, migrate, migrate_with_app};
+pub use schema::table_migrations::TableMigrations;
+pub use schema::verify::verify;
+pub use schema::{catalog, export};
 #[cfg(feature = "kafka")]
 pub use sink::broker::kafka;
 #[cfg(feature = "nats")]

@@ -11,7 +11,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::OutboxError;
-use crate::migrate::TableMigrations;
+use crate::schema::table_migrations::TableMigrations;
 use crate::spec::TableSpec;
 use crate::table::operations::{Operations, Stats};
 

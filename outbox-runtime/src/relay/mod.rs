@@ -272,7 +272,7 @@ async fn starting_checks<T: Outbox>(
 ) -> Result<Option<bool>, OutboxError> {
     let table = T::SPEC.table;
     let read = async || {
-        if let Some(key) = crate::migrate::key_unknown_to_build(pool, T::SPEC).await? {
+        if let Some(key) = crate::schema::verify::key_unknown_to_build(pool, T::SPEC).await? {
             return Err(OutboxError::Drift {
                 table,
                 details: format!(
