@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Connection;
+use super::connection::Connection;
 use super::in_flight::InFlight;
 use crate::spec::Outbox;
 use crate::table::batch::{self, Owned};
