@@ -37,6 +37,7 @@ pub use backoff::Backoff;
 /// The shutdown signal [`Relay::run`] takes (re-exported from tokio-util).
 pub use tokio_util::sync::CancellationToken;
 
+use crate::interval::MAX_INTERVAL;
 use crate::spec::Outbox;
 
 /// The publisher loop for events of type `T`, sending through a sink `S`. Build it
@@ -110,7 +111,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
     /// asked to, and says which rows it can hand back; those that may still reach the
     /// destination stay claimed until their leases end.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
-        self.shutdown_grace = grace.min(crate::MAX_INTERVAL);
+        self.shutdown_grace = grace.min(MAX_INTERVAL);
         self
     }
 
@@ -120,7 +121,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
     /// From 1 ms to [`MAX_INTERVAL`](crate::MAX_INTERVAL) (`Duration::MAX`:
     /// notifications alone, and those events wait for the next one).
     pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval.clamp(Duration::from_millis(1), crate::MAX_INTERVAL);
+        self.poll_interval = interval.clamp(Duration::from_millis(1), MAX_INTERVAL);
         self
     }
 
