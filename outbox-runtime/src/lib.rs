@@ -5,19 +5,27 @@
 //!
 //! Users depend on the `outbox` facade, which re-exports everything an application uses.
 
+// What the rest is built on: the derive's spec of a table and how it binds JSON, the
+// identities of a row, the errors, intervals, connections.
 mod connect;
 mod error;
 mod id;
-pub mod inbox;
 mod interval;
 #[doc(hidden)]
 pub mod json;
-pub mod monitor;
-pub mod relay;
+mod spec;
+
+// The rows of one outbox table (enqueue, claim, record, repair), the tables' schema
+// (migrations, verification, the catalog), and where events go (the sinks).
 mod schema;
 mod sink;
-mod spec;
 mod table;
+
+// What runs beside the application: the relay, from the tables to a sink; the consumer's
+// inbox; the monitor's gauges; and test support.
+pub mod inbox;
+pub mod monitor;
+pub mod relay;
 #[cfg(feature = "testing")]
 pub mod testing;
 

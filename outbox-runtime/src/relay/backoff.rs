@@ -16,7 +16,7 @@ pub struct Backoff {
 impl Backoff {
     /// Delays from `base` (at least a millisecond: no delay at all would make a relay
     /// spin through an outage), doubling, never above `cap` (at least `base`), nor above
-    /// [`MAX_INTERVAL`](crate::MAX_INTERVAL).
+    /// [`MAX_INTERVAL`].
     pub fn new(base: Duration, cap: Duration) -> Self {
         let base = base.clamp(Duration::from_millis(1), MAX_INTERVAL);
         Self {

@@ -106,7 +106,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
     }
 
     /// How long a shutdown waits for in-flight sends before handing their rows back
-    /// (at most [`MAX_INTERVAL`](crate::MAX_INTERVAL): `Duration::MAX` waits for them).
+    /// (at most [`MAX_INTERVAL`]: `Duration::MAX` waits for them).
     /// A sink that can take a batch back ([`Sink::withdraw`], as the Kafka sink does) is
     /// asked to, and says which rows it can hand back; those that may still reach the
     /// destination stay claimed until their leases end.
@@ -118,7 +118,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
     /// How often an idle worker looks for due events without a notification: events
     /// retried with a delay, the expired claims of a publisher that died, an enqueue that
     /// committed long after its `INSERT` began, notifications lost while disconnected.
-    /// From 1 ms to [`MAX_INTERVAL`](crate::MAX_INTERVAL) (`Duration::MAX`:
+    /// From 1 ms to [`MAX_INTERVAL`] (`Duration::MAX`:
     /// notifications alone, and those events wait for the next one).
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval.clamp(Duration::from_millis(1), MAX_INTERVAL);

@@ -100,6 +100,8 @@ impl AppliedMigration {
 /// table cannot follow (a migration that ran was edited), [`OutboxError::Migration`]
 /// when one fails, and [`OutboxError::Drift`] when a table lacks a column or has a
 /// different type or nullability.
+///
+/// [`TableSpec::history_table`]: crate::TableSpec::history_table
 pub async fn migrate(
     pool: &PgPool,
     tables: &[TableMigrations],

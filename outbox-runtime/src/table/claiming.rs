@@ -16,9 +16,13 @@ use outbox_internals::claim_header as header;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Scope {
     /// Everywhere: expired claims first, then due `READY` rows ([`Statement::Claim`]).
+    ///
+    /// [`Statement::Claim`]: outbox_internals::Statement::Claim
     All,
     /// Due `READY` rows from this `next_attempt_at` on, in microseconds since the Unix
     /// epoch ([`Statement::ClaimFrom`]).
+    ///
+    /// [`Statement::ClaimFrom`]: outbox_internals::Statement::ClaimFrom
     ReadyFrom(i64),
 }
 
