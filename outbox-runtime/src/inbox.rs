@@ -14,7 +14,8 @@ use sqlx::{PgExecutor, PgPool};
 use crate::error::OutboxError;
 use crate::id::EventId;
 use crate::interval;
-use crate::migrate::{MigrationReport, migrate_target, own_runner};
+use crate::schema::migrate::{MigrationReport, migrate_target};
+use crate::schema::runner::own_runner;
 
 /// The inbox table: one for every consumer of the schema, keyed by `(consumer,
 /// event_id)`.

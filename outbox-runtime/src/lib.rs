@@ -5,42 +5,53 @@
 //!
 //! Users depend on the `outbox` facade, which re-exports everything an application uses.
 
-pub mod catalog;
-mod claim;
+// What the rest is built on: the derive's spec of a table and how it binds JSON, the
+// identities of a row, the errors, intervals, connections.
 mod connect;
 mod error;
-pub mod export;
 mod id;
-pub mod inbox;
 mod interval;
 #[doc(hidden)]
 pub mod json;
-#[cfg(feature = "kafka")]
-pub mod kafka;
-pub mod message;
-mod migrate;
-pub mod monitor;
-#[cfg(feature = "nats")]
-pub mod nats;
-mod ops;
-#[cfg(feature = "rabbitmq")]
-pub mod rabbitmq;
-pub mod relay;
 mod spec;
+
+// The rows of one outbox table (enqueue, claim, record, repair), the tables' schema
+// (migrations, verification, the catalog), and where events go (the sinks).
+mod schema;
+mod sink;
+mod table;
+
+// What runs beside the application: the relay, from the tables to a sink; the consumer's
+// inbox; the monitor's gauges; and test support.
+pub mod inbox;
+pub mod monitor;
+pub mod relay;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use claim::{Claim, Enqueued, Retried, claim, claim_batch, enqueue, enqueue_all};
 pub use connect::{connect, connect_with};
 pub use error::OutboxError;
 pub use id::{EventId, EventIdField, Generation};
 pub use interval::{MAX_INTERVAL, statement_timeout_millis};
-pub use migrate::{
-    AppliedMigration, MigrationReport, TableMigrations, migrate, migrate_with_app, verify,
-};
 pub use monitor::Monitor;
-pub use ops::{Stats, discard_dead, prune_sent, requeue_all_dead, requeue_dead, stats};
+pub use schema::migrate::{AppliedMigration, MigrationReport, migrate, migrate_with_app};
+pub use schema::table_migrations::TableMigrations;
+pub use schema::verify::verify;
+pub use schema::{catalog, export};
+#[cfg(feature = "kafka")]
+pub use sink::broker::kafka;
+#[cfg(feature = "nats")]
+pub use sink::broker::nats;
+#[cfg(feature = "rabbitmq")]
+pub use sink::broker::rabbitmq;
+pub use sink::message;
 pub use spec::{Column, MigrationStep, Outbox, PgQuery, TableSpec};
+pub use table::claim::{Claim, Retried};
+pub use table::claiming::{claim, claim_batch};
+pub use table::enqueue::{Enqueued, enqueue, enqueue_all};
+pub use table::operations::{
+    Stats, discard_dead, prune_sent, requeue_all_dead, requeue_dead, stats,
+};
 
 /// Re-exported so applications can build their own refinery migrations
 /// (`refinery::Migration::unapplied`, `refinery::Runner`) for [`migrate_with_app`].

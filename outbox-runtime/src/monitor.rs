@@ -11,9 +11,9 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::OutboxError;
-use crate::migrate::TableMigrations;
-use crate::ops::{Operations, Stats};
+use crate::schema::table_migrations::TableMigrations;
 use crate::spec::TableSpec;
+use crate::table::operations::{Operations, Stats};
 
 /// Gauge names the [`Monitor`] sets through the `metrics` crate, each labelled `table`.
 /// Counts are rows at the last sample; ages are seconds.

@@ -239,7 +239,7 @@ pub trait Outbox: Sized + Send + Sync + Unpin + 'static {
 
     /// The stable id of this event, or `None` when the type has no
     /// `#[outbox(event_id)]` field (a UUIDv7 is generated at enqueue).
-    fn event_id(&self) -> Option<crate::EventId>;
+    fn event_id(&self) -> Option<crate::id::EventId>;
 
     /// Binds one parameter per payload column, in column order, after the event id.
     fn bind<'q>(&'q self, query: PgQuery<'q>) -> PgQuery<'q>;

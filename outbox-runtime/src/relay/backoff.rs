@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::interval::MAX_INTERVAL;
+
 /// Retry delays that double per attempt from `base` up to `cap`, each drawn at random
 /// from its upper half ("equal jitter"), so publishers that failed together do not
 /// retry together.
@@ -14,12 +16,12 @@ pub struct Backoff {
 impl Backoff {
     /// Delays from `base` (at least a millisecond: no delay at all would make a relay
     /// spin through an outage), doubling, never above `cap` (at least `base`), nor above
-    /// [`MAX_INTERVAL`](crate::MAX_INTERVAL).
+    /// [`MAX_INTERVAL`].
     pub fn new(base: Duration, cap: Duration) -> Self {
-        let base = base.clamp(Duration::from_millis(1), crate::MAX_INTERVAL);
+        let base = base.clamp(Duration::from_millis(1), MAX_INTERVAL);
         Self {
             base,
-            cap: cap.max(base).min(crate::MAX_INTERVAL),
+            cap: cap.max(base).min(MAX_INTERVAL),
         }
     }
 

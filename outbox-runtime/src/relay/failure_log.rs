@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::record::Outcome;
-use crate::claim::Claim;
 use crate::spec::Outbox;
+use crate::table::batch::Outcome;
+use crate::table::claim::Claim;
 
 /// At most one line per cause in this long.
 pub(super) const INTERVAL: Duration = Duration::from_secs(10);

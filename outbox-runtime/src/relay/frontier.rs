@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::claim::Scope;
+use crate::table::claiming::Scope;
 
 /// How long an enqueuing transaction may take from its `INSERT` to its commit and still
 /// be found by the claims between sweeps: their frontier trails the rows they claimed

@@ -2,11 +2,13 @@
 
 use tokio_util::sync::CancellationToken;
 
+use super::backoff::Backoff;
 use super::failure_log::FailureLog;
-use super::record::{Outcome, Owned};
-use super::{Backoff, Delivery, SinkError, metric};
-use crate::claim::Claim;
+use crate::sink::{Delivery, SinkError};
 use crate::spec::Outbox;
+use crate::table::batch::{Outcome, Owned};
+use crate::table::claim::Claim;
+use crate::table::metric;
 
 /// A claimed row while the sink has its batch: the claim, and its delivery's ownership
 /// token, which also says whether the relay still owns the row.

@@ -6,7 +6,7 @@ use std::sync::{Mutex, PoisonError};
 
 use tokio::time::Instant;
 
-use super::metric;
+use crate::table::metric;
 
 /// Whether the sink last said its destination is unavailable, shared by a relay's
 /// workers so that an outage logs two lines, not one per worker or per batch.

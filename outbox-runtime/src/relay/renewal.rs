@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Connection;
+use super::connection::Connection;
 use super::in_flight::InFlight;
-use super::record::{self, Owned};
-use crate::claim::{Claim, Lease};
 use crate::spec::Outbox;
+use crate::table::batch::{self, Owned};
+use crate::table::claim::{Claim, Lease};
 
 /// The lease renewals of one batch in flight: every third of the lease, each bounded by
 /// a third of the lease and by the lease's end, on the worker's connection, or on another from the pool while
@@ -180,7 +180,7 @@ async fn renew_within<T: Outbox>(
     then: &str,
 ) -> Option<Vec<(i64, Lease)>> {
     let table = T::SPEC.table;
-    let renewal = async { record::renew::<T>(conn.get().await?, rows).await };
+    let renewal = async { batch::renew::<T>(conn.get().await?, rows).await };
     match tokio::time::timeout(limit, renewal).await {
         Ok(Ok(renewed)) => Some(renewed),
         Ok(Err(error)) => {

@@ -19,8 +19,9 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ErrorKind, PublisherConfirm};
 
-use crate::message::{self, Encoding, Json, header};
-use crate::relay::{Delivery, Sink, SinkError};
+use crate::sink::broker;
+use crate::sink::message::{Encoding, Json, header};
+use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 
 /// AMQP delivery mode 2: the broker writes the message to disk (in a durable queue).
@@ -33,10 +34,10 @@ type RoutingKeyOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 ///
 /// Each event becomes one message: the body from the [`Encoding`] (JSON by default, its
 /// media type as the `content_type` property), the headers of
-/// [`message::header`] (event id, table, generation, attempt, enqueue time),
-/// `message_id` = the event id, delivery mode 2 (persistent), published `mandatory`. A
-/// batch is pipelined: every message is published, then every publisher confirm
-/// awaited.
+/// [`message::header`](crate::message::header) (event id, table, generation, attempt,
+/// enqueue time), `message_id` = the event id, delivery mode 2 (persistent), published
+/// `mandatory`. A batch is pipelined: every message is published, then every publisher
+/// confirm awaited.
 ///
 /// | RabbitMQ's answer | the result |
 /// |---|---|
@@ -400,7 +401,7 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         channel: &Channel,
         delivery: &Delivery<'_, T>,
     ) -> Result<(Sent, PublisherConfirm), Result<SinkError, (Sent, lapin::Error)>> {
-        let body = message::body(&self.encoding, delivery).map_err(Ok)?;
+        let body = broker::body(&self.encoding, delivery).map_err(Ok)?;
         let routing_key = (self.routing_key)(delivery.event());
         let too_long = |what: &str, error| {
             Ok(SinkError::permanent(format!(
@@ -413,7 +414,7 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         let message_id =
             ShortString::try_new(event_id).map_err(|error| too_long("event id", error))?;
         let mut headers = FieldTable::default();
-        for (name, value) in message::headers(delivery) {
+        for (name, value) in broker::headers(delivery) {
             headers.insert(name.into(), AMQPValue::LongString(LongString::from(value)));
         }
         let mut properties = BasicProperties::default()

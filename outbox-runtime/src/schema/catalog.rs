@@ -31,11 +31,15 @@ use sqlx::postgres::types::PgInterval;
 use sqlx::types::Json;
 use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, PgPool, Row};
 
+use super::grants::{Target, grants};
+use super::runner::own_runner;
+use super::table_migrations::TableMigrations;
 use crate::error::OutboxError;
 use crate::id::EventId;
-use crate::migrate::TableMigrations;
-use crate::ops::{Operations, Stats, interval_to_duration};
-use crate::spec::{Statement, TableSpec};
+use crate::spec::Statement;
+use crate::table::operations::{Operations, Stats, interval_to_duration};
+
+pub use super::grants::{Roles, grants_for};
 
 /// The catalog table, in the schema of the outbox tables it lists.
 pub const TABLE: &str = outbox_internals::CATALOG_TABLE;
@@ -105,7 +109,7 @@ const ENTRIES: &str = "\
 
 /// The catalog's runner: its own table and history, through `migrate`'s lock.
 pub(crate) fn runner() -> Result<Runner, OutboxError> {
-    crate::migrate::own_runner(TABLE, HISTORY_TABLE, &MIGRATIONS)
+    own_runner(TABLE, HISTORY_TABLE, &MIGRATIONS)
 }
 
 /// Records `table` in the catalog; `migrate` calls it under its lock, once the table's
@@ -550,19 +554,6 @@ impl CatalogEntry {
     }
 }
 
-/// The spec's side of [`CatalogEntry::grants`], for an application that has the type.
-pub fn grants_for(spec: &TableSpec, schema: &str, roles: &Roles) -> String {
-    grants(
-        &Target {
-            schema,
-            table: spec.table,
-            history_table: spec.history_table,
-            deletes_sent: spec.deletes_sent,
-        },
-        roles,
-    )
-}
-
 /// One `DEAD` event, for an operator deciding to requeue or discard it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -579,62 +570,6 @@ pub struct DeadEvent {
     pub age: Duration,
     /// Its ordering key, as text, for a keyed table.
     pub key: Option<String>,
-}
-
-/// The three roles of an outbox table, by least privilege.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Roles {
-    /// Enqueues events, in the application's transactions: `INSERT` only (and `SELECT`
-    /// of the two columns an enqueue returns).
-    pub application: String,
-    /// Runs the relay: reads and updates the table's rows, nothing else.
-    pub relay: String,
-    /// Runs the `outbox` command line: reads everything of the outbox, requeues,
-    /// discards and prunes.
-    pub operator: String,
-}
-
-struct Target<'a> {
-    schema: &'a str,
-    table: &'a str,
-    history_table: &'a str,
-    deletes_sent: bool,
-}
-
-fn grants(target: &Target<'_>, roles: &Roles) -> String {
-    let ident = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
-    let schema = ident(target.schema);
-    let table = format!("{schema}.{}", ident(target.table));
-    let (app, relay, operator) = (
-        ident(&roles.application),
-        ident(&roles.relay),
-        ident(&roles.operator),
-    );
-    let relay_privileges = if target.deletes_sent {
-        "SELECT, UPDATE, DELETE"
-    } else {
-        "SELECT, UPDATE"
-    };
-    format!(
-        "-- Least privilege for the outbox table {table}. Migrations run as its owner.\n\
-         -- The application enqueues: INSERT, and the two columns an enqueue returns.\n\
-         GRANT USAGE ON SCHEMA {schema} TO {app};\n\
-         GRANT INSERT, SELECT (id, event_id) ON {table} TO {app};\n\
-         -- The relay claims and records outcomes{}: its rows, nothing else.\n\
-         GRANT USAGE ON SCHEMA {schema} TO {relay};\n\
-         GRANT {relay_privileges} ON {table} TO {relay};\n\
-         -- The operator reads, requeues, discards and prunes, and reads the catalog.\n\
-         GRANT USAGE ON SCHEMA {schema} TO {operator};\n\
-         GRANT SELECT, UPDATE, DELETE ON {table} TO {operator};\n\
-         GRANT SELECT ON {schema}.{}, {schema}.{} TO {operator};\n",
-        if target.deletes_sent {
-            " (deleting a sent row)"
-        } else {
-            ""
-        },
-        ident(TABLE),
-        ident(target.history_table),
-    )
 }
 
 /// A table name read from the catalog, as the `&'static str` errors carry. Each name is

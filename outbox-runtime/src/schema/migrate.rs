@@ -2,20 +2,17 @@
 //! PostgreSQL advisory lock, followed by a check that every table still has the
 //! columns its event type expects.
 
-use std::collections::HashMap;
-
-use refinery_core::error::{Kind, WrapMigrationError};
-use refinery_core::traits::r#async::{AsyncMigrate, AsyncQuery, AsyncTransaction};
-use refinery_core::{Migration, Report, Runner, SchemaVersion};
+use refinery_core::{Migration, Report, Runner};
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgAdvisoryLock, PgAdvisoryLockGuard, PgAdvisoryLockKey, PgRow};
-use sqlx::{AssertSqlSafe, Connection, PgConnection, PgExecutor, PgPool, Postgres, Row};
-use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
+use sqlx::postgres::{PgAdvisoryLock, PgAdvisoryLockGuard, PgAdvisoryLockKey};
+use sqlx::{PgConnection, PgPool, Postgres};
 
-use crate::catalog;
+use super::catalog;
+use super::driver::SqlxDriver;
+use super::runner::{migration_error, table_runner};
+use super::table_migrations::TableMigrations;
+use super::verify::{changes, check_columns, warn_if_newer};
 use crate::error::OutboxError;
-use crate::spec::{Outbox, TableSpec};
 
 /// The target name of the application's own migrations in errors, logs and reports.
 const APPLICATION: &str = "application";
@@ -25,55 +22,6 @@ const APPLICATION: &str = "application";
 /// with sqlx's migrator or the application's locks.
 const LOCK_KEY: &str =
     "SELECT hashtextextended('outbox.migrate:' || coalesce(current_schema(), ''), 0)";
-
-/// The live columns of a table, resolved through the search_path. `::regclass` (rather
-/// than `to_regclass`) makes a missing table an `undefined_table` error, which
-/// [`OutboxError::from_sqlx`] reports as [`OutboxError::MissingTable`].
-const LIVE_COLUMNS: &str = "\
-    SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull \
-    FROM pg_attribute a \
-    WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped";
-
-/// Whether a table has what `enqueue`'s `ON CONFLICT (event_id)` needs: a valid unique
-/// index on exactly `event_id`, not partial, not deferrable.
-const EVENT_ID_UNIQUE: &str = "\
-    SELECT EXISTS (SELECT FROM pg_index i \
-        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
-        WHERE i.indrelid = $1::regclass AND i.indisunique AND i.indisvalid AND i.indimmediate \
-            AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL \
-            AND a.attname = 'event_id')";
-
-/// The migrations of one outbox table, as returned by the derived `T::migrations()`.
-#[derive(Debug, Clone, Copy)]
-pub struct TableMigrations {
-    spec: &'static TableSpec,
-    type_name: &'static str,
-}
-
-impl TableMigrations {
-    /// The migrations of `T`'s table.
-    pub fn of<T: Outbox>() -> Self {
-        Self {
-            spec: T::SPEC,
-            type_name: std::any::type_name::<T>(),
-        }
-    }
-
-    /// The event type stored in the table, as `std::any::type_name` spells it.
-    pub fn type_name(&self) -> &'static str {
-        self.type_name
-    }
-
-    /// The outbox table these migrations create and evolve.
-    pub fn table(&self) -> &'static str {
-        self.spec.table
-    }
-
-    /// The table's spec.
-    pub fn spec(&self) -> &'static TableSpec {
-        self.spec
-    }
-}
 
 /// What one [`migrate`] or [`migrate_with_app`] call applied.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -152,6 +100,8 @@ impl AppliedMigration {
 /// table cannot follow (a migration that ran was edited), [`OutboxError::Migration`]
 /// when one fails, and [`OutboxError::Drift`] when a table lacks a column or has a
 /// different type or nullability.
+///
+/// [`TableSpec::history_table`]: crate::TableSpec::history_table
 pub async fn migrate(
     pool: &PgPool,
     tables: &[TableMigrations],
@@ -170,17 +120,6 @@ pub async fn migrate_with_app(
     tables: &[TableMigrations],
 ) -> Result<MigrationReport, OutboxError> {
     run(pool, Some(app), tables).await
-}
-
-/// Checks, without migrating, that every table in `tables` exists and has the columns
-/// its event type expects: [`OutboxError::MissingTable`] or [`OutboxError::Drift`]
-/// otherwise. Columns the event type does not know are allowed.
-pub async fn verify(pool: &PgPool, tables: &[TableMigrations]) -> Result<(), OutboxError> {
-    for table in tables {
-        let mut conn = crate::connect::acquire(pool, table.spec.table).await?;
-        check_columns(&mut conn, table.spec).await?;
-    }
-    Ok(())
 }
 
 /// Runs `runner`, the migrations of `target` (a table of the crate's own, such as the
@@ -281,94 +220,6 @@ fn log_applied(target: &str, migrations: &[Migration]) {
     }
 }
 
-/// The runner of one of the crate's own tables (the catalog, the inbox): its
-/// `migrations` (name, SQL) recorded in `history_table`.
-pub(crate) fn own_runner(
-    target: &str,
-    history_table: &str,
-    migrations: &[(&str, &str)],
-) -> Result<Runner, OutboxError> {
-    let migrations = migrations
-        .iter()
-        .map(|(name, sql)| Migration::unapplied(name, sql))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| OutboxError::Migration {
-            target: target.to_owned(),
-            source,
-        })?;
-    let mut runner = Runner::new(&migrations)
-        .set_abort_divergent(true)
-        .set_abort_missing(false);
-    runner.set_migration_table_name(history_table);
-    Ok(runner)
-}
-
-/// The refinery runner of one table, configured for the table's own history table.
-fn table_runner(spec: &'static TableSpec) -> Result<Runner, OutboxError> {
-    let invalid = |e: SpecError| {
-        Err::<(), _>(e)
-            .migration_err("invalid table spec", None)
-            .map_err(|e| migration_error(spec.table, e))
-    };
-    // refinery splices the name into its SQL, and panics on an empty one.
-    if !is_identifier(spec.history_table) {
-        invalid(SpecError::HistoryTable(spec.history_table))?;
-    }
-    let mut migrations = Vec::with_capacity(spec.migrations.len());
-    for step in spec.migrations {
-        let migration = Migration::unapplied(step.name, step.sql)
-            .map_err(|e| migration_error(spec.table, e))?;
-        if i64::from(migration.version()) != i64::from(step.version) {
-            invalid(SpecError::Version {
-                name: step.name,
-                version: step.version,
-            })?;
-        }
-        migrations.push(migration);
-    }
-    // A version applied by a newer build is not an error: see `warn_if_newer`.
-    let mut runner = Runner::new(&migrations)
-        .set_abort_divergent(true)
-        .set_abort_missing(false);
-    runner.set_migration_table_name(spec.history_table);
-    Ok(runner)
-}
-
-/// A spec the derive should never produce, reported as a migration failure.
-#[derive(Debug, thiserror::Error)]
-enum SpecError {
-    #[error("history table name `{0}` is not a plain lowercase identifier")]
-    HistoryTable(&'static str),
-    #[error("migration `{name}` is declared as version {version}")]
-    Version { name: &'static str, version: u32 },
-}
-
-fn is_identifier(name: &str) -> bool {
-    outbox_internals::is_plain_identifier(name) && name.len() <= outbox_internals::MAX_IDENTIFIER
-}
-
-/// Wraps a refinery error, singling out an edited applied migration.
-fn migration_error(target: &str, source: refinery_core::Error) -> OutboxError {
-    if let Kind::DivergentVersion(applied, current) = source.kind() {
-        let (version, applied, current) = (
-            i64::from(applied.version()),
-            applied.to_string(),
-            current.to_string(),
-        );
-        return OutboxError::MigrationDiverged {
-            target: target.to_owned(),
-            version,
-            applied,
-            current,
-            source,
-        };
-    }
-    OutboxError::Migration {
-        target: target.to_owned(),
-        source,
-    }
-}
-
 /// The migration lock: sqlx's advisory lock, held on one pooled connection for the whole
 /// run, on which every migration runs.
 ///
@@ -399,242 +250,16 @@ async fn migration_lock(
         .map_err(db)
 }
 
-/// refinery's async driver over a sqlx connection, so migrations need no second driver.
-struct SqlxDriver<'c>(&'c mut PgConnection);
-
-impl AsyncTransaction for SqlxDriver<'_> {
-    type Error = sqlx::Error;
-
-    /// Runs `queries` in one transaction: refinery passes a migration together with
-    /// the insert of its history row, which must commit or roll back as one.
-    async fn execute<'a, T: Iterator<Item = &'a str> + Send + 'a>(
-        &'a mut self,
-        queries: T,
-    ) -> Result<usize, Self::Error> {
-        let mut tx = self.0.begin().await?;
-        let mut count = 0;
-        for query in queries {
-            // Migration SQL is the application's own, and history rows are
-            // refinery's; `raw_sql` also allows several statements per migration.
-            sqlx::raw_sql(AssertSqlSafe(query))
-                .execute(&mut *tx)
-                .await?;
-            count += 1;
-        }
-        tx.commit().await?;
-        Ok(count)
-    }
-}
-
-impl AsyncQuery<Vec<Migration>> for SqlxDriver<'_> {
-    /// Reads applied migrations from a history table.
-    async fn query<'a>(&'a mut self, query: &'a str) -> Result<Vec<Migration>, Self::Error> {
-        let rows = sqlx::raw_sql(AssertSqlSafe(query))
-            .fetch_all(&mut *self.0)
-            .await?;
-        rows.iter().map(applied_migration).collect()
-    }
-}
-
-impl AsyncMigrate for SqlxDriver<'_> {}
-
-/// Decodes one history row (`version`, `name`, `applied_on` RFC 3339, `checksum` u64 as
-/// text); a row refinery did not write is an error, not a panic.
-fn applied_migration(row: &PgRow) -> Result<Migration, sqlx::Error> {
-    let version: SchemaVersion = row.try_get("version")?;
-    let name: String = row.try_get("name")?;
-    let applied_on: String = row.try_get("applied_on")?;
-    let checksum: String = row.try_get("checksum")?;
-    let applied_on =
-        OffsetDateTime::parse(&applied_on, &Rfc3339).map_err(|e| sqlx::Error::ColumnDecode {
-            index: "applied_on".into(),
-            source: Box::new(e),
-        })?;
-    let checksum = checksum
-        .parse::<u64>()
-        .map_err(|e| sqlx::Error::ColumnDecode {
-            index: "checksum".into(),
-            source: Box::new(e),
-        })?;
-    Ok(Migration::applied(version, name, applied_on, checksum))
-}
-
-/// The column a newer build orders `spec`'s table by, when this build's event type has
-/// no ordering key: the first column of the table's index on `(key, id)` for the events
-/// not yet `SENT`, which the migration adding a key creates. Read from PostgreSQL's own
-/// catalogs, which every role may read (a relay's role has no grant on the outbox
-/// catalog).
-pub(crate) async fn key_unknown_to_build(
-    pool: &PgPool,
-    spec: &'static TableSpec,
-) -> Result<Option<String>, OutboxError> {
-    if spec.key.is_some() {
-        return Ok(None);
-    }
-    let mut conn = crate::connect::acquire(pool, spec.table).await?;
-    // Exactly `(<a column this build does not know>, id) WHERE status <> 'SENT'`: an
-    // index of the application's own, on columns the build knows, is not a key.
-    let known: Vec<&str> = spec
-        .columns
-        .iter()
-        .map(|c| c.name)
-        .chain(outbox_internals::BOOKKEEPING.iter().map(|b| b.name))
-        .collect();
-    sqlx::query_scalar(
-        "SELECT a.attname::text FROM pg_index i \
-         JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
-         JOIN pg_attribute id ON id.attrelid = i.indrelid AND id.attnum = i.indkey[1] \
-         WHERE i.indrelid = to_regclass(quote_ident($1)) AND i.indnatts = 2 \
-             AND id.attname = 'id' AND a.attname <> ALL($2::text[]) \
-             AND pg_get_expr(i.indpred, i.indrelid) = '(status <> ''SENT''::text)' \
-         LIMIT 1",
-    )
-    .bind(spec.table)
-    .bind(known)
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(|e| OutboxError::from_sqlx(spec.table, e))
-}
-
-/// Logs the versions of `spec`'s table that a newer build applied: this build does not
-/// know them, and carries on if the columns it needs are there (checked next).
-async fn warn_if_newer(
-    conn: &mut PgConnection,
-    spec: &'static TableSpec,
-) -> Result<(), OutboxError> {
-    let known = spec.migrations.iter().map(|m| m.version).max().unwrap_or(0);
-    // int8: the column is refinery's `int4`, or `int8` with its `int8-versions` feature.
-    let newer: Vec<(i64, String)> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT version::int8, name FROM {} WHERE version > $1 ORDER BY version",
-        spec.history_table
-    )))
-    .bind(i64::from(known))
-    .fetch_all(conn)
-    .await
-    .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
-    if !newer.is_empty() {
-        let newer: Vec<String> = newer
-            .iter()
-            .map(|(v, name)| format!("V{v}__{name}"))
-            .collect();
-        tracing::warn!(
-            table = spec.table,
-            known,
-            newer = %newer.join(", "),
-            "a newer build migrated this table further (a rolling deploy or a rollback); \
-             this build knows its migrations up to version {known} and carries on if the columns it needs are there"
-        );
-    }
-    Ok(())
-}
-
-/// What differs between `spec`'s table and its event type, for an edited migration: in
-/// words, as far as the columns tell.
-async fn changes(conn: &mut PgConnection, spec: &'static TableSpec) -> Result<String, OutboxError> {
-    let live = live_columns(conn, spec).await?;
-    let mut changes = column_differences(spec, &live);
-    changes.extend(
-        live.iter()
-            .filter(|(name, ..)| !spec.columns.iter().any(|c| c.name == name))
-            .map(|(name, ty, _)| {
-                format!("column `{name}` ({ty}) is in the table but no field maps to it")
-            }),
-    );
-    Ok(if changes.is_empty() {
-        "the columns still match: fields were reordered, a `json` or `column` attribute changed, \
-         or the table was created by another version of the outbox crate"
-            .to_owned()
-    } else {
-        changes.join("; ")
-    })
-}
-
-async fn live_columns<'e>(
-    executor: impl PgExecutor<'e>,
-    spec: &'static TableSpec,
-) -> Result<Vec<(String, String, bool)>, OutboxError> {
-    sqlx::query_as(LIVE_COLUMNS)
-        .bind(spec.table)
-        .fetch_all(executor)
-        .await
-        .map_err(|e| OutboxError::from_sqlx(spec.table, e))
-}
-
-/// Compares the live table with `spec.columns`, and checks the unique index on
-/// `event_id` that enqueueing needs.
-async fn check_columns(
-    conn: &mut PgConnection,
-    spec: &'static TableSpec,
-) -> Result<(), OutboxError> {
-    let live = live_columns(&mut *conn, spec).await?;
-    let mut differences = column_differences(spec, &live);
-    let has_event_id = live.iter().any(|(name, _, _)| name == "event_id");
-    let unique: bool = sqlx::query_scalar(EVENT_ID_UNIQUE)
-        .bind(spec.table)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
-    if has_event_id && !unique {
-        differences.push(
-            "no unique index on `event_id` (enqueueing's `ON CONFLICT (event_id)` needs one)"
-                .to_owned(),
-        );
-    }
-    if differences.is_empty() {
-        Ok(())
-    } else {
-        Err(OutboxError::Drift {
-            table: spec.table,
-            details: differences.join("; "),
-        })
-    }
-}
-
-/// Missing columns and type or nullability mismatches, in the spec's column order.
-/// Extra live columns are fine: a migration may add one before the event type uses it.
-fn column_differences(spec: &TableSpec, live: &[(String, String, bool)]) -> Vec<String> {
-    let live: HashMap<&str, (&str, bool)> = live
-        .iter()
-        .map(|(name, ty, nullable)| (name.as_str(), (ty.as_str(), *nullable)))
-        .collect();
-    let null = |nullable: bool| if nullable { "nullable" } else { "NOT NULL" };
-    let mut differences = Vec::new();
-    for column in spec.columns {
-        match live.get(column.name) {
-            None => differences.push(format!(
-                "missing column `{}` ({} {})",
-                column.name,
-                column.sql_type,
-                null(column.nullable)
-            )),
-            Some(&(ty, nullable)) => {
-                if ty != column.sql_type {
-                    differences.push(format!(
-                        "column `{}` is `{ty}`, expected `{}`",
-                        column.name, column.sql_type
-                    ));
-                }
-                if nullable != column.nullable {
-                    differences.push(format!(
-                        "column `{}` is {}, expected {}",
-                        column.name,
-                        null(nullable),
-                        null(column.nullable)
-                    ));
-                }
-            }
-        }
-    }
-    differences
-}
-
 #[cfg(test)]
 mod tests {
     use std::future::Future;
     use std::time::Duration;
 
+    use sqlx::AssertSqlSafe;
+
     use super::*;
-    use crate::spec::{Column, MigrationStep, Statement};
+    use crate::schema::verify::verify;
+    use crate::spec::{Column, MigrationStep, Statement, TableSpec};
 
     const V1: MigrationStep = MigrationStep {
         version: 1,

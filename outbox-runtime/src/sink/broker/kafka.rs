@@ -23,8 +23,9 @@ use rdkafka::message::{Header, Headers as _, OwnedHeaders};
 use rdkafka::producer::future_producer::Delivery as Acked;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _, PurgeConfig};
 
-use crate::message::{self, Encoding, Json, header};
-use crate::relay::{Delivery, Sink, SinkError};
+use crate::sink::broker;
+use crate::sink::message::{Encoding, Json, header};
+use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 
 /// The topic of an event, from the event.
@@ -85,10 +86,10 @@ pub enum ConfigError {
 /// producer.
 ///
 /// Each event becomes one record: the value from the [`Encoding`] (JSON by default),
-/// the key, and the headers of
-/// [`message::header`] (event id, table, generation, attempt, enqueue time, content
-/// type) as UTF-8 bytes. A batch is pipelined: every record is handed to the producer,
-/// then every delivery report awaited.
+/// the key, and the headers of [`message::header`](crate::message::header) (event id,
+/// table, generation, attempt, enqueue time, content type) as UTF-8 bytes. A batch is
+/// pipelined: every record is handed to the producer, then every delivery report
+/// awaited.
 ///
 /// The key is the event's ordering key ([`Delivery::key`], `#[outbox(key)]`) when it
 /// has one, else its event id; [`KafkaSink::key_from`] chooses another. Kafka keeps the
@@ -718,7 +719,7 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
         producer: &Producer,
         delivery: &Delivery<'_, T>,
     ) -> Result<(String, DeliveryFuture), Result<SinkError, Failure>> {
-        let body = message::body(&self.encoding, delivery).map_err(Ok)?;
+        let body = broker::body(&self.encoding, delivery).map_err(Ok)?;
         let topic = (self.topic)(delivery.event());
         let key = match &self.key {
             Some(key) => key(delivery),
@@ -729,7 +730,7 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
                 .to_vec(),
         };
         let mut headers = OwnedHeaders::new_with_capacity(7);
-        for (name, value) in message::headers(delivery) {
+        for (name, value) in broker::headers(delivery) {
             headers = headers.insert(Header {
                 key: name,
                 value: Some(value.as_bytes()),

@@ -43,9 +43,9 @@ use std::path::{Path, PathBuf};
 
 use refinery_core::Migration;
 
-use crate::catalog;
+use super::catalog;
+use super::table_migrations::TableMigrations;
 use crate::error::OutboxError;
-use crate::migrate::TableMigrations;
 
 /// The columns of a refinery history table, exactly as refinery 0.10 creates them
 /// (`%VERSION_TYPE%`: `int4`, or `int8` with refinery's `int8-versions` feature).

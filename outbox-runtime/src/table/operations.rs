@@ -8,6 +8,7 @@ use sqlx::postgres::types::PgInterval;
 use sqlx::{AssertSqlSafe, PgExecutor, Row as _};
 
 use crate::error::OutboxError;
+use crate::id::EventId;
 use crate::interval;
 use crate::spec::{Outbox, Statement, TableSpec};
 
@@ -82,13 +83,13 @@ impl Operations<'_> {
         &self,
         executor: impl PgExecutor<'e>,
         event_ids: &[&str],
-    ) -> Result<Vec<crate::EventId>, OutboxError> {
+    ) -> Result<Vec<EventId>, OutboxError> {
         let requeued: Vec<String> = sqlx::query_scalar(text(self.requeue_dead))
             .bind(event_ids)
             .fetch_all(executor)
             .await
             .map_err(self.error())?;
-        Ok(requeued.into_iter().map(crate::EventId::from).collect())
+        Ok(requeued.into_iter().map(EventId::from).collect())
     }
 
     pub(crate) async fn requeue_all_dead<'e>(
@@ -106,13 +107,13 @@ impl Operations<'_> {
         &self,
         executor: impl PgExecutor<'e>,
         event_ids: &[&str],
-    ) -> Result<Vec<crate::EventId>, OutboxError> {
+    ) -> Result<Vec<EventId>, OutboxError> {
         let discarded: Vec<String> = sqlx::query_scalar(text(self.discard_dead))
             .bind(event_ids)
             .fetch_all(executor)
             .await
             .map_err(self.error())?;
-        Ok(discarded.into_iter().map(crate::EventId::from).collect())
+        Ok(discarded.into_iter().map(EventId::from).collect())
     }
 
     pub(crate) async fn prune_sent<'e>(
@@ -215,7 +216,7 @@ pub(crate) fn interval_to_duration(i: PgInterval) -> Duration {
 pub async fn requeue_dead<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     event_ids: &[impl AsRef<str>],
-) -> Result<Vec<crate::EventId>, OutboxError> {
+) -> Result<Vec<EventId>, OutboxError> {
     let ids: Vec<&str> = event_ids.iter().map(AsRef::as_ref).collect();
     Operations::of::<T>().requeue_dead(executor, &ids).await
 }
@@ -235,7 +236,7 @@ pub async fn requeue_all_dead<'e, T: Outbox>(
 pub async fn discard_dead<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     event_ids: &[impl AsRef<str>],
-) -> Result<Vec<crate::EventId>, OutboxError> {
+) -> Result<Vec<EventId>, OutboxError> {
     let ids: Vec<&str> = event_ids.iter().map(AsRef::as_ref).collect();
     Operations::of::<T>().discard_dead(executor, &ids).await
 }

@@ -22,8 +22,9 @@ use async_nats::jetstream::publish::PublishAck;
 use async_nats::jetstream::{Context, ErrorCode};
 use futures_util::future::join_all;
 
-use crate::message::{self, Encoding, Json, header};
-use crate::relay::{Delivery, Sink, SinkError};
+use crate::sink::broker;
+use crate::sink::message::{Encoding, Json, header};
+use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 
 /// Metric the sink emits through the `metrics` crate, labelled `table`.
@@ -39,12 +40,13 @@ type SubjectOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// A [`Sink`] that publishes events to NATS JetStream.
 ///
 /// Each event becomes one message: the body from the [`Encoding`] (JSON by default),
-/// the headers of [`message::header`] (event id, table, generation, attempt, enqueue
-/// time, content type), and `Nats-Msg-Id` = `<table>:<event id>` (an event id is unique
-/// within its table, and a stream may take several tables' events). A batch is
-/// pipelined: every message is published without waiting for the acknowledgements
-/// before it, and each acknowledgement awaited as it can be, so that the context's
-/// acknowledgement slots (`max_ack_inflight`) are freed while the batch goes out.
+/// the headers of [`message::header`](crate::message::header) (event id, table,
+/// generation, attempt, enqueue time, content type), and `Nats-Msg-Id` =
+/// `<table>:<event id>` (an event id is unique within its table, and a stream may take
+/// several tables' events). A batch is pipelined: every message is published without
+/// waiting for the acknowledgements before it, and each acknowledgement awaited as it
+/// can be, so that the context's acknowledgement slots (`max_ack_inflight`) are freed
+/// while the batch goes out.
 ///
 /// | JetStream's answer | the result |
 /// |---|---|
@@ -231,7 +233,7 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
         &self,
         delivery: &Delivery<'_, T>,
     ) -> Result<(String, PublishAckFuture), Result<SinkError, Failure>> {
-        let body = message::body(&self.encoding, delivery).map_err(Ok)?;
+        let body = broker::body(&self.encoding, delivery).map_err(Ok)?;
         let subject = (self.subject)(delivery.event());
         // The client takes some invalid subjects, which the server then routes nowhere
         // (no responders, and the stream list refuses to say why: taken for an outage,
@@ -251,7 +253,7 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
                  subject to publish to"
             ))));
         }
-        let headers: Vec<(&str, String)> = message::headers(delivery).collect();
+        let headers: Vec<(&str, String)> = broker::headers(delivery).collect();
         if let Some(why) = unfaithful_header(&headers) {
             return Err(Ok(SinkError::permanent(format!(
                 "publishing to `{subject}`: {why}"

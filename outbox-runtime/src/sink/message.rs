@@ -5,12 +5,7 @@
 
 use serde::Serialize;
 
-use crate::relay::BoxError;
-#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
-use crate::{
-    relay::{Delivery, SinkError},
-    spec::Outbox,
-};
+use super::BoxError;
 
 /// How a broker sink turns an event into a message body.
 ///
@@ -60,38 +55,6 @@ impl<T: Serialize> Encoding<T> for Json {
     fn encode(&self, event: &T) -> Result<Vec<u8>, BoxError> {
         Ok(serde_json::to_vec(event)?)
     }
-}
-
-/// The body of `delivery`'s message, or a broker sink's answer when there is none to
-/// send: the event was taken over (nothing will be recorded for it), or it does not
-/// encode (permanent).
-#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
-pub(crate) fn body<T, E: Encoding<T>>(
-    encoding: &E,
-    delivery: &Delivery<'_, T>,
-) -> Result<Vec<u8>, SinkError> {
-    if !delivery.is_owned() {
-        return Err(SinkError::transient("ownership lost"));
-    }
-    encoding
-        .encode(delivery.event())
-        .map_err(|error| SinkError::permanent(format!("cannot encode the event: {error}")))
-}
-
-/// The outbox's headers of `delivery`'s message, by name (the content type aside).
-#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
-pub(crate) fn headers<T: Outbox>(
-    delivery: &Delivery<'_, T>,
-) -> impl Iterator<Item = (&'static str, String)> + use<T> {
-    [
-        (header::EVENT_ID, delivery.event_id().as_str().to_owned()),
-        (header::TABLE, T::SPEC.table.to_owned()),
-        (header::GENERATION, delivery.generation().to_string()),
-        (header::ATTEMPT, delivery.attempt().to_string()),
-        (header::CREATED_AT, timestamp(delivery.created_at())),
-    ]
-    .into_iter()
-    .chain(delivery.key().map(|key| (header::KEY, key.to_owned())))
 }
 
 /// `at` as the [`header::CREATED_AT`] header writes it.

@@ -1,0 +1,401 @@
+//! The claim token: proof of ownership of one outbox row, consumed by its outcome; and
+//! what a row returned by a claim statement decodes to.
+
+use std::panic::AssertUnwindSafe;
+use std::time::{Duration, SystemTime};
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgRow, PgValueFormat};
+use sqlx::{PgExecutor, Postgres, Row};
+use tokio::time::Instant;
+
+use super::metric;
+use crate::error::{OutboxError, storable_reason};
+use crate::id::{EventId, Generation};
+use crate::interval;
+use crate::spec::{Outbox, Statement};
+use outbox_internals::{Status, claim_header as header};
+
+/// Ownership of one outbox row for the duration of a lease.
+///
+/// A claim is obtained from `T::claim` / `T::claim_batch` and consumed by exactly
+/// one outcome: [`complete`](Self::complete), [`retry`](Self::retry) or
+/// [`fail`](Self::fail). Each outcome is guarded by the row id, the claim's
+/// [`Generation`] and a live lease, so a publisher that was paused past its lease
+/// cannot overwrite the outcome of whoever claimed the row after it. A claim that is
+/// dropped without an outcome is recovered when its lease expires.
+///
+/// Claims cannot be built by hand: every field is private.
+#[must_use = "a claim must be completed, retried or failed; a dropped claim waits for its lease to expire"]
+#[derive(Debug)]
+pub struct Claim<T: Outbox> {
+    id: i64,
+    event_id: EventId,
+    generation: Generation,
+    attempt: i32,
+    lease: Lease,
+    created_at: DateTime<Utc>,
+    reclaimed: bool,
+    /// The ordering key as text, for a type with `#[outbox(key)]` (NULL keys are `None`).
+    key: Option<String>,
+    event: T,
+}
+
+/// A lease, by both clocks: its end by the database's clock, which the guards compare,
+/// and by this process's monotonic clock, which the relay schedules by (its renewals,
+/// whether an outcome can still be recorded). The second is the instant the statement
+/// that granted the lease was sent, plus the lease: the database starts a lease when it
+/// starts the statement, never earlier, so by then the lease is live whatever the two
+/// hosts' wall clocks say (a relay whose clock is behind the database's would otherwise
+/// renew late, and one ahead of it give up early).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Lease {
+    until: DateTime<Utc>,
+    deadline: Instant,
+}
+
+impl Lease {
+    /// The lease of `T`, ending at `until` by the database's clock, granted by a
+    /// statement sent at `sent`.
+    pub(crate) fn granted<T: Outbox>(until: DateTime<Utc>, sent: Instant) -> Self {
+        Self {
+            until,
+            deadline: sent + T::SPEC.lease,
+        }
+    }
+
+    /// When the lease ends, by this process's monotonic clock, at the latest.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+}
+
+/// Where a [`Claim::retry`] left the event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Retried {
+    /// Back to `READY`, due again after the delay.
+    Scheduled,
+    /// The attempt budget is spent: the row is `DEAD` with the reason in `last_error`.
+    Dead,
+}
+
+impl<T: Outbox> Claim<T> {
+    /// The row id (the table's identity primary key).
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// The stable id of the logical event: the same across retries and reclaims.
+    /// Publish it with the event so consumers can deduplicate.
+    pub fn event_id(&self) -> &EventId {
+        &self.event_id
+    }
+
+    /// The fencing token this claim holds.
+    pub fn generation(&self) -> Generation {
+        self.generation
+    }
+
+    /// Which claim of the current attempt budget this is (1 for the first).
+    /// Abandoned claims count: a publisher that died holding the row used one.
+    pub fn attempt(&self) -> u32 {
+        self.attempt.unsigned_abs()
+    }
+
+    /// Whether this claim took over an expired claim (a publisher died or stalled)
+    /// rather than a `READY` row.
+    pub fn is_reclaim(&self) -> bool {
+        self.reclaimed
+    }
+
+    /// When the lease ends, as last granted by the database: by the database's clock,
+    /// which this host's need not agree with.
+    pub fn lease_until(&self) -> SystemTime {
+        self.lease.until.into()
+    }
+
+    /// When the lease ends by this process's monotonic clock, at the latest ([`Lease`]).
+    pub(crate) fn lease_deadline(&self) -> Instant {
+        self.lease.deadline()
+    }
+
+    /// When the event was enqueued (its row's `created_at`, the database's clock).
+    pub fn created_at(&self) -> SystemTime {
+        self.created_at.into()
+    }
+
+    /// The event's ordering key as text (`#[outbox(key)]`), to publish it under: a
+    /// broker that orders by key (a Kafka partition key) keeps the order the outbox
+    /// kept. `None` for a type without a key, or an event enqueued before the key.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// The event.
+    pub fn event(&self) -> &T {
+        &self.event
+    }
+
+    /// Records that the event was published: `INPROGRESS -> SENT`.
+    ///
+    /// Returns [`OutboxError::Stale`] and records nothing if the lease expired or a
+    /// newer generation owns the row.
+    pub async fn complete<'e>(self, executor: impl PgExecutor<'e>) -> Result<(), OutboxError> {
+        let spec = T::SPEC;
+        let row = sqlx::query(spec.sql.get(Statement::Complete))
+            .bind(self.id)
+            .bind(self.generation.get())
+            .fetch_optional(executor)
+            .await
+            .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+        row.map(drop).ok_or_else(|| self.stale())
+    }
+
+    /// Hands the event back for another attempt after `delay` (or the type's
+    /// `retry_delay` when `None`). When the attempt budget is spent the row moves to
+    /// `DEAD` instead; the returned [`Retried`] says which.
+    ///
+    /// A delay above [`MAX_INTERVAL`](crate::MAX_INTERVAL) is refused with
+    /// [`OutboxError::IntervalOutOfRange`] and records nothing: the event is claimed
+    /// again once this claim's lease ends.
+    pub async fn retry<'e>(
+        self,
+        executor: impl PgExecutor<'e>,
+        delay: impl Into<Option<Duration>>,
+    ) -> Result<Retried, OutboxError> {
+        self.retry_inner(executor, delay.into(), None).await
+    }
+
+    /// Like [`retry`](Self::retry), and keeps `reason` in the row's `last_error`.
+    pub async fn retry_because<'e>(
+        self,
+        executor: impl PgExecutor<'e>,
+        delay: impl Into<Option<Duration>>,
+        reason: &str,
+    ) -> Result<Retried, OutboxError> {
+        self.retry_inner(executor, delay.into(), Some(reason)).await
+    }
+
+    async fn retry_inner<'e>(
+        self,
+        executor: impl PgExecutor<'e>,
+        delay: Option<Duration>,
+        reason: Option<&str>,
+    ) -> Result<Retried, OutboxError> {
+        let spec = T::SPEC;
+        let status: Option<String> = sqlx::query_scalar(spec.sql.get(Statement::Retry))
+            .bind(self.id)
+            .bind(self.generation.get())
+            .bind(interval::checked(
+                spec.table,
+                "retry delay",
+                delay.unwrap_or(spec.retry_delay),
+            )?)
+            .bind(reason.map(storable_reason))
+            .fetch_optional(executor)
+            .await
+            .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+        match status.as_deref() {
+            Some(status) if Status::from_sql(status) == Some(Status::Dead) => Ok(Retried::Dead),
+            Some(_) => Ok(Retried::Scheduled),
+            None => Err(self.stale()),
+        }
+    }
+
+    /// Gives up on the event now: `INPROGRESS -> DEAD` with `reason` in `last_error`.
+    /// Dead rows stay visible in the table until someone requeues them.
+    pub async fn fail<'e>(
+        self,
+        executor: impl PgExecutor<'e>,
+        reason: &str,
+    ) -> Result<(), OutboxError> {
+        let spec = T::SPEC;
+        let row = sqlx::query(spec.sql.get(Statement::Fail))
+            .bind(self.id)
+            .bind(self.generation.get())
+            .bind(storable_reason(reason))
+            .fetch_optional(executor)
+            .await
+            .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+        row.map(drop).ok_or_else(|| self.stale())
+    }
+
+    /// The lease a batch renewal gave this claim (the relay's renewals, one statement
+    /// for a whole batch).
+    pub(crate) fn renewed(&mut self, lease: Lease) {
+        self.lease = lease;
+    }
+
+    /// Extends the lease by the type's `lease` from now, for sends that take long.
+    ///
+    /// Guarded like the outcomes: when it returns [`OutboxError::Stale`] the row is no
+    /// longer this claim's, and the caller should stop publishing it if it can.
+    pub async fn renew<'e>(&mut self, executor: impl PgExecutor<'e>) -> Result<(), OutboxError> {
+        let spec = T::SPEC;
+        let sent = Instant::now();
+        let lease_until: Option<DateTime<Utc>> = sqlx::query_scalar(spec.sql.get(Statement::Renew))
+            .bind(self.id)
+            .bind(self.generation.get())
+            .fetch_optional(executor)
+            .await
+            .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+        let until = lease_until.ok_or_else(|| self.stale())?;
+        self.lease = Lease::granted::<T>(until, sent);
+        Ok(())
+    }
+
+    fn stale(&self) -> OutboxError {
+        OutboxError::Stale {
+            table: T::SPEC.table,
+            id: self.id,
+            generation: self.generation,
+        }
+    }
+}
+
+/// A claimed row whose payload did not decode.
+pub(crate) struct Undecodable {
+    id: i64,
+    generation: i64,
+    event_id: String,
+    source: sqlx::Error,
+}
+
+/// What one row returned by a claim statement turned out to be.
+pub(crate) enum Claimed<T: Outbox> {
+    Claim(Claim<T>),
+    /// An expired claim that had used the whole budget: the statement moved it to DEAD
+    /// (and decoding logged it).
+    Exhausted,
+    Undecodable(Undecodable),
+}
+
+/// Moves a claimed row whose payload does not decode to `DEAD` (guarded by its
+/// generation), and returns the error that says so.
+pub(crate) async fn dead_letter<T: Outbox>(
+    conn: &mut sqlx::PgConnection,
+    bad: Undecodable,
+) -> Result<OutboxError, OutboxError> {
+    let spec = T::SPEC;
+    tracing::error!(
+        table = spec.table, id = bad.id, event_id = %bad.event_id, error = %bad.source,
+        "claimed an event that cannot be decoded; moving it to DEAD"
+    );
+    metrics::counter!(metric::DEAD, "table" => spec.table).increment(1);
+    sqlx::query(spec.sql.get(Statement::Fail))
+        .bind(bad.id)
+        .bind(bad.generation)
+        .bind(storable_reason(&format!(
+            "cannot decode payload: {}",
+            bad.source
+        )))
+        .execute(conn)
+        .await
+        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+    Ok(OutboxError::Decode {
+        table: spec.table,
+        id: bad.id,
+        event_id: bad.event_id,
+        source: bad.source,
+    })
+}
+
+/// Decodes a row returned by a claim statement sent at `sent`; an error is a broken
+/// header (drift). With it, the row's `next_attempt_at` (microseconds since the Unix
+/// epoch) when it was claimed from `READY`.
+pub(crate) fn decode_claim<T: Outbox>(
+    row: &PgRow,
+    sent: Instant,
+) -> Result<(Claimed<T>, Option<i64>), sqlx::Error> {
+    let id: i64 = row.try_get(header::ID)?;
+    let event_id: String = row.try_get(header::EVENT_ID)?;
+    let generation: i64 = row.try_get(header::GENERATION)?;
+    let attempt: i32 = row.try_get(header::ATTEMPTS)?;
+    let Some(lease_until) = row.try_get::<Option<DateTime<Utc>>, _>(header::LEASE_UNTIL)? else {
+        tracing::warn!(table = T::SPEC.table, id, %event_id,
+            "an expired claim used the whole attempt budget; moved to DEAD");
+        metrics::counter!(metric::DEAD, "table" => T::SPEC.table).increment(1);
+        return Ok((Claimed::Exhausted, None));
+    };
+    let created_at = timestamp(row, header::CREATED_AT)?;
+    let reclaimed: bool = row.try_get(header::RECLAIMED)?;
+    let key = match T::SPEC.key() {
+        Some(_) => row.try_get::<Option<String>, _>(header::KEY_NAME)?,
+        None => None,
+    };
+    let due = (!reclaimed)
+        .then(|| unix_micros(row, header::NEXT_ATTEMPT_AT))
+        .transpose()?;
+    let claimed = match decode_event::<T>(row, &event_id) {
+        Ok(event) => Claimed::Claim(Claim {
+            id,
+            event_id: EventId::from_column(event_id),
+            generation: Generation::new(generation),
+            attempt,
+            lease: Lease::granted::<T>(lease_until, sent),
+            created_at,
+            reclaimed,
+            key,
+            event,
+        }),
+        Err(source) => Claimed::Undecodable(Undecodable {
+            id,
+            generation,
+            event_id,
+            source,
+        }),
+    };
+    Ok((claimed, due))
+}
+
+/// Decodes the event of a claimed row. A decoder that panics is an undecodable row,
+/// not a dead worker: sqlx's chrono and time decoders panic on a timestamp outside
+/// their range, such as `'infinity'` written into a payload column by hand.
+fn decode_event<T: Outbox>(row: &PgRow, event_id: &str) -> Result<T, sqlx::Error> {
+    std::panic::catch_unwind(AssertUnwindSafe(|| T::decode(row, event_id))).unwrap_or_else(
+        |panic| {
+            let message = panic
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("no message");
+            Err(sqlx::Error::Decode(
+                format!("a column's decoder panicked: {message}").into(),
+            ))
+        },
+    )
+}
+
+/// Microseconds from 2000-01-01, PostgreSQL's epoch, back to the Unix epoch.
+const POSTGRES_EPOCH_MICROS: i64 = 946_684_800_000_000;
+
+/// A `timestamptz` column of the header in microseconds since the Unix epoch. Read
+/// from its binary form, so that `±infinity` (an operator's `UPDATE`) saturates where
+/// sqlx's own decoder would panic.
+fn unix_micros(row: &PgRow, column: usize) -> Result<i64, sqlx::Error> {
+    let value = row.try_get_raw(column)?;
+    if value.format() == PgValueFormat::Text {
+        return row
+            .try_get::<DateTime<Utc>, _>(column)
+            .map(|t| t.timestamp_micros());
+    }
+    <i64 as sqlx::Decode<'_, Postgres>>::decode(value)
+        .map(|since_2000| since_2000.saturating_add(POSTGRES_EPOCH_MICROS))
+        .map_err(|source| sqlx::Error::ColumnDecode {
+            index: column.to_string(),
+            source,
+        })
+}
+
+/// A `timestamptz` column of the header, one beyond chrono's range clamped to it.
+fn timestamp(row: &PgRow, column: usize) -> Result<DateTime<Utc>, sqlx::Error> {
+    let micros = unix_micros(row, column)?;
+    Ok(
+        DateTime::from_timestamp_micros(micros).unwrap_or(if micros < 0 {
+            DateTime::<Utc>::MIN_UTC
+        } else {
+            DateTime::<Utc>::MAX_UTC
+        }),
+    )
+}
