@@ -1,0 +1,113 @@
+//! The batch transaction: the outcomes of the batches published, and the next claim.
+
+use super::super::connection::Connection;
+use super::super::pending::Pending;
+use super::super::record;
+use super::{Batch, Worker};
+use crate::error::OutboxError;
+use crate::sink::Sink;
+use crate::spec::Outbox;
+use crate::table::batch::{Outcome, Owned, Recorded};
+use crate::table::claiming::Scope;
+use crate::table::metric;
+use outbox_internals::Status;
+
+impl<T: Outbox, S: Sink<T>> Worker<T, S> {
+    /// Records the `pending` outcomes and, with `claim_next`, claims the next batch in
+    /// one transaction, recording first: [`record::record_and_claim`] says why that order.
+    /// The claim starts at the relay's [`Frontier`], or sweeps.
+    pub(super) async fn record_and_claim(
+        &self,
+        conn: &mut Connection<'_>,
+        pending: &Pending,
+        claim_next: bool,
+    ) -> Result<Batch<T>, OutboxError> {
+        let next = claim_next.then(|| self.frontier.next());
+        let (scope, limit) = next
+            .as_ref()
+            .map_or((Scope::All, 0), |next| (next.scope, self.relay.batch_size));
+        let claiming = next.is_some().then(|| self.wakeups.claiming());
+        let limit_time = crate::table::claiming::transaction_limit(T::SPEC.lease);
+        let transaction = async {
+            record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, scope, limit).await
+        };
+        let Ok(done) = tokio::time::timeout(limit_time, transaction).await else {
+            conn.discard();
+            let silent = std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer from the database in {limit_time:?}; the connection is closed"),
+            );
+            return Err(OutboxError::Database {
+                table: T::SPEC.table,
+                source: sqlx::Error::Io(silent),
+            });
+        };
+        let (claimed, recorded) = done?;
+        account::<T>(&pending.outcomes, &recorded);
+        if let Some(claiming) = claiming {
+            claiming.answered(claimed.full);
+        }
+        if let Some(next) = next {
+            next.done(claimed.took);
+            self.frontier.advance(claimed.reached);
+        }
+        Ok(Batch {
+            claims: claimed.claims,
+            full: claimed.full,
+        })
+    }
+
+    /// Stops the worker on a fatal `error`, recording the `pending` outcomes first, alone:
+    /// the transaction that failed rolled back those it was recording, and the claim
+    /// that failed beside them (a drifted table, a trigger that refuses it, a missing
+    /// privilege) need not fail them too. Unrecorded, every event already published would
+    /// be claimed and published again once its lease ends.
+    pub(super) async fn stop_on(
+        &self,
+        error: OutboxError,
+        conn: &mut Connection<'_>,
+        pending: Pending,
+    ) -> OutboxError {
+        if !pending.outcomes.is_empty()
+            && let Err(unrecorded) = self.record_and_claim(conn, &pending, false).await
+        {
+            tracing::error!(table = T::SPEC.table, error = %unrecorded, rows = pending.outcomes.len(),
+                "cannot record the outcomes of a stopping worker; its events will be claimed and published again");
+        }
+        error
+    }
+}
+
+/// Counts what happened to recorded outcomes.
+fn account<T: Outbox>(outcomes: &[(Owned, Outcome)], recorded: &Recorded) {
+    let table = T::SPEC.table;
+    let (mut sent, mut retried, mut dead, mut released, mut stale) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    for (row, outcome) in outcomes {
+        match (recorded.status(row.id), outcome) {
+            (None, _) => {
+                stale += 1;
+                tracing::warn!(
+                    table,
+                    id = row.id,
+                    generation = row.generation,
+                    "outcome rejected: the claim is stale"
+                );
+            }
+            (Some(Status::Dead), _) => dead += 1,
+            (Some(_), Outcome::Sent) => sent += 1,
+            (Some(_), Outcome::Release | Outcome::Unavailable { .. }) => released += 1,
+            (Some(_), _) => retried += 1,
+        }
+    }
+    for (name, value) in [
+        (metric::SENT, sent),
+        (metric::RETRIED, retried),
+        (metric::DEAD, dead),
+        (metric::RELEASED, released),
+        (metric::STALE, stale),
+    ] {
+        if value > 0 {
+            metrics::counter!(name, "table" => table).increment(value);
+        }
+    }
+}
