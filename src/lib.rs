@@ -103,6 +103,41 @@
 //! relay.run(shutdown).await // returns after a graceful shutdown
 //! # }
 //! ```
+//!
+//! # Where everything is
+//!
+//! Each item has one path. The root holds what a first program and an everyday service
+//! name:
+//!
+//! - declaring and writing events: [`Outbox`](derive@Outbox) (the derive, and the
+//!   [trait](trait@Outbox) it implements), [`Enqueued`], [`EventId`];
+//! - claiming them by hand: [`Claim`], [`Retried`] (what [`Claim::retry`] answers),
+//!   [`Generation`];
+//! - publishing them: [`Relay`], [`Sink`], [`Delivery`], [`SinkError`], [`StdoutSink`],
+//!   [`CancellationToken`];
+//! - consuming them once: [`Inbox`], [`Received`];
+//! - the database: [`connect`], [`connect_with`] (a pool sized for the relay's workers),
+//!   [`migrate`], [`verify`], [`stats`] and its [`Stats`];
+//! - every error: [`OutboxError`].
+//!
+//! The rest, by topic:
+//!
+//! - [`relay`]: the relay's [`Backoff`](relay::Backoff), the
+//!   [`MemorySink`](relay::MemorySink) for tests, [`BoxError`](relay::BoxError), and
+//!   its counters' names;
+//! - [`schema`]: migration reports, an event type's migrations and table spec,
+//!   [`migrate_with_app`](schema::migrate_with_app) and refinery;
+//! - [`ops`]: requeue, discard and prune, and the limits of durations and statement
+//!   timeouts;
+//! - [`table`]: `enqueue`, `claim` and their batch forms, generic over the event type;
+//! - [`inbox`]: the inbox table's own [`migrate`](inbox::migrate);
+//! - [`monitor`]: the [`Monitor`](monitor::Monitor) that sets gauges from [`stats`],
+//!   and their names;
+//! - [`catalog`]: what `migrate` records of each table, for tools without the types;
+//! - [`export`]: the migrations as `.sql` files, for teams with their own tool;
+//! - [`message`]: what a broker sink puts into a message (encoding, headers);
+//! - `nats`, `rabbitmq`, `kafka` (cargo features of the same names): the broker sinks;
+//! - `testing` (feature `testing`): a database and a fresh schema per test.
 
 pub use outbox_derive::Outbox;
 /// The trait `#[derive(Outbox)]` implements (macros and traits live in separate
