@@ -151,11 +151,12 @@ pub use outbox_runtime::{
 };
 
 pub mod relay {
-    //! What tunes and tests a [`Relay`](crate::Relay) beyond its builder: the
-    //! [`Backoff`] of its retries and outages, the [`MemorySink`] that records what it
-    //! published (as [`Published`] events), the [`BoxError`] every [`SinkError`](crate::SinkError)
+    //! What tunes and tests a [`Relay`](crate::Relay) beyond its builder: the [`Backoff`]
+    //! of its retries and outages, the [`MemorySink`] that records what it published (as
+    //! [`Published`] events), the [`BoxError`] every [`SinkError`](crate::SinkError)
     //! carries, and the names of the counters it emits ([`metric`]). The relay, the
-    //! [`Sink`](crate::Sink) trait and the [`StdoutSink`](crate::StdoutSink) are at the root.
+    //! [`Sink`](crate::Sink) trait and the [`StdoutSink`](crate::StdoutSink) are at the
+    //! root.
     pub use outbox_runtime::relay::{Backoff, BoxError, MemorySink, Published, metric};
 }
 
@@ -177,9 +178,10 @@ pub mod ops {
     //! An operator's statements on one table, generic over its event type, beside
     //! [`stats`](crate::stats): put `DEAD` events back ([`requeue_dead`],
     //! [`requeue_all_dead`]) or delete them ([`discard_dead`]), delete old `SENT` rows
-    //! ([`prune_sent`]); the longest delay or age they (and [`Claim::retry`](crate::Claim::retry))
-    //! accept ([`MAX_INTERVAL`]), and the `statement_timeout` rule of the monitor and the
-    //! command line ([`statement_timeout_millis`]).
+    //! ([`prune_sent`]); the longest delay or age they (and
+    //! [`Claim::retry`](crate::Claim::retry)) accept ([`MAX_INTERVAL`]), and the
+    //! `statement_timeout` rule of the monitor and the command line
+    //! ([`statement_timeout_millis`]).
     pub use outbox_runtime::{
         MAX_INTERVAL, discard_dead, prune_sent, requeue_all_dead, requeue_dead,
         statement_timeout_millis,
