@@ -52,7 +52,7 @@ use clap::Parser as _;
 use clap::builder::RangedU64ValueParser;
 use common::{BenchDeletedEvent, BenchEvent};
 use cpu::Cpu;
-use outbox::relay::{CancellationToken, Delivery, Sink, SinkError};
+use outbox::{CancellationToken, Delivery, Sink, SinkError};
 use outbox::{Outbox, Relay};
 use pgmq::PGMQueueExt;
 use sqlx::PgPool;
@@ -277,7 +277,7 @@ impl Bench {
         self.reset_tables(table).await?;
         self.set_storage(table).await?;
         for chunk in events.chunks(10_000) {
-            outbox::enqueue_all(chunk, &self.pool).await?;
+            outbox::table::enqueue_all(chunk, &self.pool).await?;
         }
         sqlx::query(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}")))
             .execute(&self.pool)

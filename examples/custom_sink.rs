@@ -22,7 +22,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use common::{Line, OrderPlaced};
-use outbox::{Backoff, Delivery, EventId, Relay, Sink, SinkError};
+use outbox::{Delivery, EventId, Relay, Sink, SinkError, relay::Backoff};
 use tokio::sync::mpsc;
 
 type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;

@@ -1,5 +1,5 @@
 //! Live gauges for Prometheus: a relay publishes the orders' events while a
-//! [`Monitor`](outbox::Monitor) samples both outbox tables every second, and
+//! [`Monitor`](outbox::monitor::Monitor) samples both outbox tables every second, and
 //! `/metrics` shows the relay's counters (`outbox_sent_total`, ...) next to the
 //! monitor's gauges (`outbox_due`, `outbox_oldest_waiting_age_seconds`, ...).
 //!
@@ -23,7 +23,7 @@ use std::time::Duration;
 use clap::Parser as _;
 use common::{EmailChanged, Line, OrderPlaced};
 use metrics_exporter_prometheus::PrometheusBuilder;
-use outbox::{CancellationToken, Monitor, Relay, StdoutSink};
+use outbox::{CancellationToken, Relay, StdoutSink, monitor::Monitor};
 use sqlx::PgPool;
 use tracing_subscriber::util::SubscriberInitExt as _;
 

@@ -40,8 +40,8 @@ async fn main() -> Result {
 /// At startup, in every process: idempotent, and safe when several start at once.
 async fn startup(pool: &PgPool) -> Result {
     println!("== 1. startup");
-    let app = outbox::refinery::Runner::new(&common::app_migrations());
-    let report = outbox::migrate_with_app(
+    let app = outbox::schema::refinery::Runner::new(&common::app_migrations());
+    let report = outbox::schema::migrate_with_app(
         pool,
         &app,
         &[OrderPlaced::migrations(), PaymentCaptured::migrations()],

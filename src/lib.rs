@@ -103,31 +103,113 @@
 //! relay.run(shutdown).await // returns after a graceful shutdown
 //! # }
 //! ```
+//!
+//! # Where everything is
+//!
+//! Each item has one path. The root holds what a first program and an everyday service
+//! name:
+//!
+//! - declaring and writing events: [`Outbox`](derive@Outbox) (the derive, and the
+//!   [trait](trait@Outbox) it implements), [`Enqueued`], [`EventId`];
+//! - claiming them by hand: [`Claim`], [`Retried`] (what [`Claim::retry`] answers),
+//!   [`Generation`];
+//! - publishing them: [`Relay`], [`Sink`], [`Delivery`], [`SinkError`], [`StdoutSink`],
+//!   [`CancellationToken`];
+//! - consuming them once: [`Inbox`], [`Received`];
+//! - the database: [`connect`], [`connect_with`] (a pool sized for the relay's workers),
+//!   [`migrate`], [`verify`], [`stats`] and its [`Stats`];
+//! - every error: [`OutboxError`].
+//!
+//! The rest, by topic:
+//!
+//! - [`relay`]: the relay's [`Backoff`](relay::Backoff), the
+//!   [`MemorySink`](relay::MemorySink) for tests, [`BoxError`](relay::BoxError), and
+//!   its counters' names;
+//! - [`schema`]: migration reports, an event type's migrations and table spec,
+//!   [`migrate_with_app`](schema::migrate_with_app) and refinery;
+//! - [`ops`]: requeue, discard and prune, and the limits of durations and statement
+//!   timeouts;
+//! - [`table`]: `enqueue`, `claim` and their batch forms, generic over the event type;
+//! - [`inbox`]: the inbox table's own [`migrate`](inbox::migrate);
+//! - [`monitor`]: the [`Monitor`](monitor::Monitor) that sets gauges from [`stats`],
+//!   and their names;
+//! - [`catalog`]: what `migrate` records of each table, for tools without the types;
+//! - [`export`]: the migrations as `.sql` files, for teams with their own tool;
+//! - [`message`]: what a broker sink puts into a message (encoding, headers);
+//! - `nats`, `rabbitmq`, `kafka` (cargo features of the same names): the broker sinks;
+//! - `testing` (feature `testing`): a database and a fresh schema per test.
 
 pub use outbox_derive::Outbox;
 /// The trait `#[derive(Outbox)]` implements (macros and traits live in separate
 /// namespaces, as with serde's `Serialize`).
 pub use outbox_runtime::Outbox;
-pub use outbox_runtime::catalog;
 pub use outbox_runtime::inbox::{Inbox, Received};
+pub use outbox_runtime::relay::{CancellationToken, Delivery, Relay, Sink, SinkError, StdoutSink};
+pub use outbox_runtime::{
+    Claim, Enqueued, EventId, Generation, OutboxError, Retried, Stats, connect, connect_with,
+    migrate, stats, verify,
+};
+
+pub mod relay {
+    //! What tunes and tests a [`Relay`](crate::Relay) beyond its builder: the [`Backoff`]
+    //! of its retries and outages, the [`MemorySink`] that records what it published (as
+    //! [`Published`] events), the [`BoxError`] every [`SinkError`](crate::SinkError)
+    //! carries, and the names of the counters it emits ([`metric`]). The relay, the
+    //! [`Sink`](crate::Sink) trait and the [`StdoutSink`](crate::StdoutSink) are at the
+    //! root.
+    pub use outbox_runtime::relay::{Backoff, BoxError, MemorySink, Published, metric};
+}
+
+pub mod schema {
+    //! The outbox tables' schema beyond [`migrate`](crate::migrate) and
+    //! [`verify`](crate::verify): what a migration run reports
+    //! ([`MigrationReport`], [`AppliedMigration`]), an event type's migrations
+    //! ([`TableMigrations`], [`MigrationStep`]) and table ([`TableSpec`], [`Column`],
+    //! the field types an event id can come from: [`EventIdField`]), and the
+    //! application's own refinery migrations run under the same lock
+    //! ([`migrate_with_app`], [`refinery`]).
+    pub use outbox_runtime::{
+        AppliedMigration, Column, EventIdField, MigrationReport, MigrationStep, TableMigrations,
+        TableSpec, migrate_with_app, refinery,
+    };
+}
+
+pub mod ops {
+    //! An operator's statements on one table, generic over its event type, beside
+    //! [`stats`](crate::stats): put `DEAD` events back ([`requeue_dead`],
+    //! [`requeue_all_dead`]) or delete them ([`discard_dead`]), delete old `SENT` rows
+    //! ([`prune_sent`]); the longest delay or age they (and
+    //! [`Claim::retry`](crate::Claim::retry)) accept ([`MAX_INTERVAL`]), and the
+    //! `statement_timeout` rule of the monitor and the command line
+    //! ([`statement_timeout_millis`]).
+    pub use outbox_runtime::{
+        MAX_INTERVAL, discard_dead, prune_sent, requeue_all_dead, requeue_dead,
+        statement_timeout_millis,
+    };
+}
+
+pub mod table {
+    //! The generic forms of the methods `#[derive(Outbox)]` gives each event type
+    //! (`OrderPlaced::enqueue`, `OrderPlaced::claim`, ...), for code generic over
+    //! `T: Outbox`: [`enqueue`], [`enqueue_all`], [`claim`], [`claim_batch`].
+    pub use outbox_runtime::{claim, claim_batch, enqueue, enqueue_all};
+}
+
+pub mod inbox {
+    //! The consumer's inbox beyond [`Inbox`](crate::Inbox) and
+    //! [`Received`](crate::Received): its table's [`migrate`], to run at startup, and its
+    //! name ([`TABLE`]).
+    pub use outbox_runtime::inbox::{TABLE, migrate};
+}
+
+pub use outbox_runtime::{catalog, export, message, monitor};
+
 #[cfg(feature = "kafka")]
 pub use outbox_runtime::kafka;
 #[cfg(feature = "nats")]
 pub use outbox_runtime::nats;
 #[cfg(feature = "rabbitmq")]
 pub use outbox_runtime::rabbitmq;
-pub use outbox_runtime::relay::{
-    Backoff, BoxError, CancellationToken, Delivery, MemorySink, Published, Relay, Sink, SinkError,
-    StdoutSink,
-};
-pub use outbox_runtime::{
-    AppliedMigration, Claim, Column, Enqueued, EventId, EventIdField, Generation, MAX_INTERVAL,
-    MigrationReport, MigrationStep, Monitor, OutboxError, Retried, Stats, TableMigrations,
-    TableSpec, claim, claim_batch, connect, connect_with, discard_dead, enqueue, enqueue_all,
-    export, inbox, message, migrate, migrate_with_app, monitor, prune_sent, refinery, relay,
-    requeue_all_dead, requeue_dead, statement_timeout_millis, stats, verify,
-};
-
 #[cfg(feature = "testing")]
 pub use outbox_runtime::testing;
 

@@ -7,8 +7,8 @@ use std::process::Output;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use outbox::relay::{Backoff, Delivery, Relay, Sink, SinkError};
 use outbox::testing::TestSchema;
+use outbox::{Delivery, Relay, Sink, SinkError, relay::Backoff};
 use serde_json::Value;
 use support::events::{Budgeted, OrderStep, Receipt, Shipment, ShipmentBeforeKey};
 use support::running::start;

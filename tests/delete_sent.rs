@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use outbox::Retried;
-use outbox::relay::{Delivery, MemorySink, Relay, Sink, SinkError};
+use outbox::{Delivery, Relay, Sink, SinkError, relay::MemorySink};
 use sqlx::PgPool;
 use support::events::Receipt;
 use support::rows::{count, enqueue};

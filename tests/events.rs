@@ -225,8 +225,8 @@ async fn insert_order(tx: &mut sqlx::PgConnection, event: &OrderPlaced) -> TestR
 #[tokio::test]
 async fn a_duplicate_event_id_never_discards_the_business_write() -> TestResult {
     let db = TestSchema::new().await?;
-    let app = outbox::refinery::Runner::new(&common::app_migrations());
-    outbox::migrate_with_app(db.pool(), &app, &[OrderPlaced::migrations()]).await?;
+    let app = outbox::schema::refinery::Runner::new(&common::app_migrations());
+    outbox::schema::migrate_with_app(db.pool(), &app, &[OrderPlaced::migrations()]).await?;
     let event = order();
     assert!(event.enqueue(db.pool()).await?.is_new());
 
@@ -907,7 +907,7 @@ async fn a_delay_longer_than_an_interval_holds_is_refused_as_such() -> TestResul
         "INPROGRESS",
         "nothing recorded: the lease brings the event back"
     );
-    let err = outbox::prune_sent::<Budgeted>(db.pool(), Duration::MAX, 100)
+    let err = outbox::ops::prune_sent::<Budgeted>(db.pool(), Duration::MAX, 100)
         .await
         .unwrap_err();
     assert!(
@@ -926,12 +926,12 @@ async fn a_delay_longer_than_an_interval_holds_is_refused_as_such() -> TestResul
         .await?;
     let claim = Budgeted::claim(db.pool()).await?.expect("reclaimed");
     assert_eq!(
-        claim.retry(db.pool(), outbox::MAX_INTERVAL).await?,
+        claim.retry(db.pool(), outbox::ops::MAX_INTERVAL).await?,
         Retried::Scheduled
     );
     // And the longest accepted age is counted back from now.
     assert_eq!(
-        outbox::prune_sent::<Budgeted>(db.pool(), outbox::MAX_INTERVAL, 100).await?,
+        outbox::ops::prune_sent::<Budgeted>(db.pool(), outbox::ops::MAX_INTERVAL, 100).await?,
         0
     );
     db.drop_schema().await?;

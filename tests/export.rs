@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use outbox::export::{ExportError, FileNames, MigrationFile, check_migrations, write_migrations};
 use outbox::testing::TestSchema;
-use outbox::{OutboxError, TableMigrations};
+use outbox::{OutboxError, schema::TableMigrations};
 use sqlx::{AssertSqlSafe, PgPool};
 use support::TestResult;
 use support::events::{ParcelSent, ParcelSentChanged, Receipt, Shipment, ShipmentBeforeKey};
@@ -148,7 +148,8 @@ fn each_file_holds_its_migration_byte_for_byte_and_the_row_that_records_it() -> 
             );
             let at = rest.find(step.sql).expect("the migration's SQL, as it is");
             let after = &rest[at + step.sql.len()..];
-            let checksum = outbox::refinery::Migration::unapplied(step.name, step.sql)?.checksum();
+            let checksum =
+                outbox::schema::refinery::Migration::unapplied(step.name, step.sql)?.checksum();
             let description = step.name.split_once("__").unwrap().1;
             assert!(
                 after.trim_start().starts_with(&format!(

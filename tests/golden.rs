@@ -14,7 +14,7 @@ mod events;
 use std::path::{Path, PathBuf};
 
 use outbox::__private::Statement;
-use outbox::TableMigrations;
+use outbox::schema::TableMigrations;
 
 /// Every statement of `table`, as the runtime runs it (the claims with a limit of 100).
 fn statements(table: TableMigrations) -> String {

@@ -9,8 +9,8 @@ use std::str::FromStr as _;
 use std::time::Duration;
 
 use outbox::OutboxError;
-use outbox::relay::{CancellationToken, MemorySink, Relay};
 use outbox::testing::TestSchema;
+use outbox::{CancellationToken, Relay, relay::MemorySink};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions as _, PgPool};
 use support::events::{ChaosEvent, Receipt};

@@ -7,8 +7,8 @@ mod support;
 use std::time::Duration;
 
 use outbox::OutboxError;
-use outbox::inbox::{self, Inbox, Received};
 use outbox::testing::TestSchema;
+use outbox::{Inbox, Received, inbox};
 use sqlx::PgPool;
 use support::{TestResult, wait_until};
 
@@ -274,7 +274,7 @@ async fn prune_deletes_only_this_consumers_old_rows_in_batches() -> TestResult {
     assert_eq!(billing.prune(pool, day, 3).await?, 2);
     assert_eq!(billing.prune(pool, day, 3).await?, 0);
     assert_eq!(
-        billing.prune(pool, outbox::MAX_INTERVAL, 3).await?,
+        billing.prune(pool, outbox::ops::MAX_INTERVAL, 3).await?,
         0,
         "the longest age is counted back from now"
     );

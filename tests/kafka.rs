@@ -35,7 +35,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use outbox::Outbox as _;
-use outbox::inbox::{self, Inbox, Received};
 use outbox::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use outbox::kafka::rdkafka::client::DefaultClientContext;
 use outbox::kafka::rdkafka::consumer::{Consumer as _, StreamConsumer};
@@ -43,8 +42,9 @@ use outbox::kafka::rdkafka::message::{BorrowedMessage, Headers as _};
 use outbox::kafka::rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
 use outbox::kafka::{ConfigError, KafkaSink};
 use outbox::message::header;
-use outbox::relay::{Backoff, Delivery, Relay, Sink, SinkError};
 use outbox::testing::TestSchema;
+use outbox::{Delivery, Relay, Sink, SinkError, relay::Backoff};
+use outbox::{Inbox, Received, inbox};
 use support::broker::{self, RefuseUnencodable};
 use support::child::{self, ChildCommand};
 use support::counters::Counters;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use outbox::monitor::metric;
 use outbox::testing::TestSchema;
-use outbox::{CancellationToken, Monitor, OutboxError};
+use outbox::{CancellationToken, OutboxError, monitor::Monitor};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
 use support::counters::Counters;
@@ -33,11 +33,15 @@ struct Running {
     handle: JoinHandle<Result<(), OutboxError>>,
 }
 
-fn start(pool: &PgPool, tables: &[outbox::TableMigrations]) -> Running {
+fn start(pool: &PgPool, tables: &[outbox::schema::TableMigrations]) -> Running {
     start_every(Duration::from_millis(20), pool, tables)
 }
 
-fn start_every(interval: Duration, pool: &PgPool, tables: &[outbox::TableMigrations]) -> Running {
+fn start_every(
+    interval: Duration,
+    pool: &PgPool,
+    tables: &[outbox::schema::TableMigrations],
+) -> Running {
     let shutdown = CancellationToken::new();
     let monitor = Monitor::new(pool.clone(), tables).interval(interval);
     let handle = tokio::spawn(monitor.run(shutdown.clone()));
@@ -210,7 +214,7 @@ async fn the_gauges_follow_each_tables_claims_failures_and_repairs() -> TestResu
     .await;
 
     // The operator requeues 1-a: nothing is dead or held any more, and 1-a is due.
-    outbox::requeue_dead::<OrderStep>(pool, &["1-a"]).await?;
+    outbox::ops::requeue_dead::<OrderStep>(pool, &["1-a"]).await?;
     wait_for_gauges(
         &counters,
         STEPS,

@@ -30,13 +30,13 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use outbox::Outbox;
-use outbox::inbox::{self, Inbox, Received};
 use outbox::message::header;
 use outbox::nats::async_nats::jetstream::context::GetStreamErrorKind;
 use outbox::nats::async_nats::jetstream::{self, consumer, stream};
 use outbox::nats::{JetStreamSink, async_nats};
-use outbox::relay::{Delivery, Relay, Sink, SinkError};
 use outbox::testing::TestSchema;
+use outbox::{Delivery, Relay, Sink, SinkError};
+use outbox::{Inbox, Received, inbox};
 use sqlx::PgPool;
 use support::broker::{self, RefuseUnencodable};
 use support::child::{self, ChildCommand};

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use outbox::relay::{CancellationToken, Delivery, Relay, Sink, SinkError};
+use outbox::{CancellationToken, Delivery, Relay, Sink, SinkError};
 use outbox::{Claim, Outbox};
 use sqlx::PgPool;
 use support::counters::Counters;
@@ -155,11 +155,11 @@ async fn a_dead_event_holds_its_key_until_it_is_requeued_or_discarded() -> TestR
         .execute(pool)
         .await?;
     let stats = outbox::stats::<OrderStep>(pool).await?;
-    assert_eq!(stats.oldest_held_age, Some(outbox::MAX_INTERVAL));
+    assert_eq!(stats.oldest_held_age, Some(outbox::ops::MAX_INTERVAL));
 
     // Requeued, a1 goes first, then a2; discarded, b1 is gone and b2 goes.
-    outbox::requeue_dead::<OrderStep>(pool, &["a1"]).await?;
-    let discarded = outbox::discard_dead::<OrderStep>(pool, &["b1", "a2"]).await?;
+    outbox::ops::requeue_dead::<OrderStep>(pool, &["a1"]).await?;
+    let discarded = outbox::ops::discard_dead::<OrderStep>(pool, &["b1", "a2"]).await?;
     assert_eq!(discarded, [outbox::EventId::from("b1")], "a2 is not DEAD");
     assert_eq!(names(&claim_all(pool).await?), ["a1", "b2"]);
     let stats = outbox::stats::<OrderStep>(pool).await?;
@@ -240,7 +240,7 @@ async fn with_dead_releases_key_discarding_a_dead_event_leaves_the_retry_delay_a
     .await?;
     due_in::<LenientStep>(pool, "a2", 3600.0).await;
 
-    outbox::discard_dead::<LenientStep>(pool, &["a1"]).await?;
+    outbox::ops::discard_dead::<LenientStep>(pool, &["a1"]).await?;
     let due_in = support::rows::row_of::<LenientStep>(pool, "a2")
         .await
         .due_in;
@@ -270,7 +270,7 @@ async fn discarding_a_dead_event_wakes_the_event_a_claim_set_aside_behind_it_mea
     assert!(claim_batch(&mut claim).await?.is_empty());
     let discard = tokio::spawn({
         let pool = pool.clone();
-        async move { outbox::discard_dead::<OrderStep>(&pool, &["a1"]).await }
+        async move { outbox::ops::discard_dead::<OrderStep>(&pool, &["a1"]).await }
     });
     wait_until(
         "the discard waits for the claim",
@@ -480,7 +480,7 @@ async fn four_workers_publish_each_key_in_order_through_retries() -> TestResult 
             .concurrency(4)
             .batch_size(8)
             .poll_interval(Duration::from_millis(100))
-            .retry_backoff(outbox::Backoff::new(
+            .retry_backoff(outbox::relay::Backoff::new(
                 Duration::from_millis(50),
                 Duration::from_millis(50),
             )),
@@ -570,7 +570,7 @@ async fn hot_keys_drain_on_wake_ups_alone_without_waiting_for_the_poll() -> Test
     const PER_KEY: i64 = 30;
     let db = schema_with(&[OrderStep::migrations()]).await?;
     let pool = db.pool();
-    let sink = outbox::MemorySink::new();
+    let sink = outbox::relay::MemorySink::new();
     let relay = start(
         Relay::<OrderStep, _>::new(db.connect(5).await?, sink.clone())
             .concurrency(4)

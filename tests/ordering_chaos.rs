@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use outbox::Inbox;
-use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError};
+use outbox::{CancellationToken, Delivery, Relay, Sink, SinkError, relay::Backoff};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use support::child::{self, Child, ChildCommand};

@@ -25,7 +25,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox::inbox::{self, Inbox, Received};
 use outbox::message::header;
 use outbox::rabbitmq::RabbitSink;
 use outbox::rabbitmq::lapin::options::{
@@ -34,8 +33,9 @@ use outbox::rabbitmq::lapin::options::{
 };
 use outbox::rabbitmq::lapin::types::{AMQPValue, FieldTable, ShortString};
 use outbox::rabbitmq::lapin::{self, Channel, Connection, ExchangeKind};
-use outbox::relay::{Delivery, Relay, Sink, SinkError};
 use outbox::testing::TestSchema;
+use outbox::{Delivery, Relay, Sink, SinkError};
+use outbox::{Inbox, Received, inbox};
 use sqlx::PgPool;
 use support::broker::{self, RefuseUnencodable};
 use support::child::{self, ChildCommand};

@@ -15,8 +15,11 @@ use std::time::Duration;
 
 use common::{BenchEvent, EmailChanged, OrderPlaced, PaymentCaptured};
 use futures_util::FutureExt as _;
-use outbox::relay::{Backoff, CancellationToken, Delivery, MemorySink, Relay, Sink, SinkError};
 use outbox::testing::TestSchema;
+use outbox::{
+    CancellationToken, Delivery, Relay, Sink, SinkError,
+    relay::{Backoff, MemorySink},
+};
 use outbox::{EventId, Outbox, OutboxError};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
@@ -368,7 +371,7 @@ async fn an_event_committed_seconds_after_its_insert_is_published_behind_later_o
         Relay::<Budgeted, _>::new(pool.clone(), sink.clone()).concurrency(2),
     ));
     let mut slow = pool.begin().await?;
-    outbox::enqueue(&budgeted("committed-late"), &mut *slow).await?;
+    outbox::table::enqueue(&budgeted("committed-late"), &mut *slow).await?;
     // Later events, committed at once, claimed and published while it is uncommitted:
     // the frontier passes it. (Spread over 1.5 s: the frontier trails the latest row it
     // claimed by half a second.)
@@ -1202,7 +1205,7 @@ async fn requeue_dead_gives_dead_events_a_fresh_budget_and_leaves_other_rows_alo
     );
 
     let requeued =
-        outbox::requeue_dead::<Budgeted>(pool, &["dead-1", "sent", "ready", "no-such-event"])
+        outbox::ops::requeue_dead::<Budgeted>(pool, &["dead-1", "sent", "ready", "no-such-event"])
             .await?;
     assert_eq!(requeued, ["dead-1"], "only the DEAD row is requeued");
     let dead_1 = row_of::<Budgeted>(pool, "dead-1").await;
@@ -1223,8 +1226,8 @@ async fn requeue_dead_gives_dead_events_a_fresh_budget_and_leaves_other_rows_alo
         };
         assert_eq!(fields(before), fields(after), "untouched");
     }
-    assert_eq!(outbox::requeue_all_dead::<Budgeted>(pool).await?, 2);
-    assert_eq!(outbox::requeue_all_dead::<Budgeted>(pool).await?, 0);
+    assert_eq!(outbox::ops::requeue_all_dead::<Budgeted>(pool).await?, 2);
+    assert_eq!(outbox::ops::requeue_all_dead::<Budgeted>(pool).await?, 0);
 
     let sink = MemorySink::new();
     let relay = start(fast(Relay::<Budgeted, _>::new(pool.clone(), sink.clone())));
@@ -1266,7 +1269,10 @@ async fn a_claim_from_before_an_event_died_cannot_record_after_requeue_and_recla
     let reclaim = Budgeted::claim(pool).await?.expect("expired");
     assert!(reclaim.is_reclaim());
     reclaim.fail(pool, "rejected").await?;
-    assert_eq!(outbox::requeue_dead::<Budgeted>(pool, &["e"]).await?, ["e"]);
+    assert_eq!(
+        outbox::ops::requeue_dead::<Budgeted>(pool, &["e"]).await?,
+        ["e"]
+    );
     let current = Budgeted::claim(pool).await?.expect("requeued");
     assert_eq!((current.generation().get(), current.attempt()), (3, 1));
 
@@ -1322,9 +1328,9 @@ async fn prune_sent_deletes_only_old_sent_rows_a_batch_at_a_time() -> TestResult
     .await?;
 
     let hour = Duration::from_hours(1);
-    assert_eq!(outbox::prune_sent::<Budgeted>(pool, hour, 2).await?, 2);
-    assert_eq!(outbox::prune_sent::<Budgeted>(pool, hour, 2).await?, 1);
-    assert_eq!(outbox::prune_sent::<Budgeted>(pool, hour, 2).await?, 0);
+    assert_eq!(outbox::ops::prune_sent::<Budgeted>(pool, hour, 2).await?, 2);
+    assert_eq!(outbox::ops::prune_sent::<Budgeted>(pool, hour, 2).await?, 1);
+    assert_eq!(outbox::ops::prune_sent::<Budgeted>(pool, hour, 2).await?, 0);
     let left = |pool: &PgPool| {
         let pool = pool.clone();
         async move {
@@ -1343,7 +1349,7 @@ async fn prune_sent_deletes_only_old_sent_rows_a_batch_at_a_time() -> TestResult
 
     // Whatever the age, only SENT rows go.
     assert_eq!(
-        outbox::prune_sent::<Budgeted>(pool, Duration::ZERO, 10).await?,
+        outbox::ops::prune_sent::<Budgeted>(pool, Duration::ZERO, 10).await?,
         2
     );
     let expected: BTreeSet<String> = ["old-dead", "old-held", "old-ready"]
@@ -1700,7 +1706,7 @@ async fn stats_count_statuses_expired_claims_and_the_oldest_waiting_age_since_en
         .execute(pool)
         .await?;
     let stats = outbox::stats::<Budgeted>(pool).await?;
-    assert_eq!(stats.oldest_waiting_age, Some(outbox::MAX_INTERVAL));
+    assert_eq!(stats.oldest_waiting_age, Some(outbox::ops::MAX_INTERVAL));
     db.drop_schema().await?;
     Ok(())
 }

@@ -9,7 +9,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use outbox::Outbox;
-use outbox::relay::{Backoff, Delivery, MemorySink, Relay, Sink, SinkError};
+use outbox::{
+    Delivery, Relay, Sink, SinkError,
+    relay::{Backoff, MemorySink},
+};
 use support::counters::Counters;
 use support::events::{Budgeted, LabEvent};
 use support::logs::Captured;

@@ -194,7 +194,7 @@ mod with_brokers {
 
     use outbox::Relay;
     use outbox::message::{header, timestamp};
-    use outbox::relay::{CancellationToken, Delivery, Sink, SinkError};
+    use outbox::{CancellationToken, Delivery, Sink, SinkError};
     use tokio::time::MissedTickBehavior;
 
     use super::super::{Bench, BenchEvent, Result, micros_now, stamped};
@@ -491,10 +491,10 @@ mod with_brokers {
         use std::time::Duration;
 
         use futures_util::future::join_all;
+        use outbox::CancellationToken;
         use outbox::message::header;
         use outbox::nats::async_nats::jetstream::{self, Context, consumer, stream};
         use outbox::nats::{JetStreamSink, async_nats};
-        use outbox::relay::CancellationToken;
 
         use super::{
             BATCH, BenchEvent, Broker, JSON, Latencies, RawMessage, Result, in_batches, latency_of,
@@ -617,6 +617,7 @@ mod with_brokers {
         use std::time::Duration;
 
         use futures_util::future::join_all;
+        use outbox::CancellationToken;
         use outbox::rabbitmq::RabbitSink;
         use outbox::rabbitmq::lapin::options::{
             BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
@@ -626,7 +627,6 @@ mod with_brokers {
         use outbox::rabbitmq::lapin::{
             BasicProperties, Channel, Confirmation, Connection, ConnectionProperties,
         };
-        use outbox::relay::CancellationToken;
 
         use super::{
             BATCH, BenchEvent, Broker, JSON, Latencies, RawMessage, Result, in_batches, latency_of,
@@ -785,6 +785,7 @@ mod with_brokers {
         use std::time::Duration;
 
         use futures_util::future::join_all;
+        use outbox::CancellationToken;
         use outbox::kafka::KafkaSink;
         use outbox::kafka::rdkafka::admin::{
             AdminClient, AdminOptions, NewTopic, TopicReplication,
@@ -795,7 +796,6 @@ mod with_brokers {
         use outbox::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
         use outbox::kafka::rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
         use outbox::message::header;
-        use outbox::relay::CancellationToken;
 
         use super::{
             BATCH, BenchEvent, Broker, JSON, Latencies, RawMessage, Result, in_batches, latency_of,

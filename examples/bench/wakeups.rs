@@ -14,8 +14,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
+use outbox::CancellationToken;
 use outbox::Relay;
-use outbox::relay::CancellationToken;
 use tokio::time::MissedTickBehavior;
 
 use super::pinned::CLAIM_PREFIXES;

@@ -99,14 +99,14 @@ impl From<&BenchEvent> for BenchDeletedEvent {
 }
 
 /// The application's own refinery migrations (business tables), next to the outbox's.
-pub fn app_migrations() -> Vec<outbox::refinery::Migration> {
+pub fn app_migrations() -> Vec<outbox::schema::refinery::Migration> {
     [(
         "V1__create_orders",
         include_str!("../../migrations/app/V1__create_orders.sql"),
     )]
     .into_iter()
     .map(|(name, sql)| {
-        outbox::refinery::Migration::unapplied(name, sql).expect("a valid migration name")
+        outbox::schema::refinery::Migration::unapplied(name, sql).expect("a valid migration name")
     })
     .collect()
 }

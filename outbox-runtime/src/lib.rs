@@ -3,7 +3,10 @@
 //! relay and its sinks (the broker sinks behind their cargo features), and the
 //! consumer's inbox.
 //!
-//! Users depend on the `outbox` facade, which re-exports everything an application uses.
+//! Users depend on the `outbox` facade, which re-exports everything an application uses,
+//! each item at one path: the everyday ones at its root, the rest in topical modules
+//! (`outbox::relay`, `outbox::schema`, `outbox::ops`, ...). The paths in this crate are
+//! the runtime's own, not the ones users write.
 
 // What the rest is built on: the derive's spec of a table and how it binds JSON, the
 // identities of a row, the errors, intervals, connections.

@@ -28,9 +28,9 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use outbox::inbox::{self, Inbox};
-use outbox::relay::{Delivery, Sink, SinkError};
 use outbox::testing::TestSchema;
+use outbox::{Delivery, Sink, SinkError};
+use outbox::{Inbox, inbox};
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::time::{Instant, sleep};
 

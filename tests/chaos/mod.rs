@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
-use outbox::relay::{Backoff, CancellationToken, Delivery, Relay, Sink, SinkError};
 use outbox::testing::{Cluster, TestSchema, TestSupportError};
+use outbox::{CancellationToken, Delivery, Relay, Sink, SinkError, relay::Backoff};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::sync::mpsc;

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use outbox::Outbox as _;
-use outbox::inbox::{Inbox, Received};
 use outbox::message::{Encoding, Json};
-use outbox::relay::{Backoff, CancellationToken, Relay, Sink};
+use outbox::{CancellationToken, Relay, Sink, relay::Backoff};
+use outbox::{Inbox, Received};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
@@ -30,7 +30,7 @@ impl Encoding<ChaosEvent> for RefuseUnencodable {
         Some("application/json")
     }
 
-    fn encode(&self, event: &ChaosEvent) -> Result<Vec<u8>, outbox::BoxError> {
+    fn encode(&self, event: &ChaosEvent) -> Result<Vec<u8>, outbox::relay::BoxError> {
         if event.key == "unencodable" {
             return Err("parcels must be positive".into());
         }

@@ -107,7 +107,7 @@ pub async fn enqueue<T: Outbox>(pool: &PgPool, events: &[T]) -> Vec<EventId> {
     let mut ids = Vec::with_capacity(events.len());
     for event in events {
         ids.push(
-            outbox::enqueue(event, &mut *tx)
+            outbox::table::enqueue(event, &mut *tx)
                 .await
                 .unwrap()
                 .into_event_id(),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use outbox::relay::{CancellationToken, Relay, Sink};
+use outbox::{CancellationToken, Relay, Sink};
 use outbox::{Outbox, OutboxError};
 use tokio::task::JoinHandle;
 use tokio::time::timeout;

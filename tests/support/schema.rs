@@ -1,7 +1,7 @@
 //! A fresh schema per test (on `DATABASE_URL`, or a throwaway cluster), with the event
 //! tables migrated as `outbox::migrate` does in production.
 
-use outbox::TableMigrations;
+use outbox::schema::TableMigrations;
 use outbox::testing::TestSchema;
 use sqlx::AssertSqlSafe;
 

@@ -3,7 +3,7 @@
 // the trait: its hidden required item is missing, and a `TableSpec` cannot be built
 // outside the derive.
 use outbox::__private::{PgQuery, PgRow, sqlx};
-use outbox::{EventId, TableSpec};
+use outbox::{EventId, schema::TableSpec};
 
 struct OrderPlaced {
     customer: String,

@@ -223,7 +223,7 @@ async fn connect(
             "invalid database URL: expected postgres://user@host:port/database",
         ));
     }
-    let timeout = outbox::statement_timeout_millis(statement_timeout).to_string();
+    let timeout = outbox::ops::statement_timeout_millis(statement_timeout).to_string();
     let mut options = PgConnectOptions::from_str(url)
         .map_err(|e| fail(format!("invalid database URL: {e}")))?
         .application_name("outbox-cli")

@@ -29,13 +29,13 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use outbox::CancellationToken;
 use outbox::kafka::KafkaSink;
 use outbox::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use outbox::kafka::rdkafka::client::DefaultClientContext;
 use outbox::kafka::rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use outbox::kafka::rdkafka::message::BorrowedMessage;
 use outbox::kafka::rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
-use outbox::relay::CancellationToken;
 use outbox::testing::TestSchema;
 use sqlx::PgPool;
 use tokio::time::{Instant, sleep, timeout};

@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
+use outbox::CancellationToken;
 use outbox::nats::async_nats::jetstream::{self, consumer, stream};
 use outbox::nats::{JetStreamSink, async_nats};
-use outbox::relay::CancellationToken;
 use outbox::testing::TestSchema;
 use sqlx::PgPool;
 use tokio::time::sleep;

@@ -13,6 +13,7 @@
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
+use outbox::CancellationToken;
 use outbox::rabbitmq::RabbitSink;
 use outbox::rabbitmq::lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions,
@@ -20,7 +21,6 @@ use outbox::rabbitmq::lapin::options::{
 };
 use outbox::rabbitmq::lapin::types::FieldTable;
 use outbox::rabbitmq::lapin::{self, Channel, Connection, ConnectionProperties, ExchangeKind};
-use outbox::relay::CancellationToken;
 use outbox::testing::TestSchema;
 use sqlx::PgPool;
 use tokio::time::{Instant, sleep};
