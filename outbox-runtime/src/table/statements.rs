@@ -4,14 +4,17 @@
 //! value, and turns its error into an [`OutboxError`] naming the table ([`OnTable`]).
 //! Nothing else binds a statement's parameters or reads its result.
 //!
-//! The texts come from the derive, through `T::SPEC`. Adding a statement is its variant
-//! and contract in `outbox_internals`, its text (and `checked` form) in one arm of the
-//! derive's `statements::define`, and its function here.
+//! The texts come from the derive, through `T::SPEC`; the operator's statements from
+//! [`Operations`], which holds the derive's texts or the copies the catalog keeps of
+//! them. Adding a statement is its variant and contract in `outbox_internals`, its text
+//! (and `checked` form) in one arm of the derive's `statements::define`, and its
+//! function here.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, PgExecutor, Postgres, Row as _};
@@ -19,6 +22,7 @@ use tokio::time::Instant;
 
 use super::batch::{Outcome, Owned};
 use super::claim::{Lease, Retried};
+use super::operations::{Operations, Stats, interval_to_duration};
 use crate::error::{OnTable as _, OutboxError, storable_reason};
 use crate::id::EventId;
 use crate::interval;
@@ -284,4 +288,115 @@ pub(crate) async fn renew_batch<'e, T: Outbox>(
 /// The id and generation arrays every guarded batch statement binds first.
 fn columns<'r>(rows: impl IntoIterator<Item = &'r Owned>) -> (Vec<i64>, Vec<i64>) {
     rows.into_iter().map(|r| (r.id, r.generation)).unzip()
+}
+
+/// An operator's statement: the derive's text, or the catalog's copy of it.
+fn operator(operations: &Operations<'_>, statement: Statement) -> AssertSqlSafe<String> {
+    AssertSqlSafe(operations.text(statement).to_owned())
+}
+
+/// [`Statement::RequeueDead`] of `event_ids`: the ids requeued.
+pub(crate) async fn requeue_dead<'e>(
+    operations: &Operations<'_>,
+    executor: impl PgExecutor<'e>,
+    event_ids: &[&str],
+) -> Result<Vec<EventId>, OutboxError> {
+    let requeued: Vec<String> = sqlx::query_scalar(operator(operations, Statement::RequeueDead))
+        .bind(event_ids)
+        .fetch_all(executor)
+        .await
+        .on_table(operations.table)?;
+    Ok(requeued.into_iter().map(EventId::from).collect())
+}
+
+/// [`Statement::RequeueAllDead`]: how many events were requeued.
+pub(crate) async fn requeue_all_dead<'e>(
+    operations: &Operations<'_>,
+    executor: impl PgExecutor<'e>,
+) -> Result<u64, OutboxError> {
+    let count: i64 = sqlx::query_scalar(operator(operations, Statement::RequeueAllDead))
+        .fetch_one(executor)
+        .await
+        .on_table(operations.table)?;
+    Ok(count.unsigned_abs())
+}
+
+/// [`Statement::DiscardDead`] of `event_ids`: the ids deleted.
+pub(crate) async fn discard_dead<'e>(
+    operations: &Operations<'_>,
+    executor: impl PgExecutor<'e>,
+    event_ids: &[&str],
+) -> Result<Vec<EventId>, OutboxError> {
+    let discarded: Vec<String> = sqlx::query_scalar(operator(operations, Statement::DiscardDead))
+        .bind(event_ids)
+        .fetch_all(executor)
+        .await
+        .on_table(operations.table)?;
+    Ok(discarded.into_iter().map(EventId::from).collect())
+}
+
+/// [`Statement::PruneSent`] of up to `batch` rows sent more than `older_than` ago: how
+/// many were deleted. An age above [`MAX_INTERVAL`](crate::MAX_INTERVAL) is
+/// [`OutboxError::IntervalOutOfRange`], and nothing is run.
+pub(crate) async fn prune_sent<'e>(
+    operations: &Operations<'_>,
+    executor: impl PgExecutor<'e>,
+    older_than: Duration,
+    batch: u32,
+) -> Result<u64, OutboxError> {
+    let table = operations.table;
+    let done = sqlx::query(operator(operations, Statement::PruneSent))
+        .bind(interval::checked(table, "prune age", older_than)?)
+        .bind(i64::from(batch))
+        .execute(executor)
+        .await
+        .on_table(table)?;
+    Ok(done.rows_affected())
+}
+
+/// [`Statement::Stats`]: the table's figures, its row read by column name. A catalog
+/// entry whose statement lacks a column is [`OutboxError::CatalogEntryInvalid`].
+pub(crate) async fn stats<'e>(
+    operations: &Operations<'_>,
+    executor: impl PgExecutor<'e>,
+) -> Result<Stats, OutboxError> {
+    let table = operations.table;
+    let row = sqlx::query(operator(operations, Statement::Stats))
+        .fetch_one(executor)
+        .await
+        .on_table(table)?;
+    match decode_stats(&row) {
+        // A catalog entry written by an older build: its statement measured the
+        // oldest age from when an event became due, and has no such column.
+        Err(sqlx::Error::ColumnNotFound(column)) => Err(OutboxError::CatalogEntryInvalid {
+            table,
+            problem: format!(
+                "its `stats` statement was written by an older build of the outbox crate \
+                 (it has no `{column}` column); run outbox::migrate with this version"
+            ),
+        }),
+        decoded => decoded.on_table(table),
+    }
+}
+
+/// The `stats` statement's row, by column name (its contract).
+fn decode_stats(row: &PgRow) -> Result<Stats, sqlx::Error> {
+    let age = |column: &str| -> Result<Option<Duration>, sqlx::Error> {
+        Ok(row
+            .try_get::<Option<PgInterval>, _>(column)?
+            .map(interval_to_duration))
+    };
+    Ok(Stats {
+        ready: row.try_get("ready")?,
+        due: row.try_get("due")?,
+        in_progress: row.try_get("in_progress")?,
+        sent: row.try_get("sent")?,
+        dead: row.try_get("dead")?,
+        expired_claims: row.try_get("expired_claims")?,
+        oldest_waiting_age: age("oldest_waiting_age")?,
+        oldest_waiting_error: row.try_get("oldest_waiting_error")?,
+        held_keys: row.try_get("held_keys")?,
+        oldest_held_age: age("oldest_held_age")?,
+        sent_last_minute: row.try_get("sent_last_minute")?,
+    })
 }
