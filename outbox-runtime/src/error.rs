@@ -264,7 +264,7 @@ impl<T> OnTable<T> for Result<T, sqlx::Error> {
 
 impl OutboxError {
     /// Classifies a sqlx error raised by a statement on `table` (through [`OnTable`]).
-    pub(crate) fn from_sqlx(table: &'static str, source: sqlx::Error) -> Self {
+    fn from_sqlx(table: &'static str, source: sqlx::Error) -> Self {
         const UNDEFINED_TABLE: &str = "42P01";
         const UNDEFINED_COLUMN: &str = "42703";
         const DATATYPE_MISMATCH: &str = "42804";
