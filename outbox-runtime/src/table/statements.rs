@@ -1,14 +1,17 @@
 //! The statements of an outbox table as the runtime runs them: one function per
 //! [`Statement`] the runtime runs, named after it, that binds its parameters in the
 //! order of its contract (the variant's documentation), decodes its result into a typed
-//! value, and turns its error into an [`OutboxError`] naming the table ([`OnTable`]).
-//! Nothing else binds a statement's parameters or reads its result.
+//! value, and turns its error into an [`OutboxError`] naming the table
+//! ([`OnTable`](crate::error::OnTable)). Nothing else binds a statement's parameters or
+//! reads its result, but for the claims' rows: [`decode_claim`](super::claim::decode_claim)
+//! reads those, beside the private fields of the claims it builds.
 //!
 //! The texts come from the derive, through `T::SPEC`; the operator's statements from
 //! [`Operations`], which holds the derive's texts or the copies the catalog keeps of
 //! them. Adding a statement is its variant and contract in `outbox_internals`, its text
 //! (and `checked` form) in one arm of the derive's `statements::define`, and its
-//! function here.
+//! function here; an operator's statement that the command line runs also joins the
+//! catalog's `KEPT`.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
