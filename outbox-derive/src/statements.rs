@@ -1,7 +1,8 @@
 //! Stage 3a: every statement of a table, each defined once: its text and its
 //! compile-time check, in one arm of [`define`]. Adding a statement is a variant of
 //! `outbox_internals::Statement` (whose documentation is its contract: parameters and
-//! result), an arm here (the `match` is exhaustive), and its caller in the runtime.
+//! result), an arm here (the `match` is exhaustive), and the function in the runtime's
+//! `table/statements.rs` that binds its parameters and decodes its result.
 //!
 //! Table and column names were validated as plain identifiers and are quoted anyway;
 //! values only ever arrive as bound parameters.

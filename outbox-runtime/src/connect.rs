@@ -7,7 +7,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions as _, Connection as _, PgPool, Postgres};
 
-use crate::error::{OutboxError, sqlstate};
+use crate::error::{OnTable as _, OutboxError, sqlstate};
 
 /// A pool of connections to the database at `url` (`postgres://user:password@host:port/
 /// database`), with sqlx's default pool options: [`connect_with`] says how it fails.
@@ -82,7 +82,7 @@ pub(crate) async fn acquire(
             Some(cause) => cause,
         },
         error if is_connect_error(&error) => error,
-        error => return Err(OutboxError::from_sqlx(target, error)),
+        error => return Err(error).on_table(target),
     };
     Err(OutboxError::Connect {
         target: target.to_owned(),

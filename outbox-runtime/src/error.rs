@@ -248,9 +248,23 @@ impl std::fmt::Debug for OutboxError {
     }
 }
 
+/// A sqlx result as the outbox reports it: the one place a `sqlx::Error` becomes an
+/// [`OutboxError`], classified ([`OutboxError::from_sqlx`]) for the table its statement
+/// ran on (or the target, such as `outbox::migrate`, that errors name instead).
+pub(crate) trait OnTable<T> {
+    /// This result, its error classified for `table`.
+    fn on_table(self, table: &'static str) -> Result<T, OutboxError>;
+}
+
+impl<T> OnTable<T> for Result<T, sqlx::Error> {
+    fn on_table(self, table: &'static str) -> Result<T, OutboxError> {
+        self.map_err(|source| OutboxError::from_sqlx(table, source))
+    }
+}
+
 impl OutboxError {
-    /// Classifies a sqlx error raised by a statement on `table`.
-    pub(crate) fn from_sqlx(table: &'static str, source: sqlx::Error) -> Self {
+    /// Classifies a sqlx error raised by a statement on `table` (through [`OnTable`]).
+    fn from_sqlx(table: &'static str, source: sqlx::Error) -> Self {
         const UNDEFINED_TABLE: &str = "42P01";
         const UNDEFINED_COLUMN: &str = "42703";
         const DATATYPE_MISMATCH: &str = "42804";

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use sqlx::{PgExecutor, PgPool};
 
-use crate::error::OutboxError;
+use crate::error::{OnTable as _, OutboxError};
 use crate::id::EventId;
 use crate::interval;
 use crate::schema::migrate::{MigrationReport, migrate_target};
@@ -147,7 +147,7 @@ impl Inbox {
             .bind(event_id)
             .execute(&mut **tx)
             .await
-            .map_err(|e| OutboxError::from_sqlx(TABLE, e))?;
+            .on_table(TABLE)?;
         Ok(if done.rows_affected() == 1 {
             Received::New
         } else {
@@ -174,7 +174,7 @@ impl Inbox {
             .bind(i64::from(batch))
             .execute(executor)
             .await
-            .map_err(|e| OutboxError::from_sqlx(TABLE, e))?;
+            .on_table(TABLE)?;
         Ok(done.rows_affected())
     }
 }

@@ -10,10 +10,11 @@ use sqlx::{Connection as _, PgPool};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
-use crate::error::OutboxError;
+use crate::error::{OnTable as _, OutboxError};
 use crate::schema::table_migrations::TableMigrations;
 use crate::spec::TableSpec;
 use crate::table::operations::{Operations, Stats};
+use crate::table::statements;
 
 /// Gauge names the [`Monitor`] sets through the `metrics` crate, each labelled `table`.
 /// Counts are rows at the last sample; ages are seconds.
@@ -184,13 +185,12 @@ impl Monitor {
         for (spec, gauges) in self.tables.iter().zip(gauges) {
             let mut conn = crate::connect::acquire(&self.pool, spec.table).await?;
             let read = async {
-                let db = |e| OutboxError::from_sqlx(spec.table, e);
                 let mut tx = conn
                     .begin_with(sqlx::AssertSqlSafe(begin.clone()))
                     .await
-                    .map_err(db)?;
-                let stats = Operations::of_spec(spec).stats(&mut *tx).await?;
-                tx.commit().await.map_err(db)?;
+                    .on_table(spec.table)?;
+                let stats = statements::stats(&Operations::of_spec(spec), &mut *tx).await?;
+                tx.commit().await.on_table(spec.table)?;
                 Ok::<_, OutboxError>(stats)
             };
             match read.await {

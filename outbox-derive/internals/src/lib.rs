@@ -190,8 +190,10 @@ macro_rules! statements {
     ($($(#[$doc:meta])* $variant:ident => $name:literal,)*) => {
         /// Every statement of an outbox table. The derive writes each one's text (and,
         /// with the `checked` feature, its compile-time check) in one exhaustive `match`;
-        /// the runtime runs it from the table's spec by this name. Each variant's
-        /// documentation is its contract: its parameters and what it returns.
+        /// the runtime runs it from the table's spec through one function named after
+        /// it (its `table::statements`), which binds the parameters and decodes the
+        /// result. Each variant's documentation is its contract: its parameters and what
+        /// it returns.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum Statement {
             $($(#[$doc])* $variant,)*

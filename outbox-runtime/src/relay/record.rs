@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use sqlx::{Connection as _, PgConnection};
 
-use crate::error::OutboxError;
+use crate::error::{OnTable as _, OutboxError};
 use crate::spec::Outbox;
 use crate::table::batch::{Outcome, Owned, Recorded, record};
 use crate::table::claiming::{BEGIN_WITHOUT_JIT, ClaimedBatch, Scope, begin_limited, claim_on};
@@ -26,7 +26,7 @@ pub(crate) async fn record_and_claim<T: Outbox>(
     scope: Scope,
     limit: u32,
 ) -> Result<(ClaimedBatch<T>, Recorded), OutboxError> {
-    let db = |e| OutboxError::from_sqlx(T::SPEC.table, e);
+    let table = T::SPEC.table;
     let no_outcomes = || Recorded::Sent(HashSet::new());
     if limit == 0 {
         let recorded = if outcomes.is_empty() {
@@ -46,7 +46,7 @@ pub(crate) async fn record_and_claim<T: Outbox>(
     let mut tx = conn
         .begin_with(begin_limited::<T>(begin))
         .await
-        .map_err(db)?;
+        .on_table(table)?;
     let recorded = if outcomes.is_empty() {
         no_outcomes()
     } else {
@@ -54,7 +54,7 @@ pub(crate) async fn record_and_claim<T: Outbox>(
     };
     // Undecodable rows were moved to DEAD and logged: nothing to publish.
     let claimed = claim_on::<T>(&mut tx, scope, limit).await?;
-    tx.commit().await.map_err(db)?;
+    tx.commit().await.on_table(table)?;
     Ok((claimed, recorded))
 }
 

@@ -8,8 +8,9 @@ use tokio::time::Instant;
 use super::connection::Connection;
 use super::in_flight::InFlight;
 use crate::spec::Outbox;
-use crate::table::batch::{self, Owned};
+use crate::table::batch::Owned;
 use crate::table::claim::{Claim, Lease};
+use crate::table::statements;
 
 /// The lease renewals of one batch in flight: every third of the lease, each bounded by
 /// a third of the lease and by the lease's end, on the worker's connection, or on another from the pool while
@@ -180,7 +181,7 @@ async fn renew_within<T: Outbox>(
     then: &str,
 ) -> Option<Vec<(i64, Lease)>> {
     let table = T::SPEC.table;
-    let renewal = async { batch::renew::<T>(conn.get().await?, rows).await };
+    let renewal = async { statements::renew_batch::<T>(conn.get().await?, rows).await };
     match tokio::time::timeout(limit, renewal).await {
         Ok(Ok(renewed)) => Some(renewed),
         Ok(Err(error)) => {

@@ -15,7 +15,7 @@ use super::outage::Outage;
 use super::wakeups::Wakeups;
 use super::worker::Worker;
 use super::{CancellationToken, Relay, Sink};
-use crate::error::OutboxError;
+use crate::error::{OnTable as _, OutboxError};
 use crate::spec::Outbox;
 
 impl<T: Outbox, S: Sink<T>> Relay<T, S> {
@@ -128,7 +128,7 @@ async fn starting_checks<T: Outbox>(
         sqlx::query_scalar::<_, String>("SELECT current_setting('server_encoding')")
             .fetch_one(pool)
             .await
-            .map_err(|e| OutboxError::from_sqlx(table, e))
+            .on_table(table)
     };
     let backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     for attempt in 1.. {

@@ -34,10 +34,11 @@ use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, PgPool, Row};
 use super::grants::{Target, grants};
 use super::runner::own_runner;
 use super::table_migrations::TableMigrations;
-use crate::error::OutboxError;
+use crate::error::{OnTable as _, OutboxError};
 use crate::id::EventId;
 use crate::spec::Statement;
 use crate::table::operations::{Operations, Stats, interval_to_duration};
+use crate::table::statements;
 
 pub use super::grants::{Roles, grants_for};
 
@@ -136,7 +137,7 @@ pub(crate) async fn record(
         .bind(Json(statements))
         .execute(conn)
         .await
-        .map_err(|e| OutboxError::from_sqlx(TABLE, e))?;
+        .on_table(TABLE)?;
     Ok(())
 }
 
@@ -165,23 +166,22 @@ pub struct CatalogEntry {
 /// (which must be the one its name finds in that schema). An empty list when `migrate` never
 /// ran there.
 pub async fn tables(pool: &PgPool) -> Result<Vec<CatalogEntry>, OutboxError> {
-    let error = |e| OutboxError::from_sqlx(TABLE, e);
     let mut conn = crate::connect::acquire(pool, TABLE).await?;
     let present: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
         .bind(TABLE)
         .fetch_one(&mut *conn)
         .await
-        .map_err(error)?;
+        .on_table(TABLE)?;
     if !present {
         return Ok(Vec::new());
     }
     let rows = sqlx::query(AssertSqlSafe(format!("{ENTRIES} ORDER BY table_name")))
         .fetch_all(&mut *conn)
         .await
-        .map_err(error)?;
+        .on_table(TABLE)?;
     let mut entries = Vec::with_capacity(rows.len());
     for row in &rows {
-        let (mut entry, table_schema) = CatalogEntry::decode(row).map_err(error)?;
+        let (mut entry, table_schema) = CatalogEntry::decode(row).on_table(TABLE)?;
         entry.problem = entry.check(&mut conn, table_schema.as_deref()).await?;
         entries.push(entry);
     }
@@ -291,7 +291,7 @@ impl CatalogEntry {
         )))
         .fetch_one(conn)
         .await
-        .map_err(|e| OutboxError::from_sqlx(self.table, e))
+        .on_table(self.table)
         {
             Ok(applied) => applied,
             Err(error) if error.is_transient() => return Err(error),
@@ -385,20 +385,12 @@ impl CatalogEntry {
                 problem: problem.clone(),
             });
         }
-        let get = |s: Statement| self.statements.get(s.name()).map_or("", String::as_str);
-        Ok(Operations {
-            table: self.table,
-            stats: get(Statement::Stats),
-            requeue_dead: get(Statement::RequeueDead),
-            requeue_all_dead: get(Statement::RequeueAllDead),
-            discard_dead: get(Statement::DiscardDead),
-            prune_sent: get(Statement::PruneSent),
-        })
+        Ok(Operations::kept(self.table, &self.statements))
     }
 
     /// The table's [`Stats`], as [`stats`](crate::stats) reads them.
     pub async fn stats<'e>(&self, executor: impl PgExecutor<'e>) -> Result<Stats, OutboxError> {
-        self.operations()?.stats(executor).await
+        statements::stats(&self.operations()?, executor).await
     }
 
     /// [`requeue_dead`](crate::requeue_dead) on this table.
@@ -408,7 +400,7 @@ impl CatalogEntry {
         event_ids: &[impl AsRef<str>],
     ) -> Result<Vec<EventId>, OutboxError> {
         let ids: Vec<&str> = event_ids.iter().map(AsRef::as_ref).collect();
-        self.operations()?.requeue_dead(executor, &ids).await
+        statements::requeue_dead(&self.operations()?, executor, &ids).await
     }
 
     /// [`requeue_all_dead`](crate::requeue_all_dead) on this table.
@@ -416,7 +408,7 @@ impl CatalogEntry {
         &self,
         executor: impl PgExecutor<'e>,
     ) -> Result<u64, OutboxError> {
-        self.operations()?.requeue_all_dead(executor).await
+        statements::requeue_all_dead(&self.operations()?, executor).await
     }
 
     /// Requeues every dead event of this table if there are exactly `confirmed` of
@@ -428,13 +420,12 @@ impl CatalogEntry {
         pool: &PgPool,
         confirmed: u64,
     ) -> Result<u64, OutboxError> {
-        let db = |e| OutboxError::from_sqlx(self.table, e);
-        let mut tx = pool.begin().await.map_err(db)?;
+        let mut tx = pool.begin().await.on_table(self.table)?;
         let dead = self.requeue_all_dead(&mut *tx).await?;
         if dead == confirmed {
-            tx.commit().await.map_err(db)?;
+            tx.commit().await.on_table(self.table)?;
         } else {
-            tx.rollback().await.map_err(db)?;
+            tx.rollback().await.on_table(self.table)?;
         }
         Ok(dead)
     }
@@ -446,7 +437,7 @@ impl CatalogEntry {
         event_ids: &[impl AsRef<str>],
     ) -> Result<Vec<EventId>, OutboxError> {
         let ids: Vec<&str> = event_ids.iter().map(AsRef::as_ref).collect();
-        self.operations()?.discard_dead(executor, &ids).await
+        statements::discard_dead(&self.operations()?, executor, &ids).await
     }
 
     /// [`prune_sent`](crate::prune_sent) on this table: one batch.
@@ -456,9 +447,7 @@ impl CatalogEntry {
         older_than: Duration,
         batch: u32,
     ) -> Result<u64, OutboxError> {
-        self.operations()?
-            .prune_sent(executor, older_than, batch)
-            .await
+        statements::prune_sent(&self.operations()?, executor, older_than, batch).await
     }
 
     /// How many `SENT` rows [`prune_sent`](Self::prune_sent) would delete with
@@ -481,7 +470,7 @@ impl CatalogEntry {
         )?)
         .fetch_one(executor)
         .await
-        .map_err(|e| OutboxError::from_sqlx(self.table, e))?;
+        .on_table(self.table)?;
         Ok(count.unsigned_abs())
     }
 
@@ -505,7 +494,7 @@ impl CatalogEntry {
         .bind(i64::from(limit))
         .fetch_all(executor)
         .await
-        .map_err(|e| OutboxError::from_sqlx(self.table, e))?;
+        .on_table(self.table)?;
         rows.iter()
             .map(|row| {
                 Ok(DeadEvent {
@@ -518,7 +507,7 @@ impl CatalogEntry {
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
-            .map_err(|e| OutboxError::from_sqlx(self.table, e))
+            .on_table(self.table)
     }
 
     /// One event's whole row, payload included, as JSON (`to_jsonb` of the row), by
@@ -536,7 +525,7 @@ impl CatalogEntry {
         .bind(event_id)
         .fetch_optional(executor)
         .await
-        .map_err(|e| OutboxError::from_sqlx(self.table, e))?;
+        .on_table(self.table)?;
         Ok(row.map(|Json(row)| row))
     }
 

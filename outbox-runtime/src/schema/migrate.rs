@@ -12,7 +12,7 @@ use super::driver::SqlxDriver;
 use super::runner::{migration_error, table_runner};
 use super::table_migrations::TableMigrations;
 use super::verify::{changes, check_columns, warn_if_newer};
-use crate::error::OutboxError;
+use crate::error::{OnTable as _, OutboxError};
 
 /// The target name of the application's own migrations in errors, logs and reports.
 const APPLICATION: &str = "application";
@@ -231,7 +231,6 @@ async fn migration_lock(
     pool: &PgPool,
 ) -> Result<PgAdvisoryLockGuard<PoolConnection<Postgres>>, OutboxError> {
     const TARGET: &str = "outbox::migrate";
-    let db = |e| OutboxError::from_sqlx(TARGET, e);
     // From the pool rather than fresh, so its `after_connect` (e.g. a `SET
     // search_path`) applies: the lock key and every table name depend on it.
     let mut conn = crate::connect::acquire(pool, TARGET).await?;
@@ -242,12 +241,12 @@ async fn migration_lock(
     let key: i64 = sqlx::query_scalar(LOCK_KEY)
         .fetch_one(&mut *conn)
         .await
-        .map_err(db)?;
+        .on_table(TARGET)?;
     tracing::debug!(key, "waiting for the migration lock");
     PgAdvisoryLock::with_key(PgAdvisoryLockKey::BigInt(key))
         .acquire(conn)
         .await
-        .map_err(db)
+        .on_table(TARGET)
 }
 
 #[cfg(test)]

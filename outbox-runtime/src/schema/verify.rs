@@ -7,12 +7,12 @@ use std::collections::HashMap;
 use sqlx::{AssertSqlSafe, PgConnection, PgExecutor, PgPool};
 
 use super::table_migrations::TableMigrations;
-use crate::error::OutboxError;
+use crate::error::{OnTable as _, OutboxError};
 use crate::spec::TableSpec;
 
 /// The live columns of a table, resolved through the search_path. `::regclass` (rather
 /// than `to_regclass`) makes a missing table an `undefined_table` error, which
-/// [`OutboxError::from_sqlx`] reports as [`OutboxError::MissingTable`].
+/// [`OnTable`](crate::error::OnTable) reports as [`OutboxError::MissingTable`].
 const LIVE_COLUMNS: &str = "\
     SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull \
     FROM pg_attribute a \
@@ -72,7 +72,7 @@ pub(crate) async fn key_unknown_to_build(
     .bind(known)
     .fetch_optional(&mut *conn)
     .await
-    .map_err(|e| OutboxError::from_sqlx(spec.table, e))
+    .on_table(spec.table)
 }
 
 /// Logs the versions of `spec`'s table that a newer build applied: this build does not
@@ -90,7 +90,7 @@ pub(crate) async fn warn_if_newer(
     .bind(i64::from(known))
     .fetch_all(conn)
     .await
-    .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+    .on_table(spec.table)?;
     if !newer.is_empty() {
         let newer: Vec<String> = newer
             .iter()
@@ -139,7 +139,7 @@ async fn live_columns<'e>(
         .bind(spec.table)
         .fetch_all(executor)
         .await
-        .map_err(|e| OutboxError::from_sqlx(spec.table, e))
+        .on_table(spec.table)
 }
 
 /// Compares the live table with `spec.columns`, and checks the unique index on
@@ -155,7 +155,7 @@ pub(crate) async fn check_columns(
         .bind(spec.table)
         .fetch_one(&mut *conn)
         .await
-        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+        .on_table(spec.table)?;
     if has_event_id && !unique {
         differences.push(
             "no unique index on `event_id` (enqueueing's `ON CONFLICT (event_id)` needs one)"

@@ -1,16 +1,15 @@
-//! Recording a batch's outcomes, and renewing its leases: one guarded statement each.
+//! A batch's outcomes, recorded in one guarded statement; the rows they are recorded for.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
-use tokio::time::Instant;
 
-use super::claim::{Claim, Lease};
-use crate::error::{OutboxError, ascii_reason, storable_reason};
-use crate::spec::{Outbox, Statement, interval};
-use outbox_internals::{Outcome as Recording, Status};
+use super::claim::Claim;
+use super::statements;
+use crate::error::{OutboxError, ascii_reason};
+use crate::spec::Outbox;
+use outbox_internals::Status;
 
 /// What to record for one claimed row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,82 +83,16 @@ impl Recorded {
     }
 }
 
-/// Records `outcomes` in one guarded statement.
+/// Records `outcomes` in one guarded statement: [`statements::complete_batch`] when every
+/// row was published, [`statements::record`] otherwise.
 pub(crate) async fn record<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     outcomes: &[(Owned, Outcome)],
 ) -> Result<Recorded, OutboxError> {
-    let spec = T::SPEC;
-    let db = |e| OutboxError::from_sqlx(spec.table, e);
-    let (ids, generations) = columns(outcomes.iter().map(|(row, _)| row));
-    if outcomes.iter().all(|(_, o)| *o == Outcome::Sent) {
-        let recorded: Vec<i64> = sqlx::query_scalar(spec.sql.get(Statement::CompleteBatch))
-            .bind(ids)
-            .bind(generations)
-            .fetch_all(executor)
-            .await
-            .map_err(db)?;
-        Ok(Recorded::Sent(recorded.into_iter().collect()))
+    Ok(if outcomes.iter().all(|(_, o)| *o == Outcome::Sent) {
+        let rows = outcomes.iter().map(|(row, _)| row);
+        Recorded::Sent(statements::complete_batch::<T>(executor, rows).await?)
     } else {
-        let (mut kinds, mut delays, mut errors) = (
-            Vec::with_capacity(outcomes.len()),
-            Vec::with_capacity(outcomes.len()),
-            Vec::with_capacity(outcomes.len()),
-        );
-        for (_, outcome) in outcomes {
-            let (kind, delay, error) = match outcome {
-                Outcome::Sent => (Recording::Sent, Duration::ZERO, None),
-                Outcome::Retry { delay, error } => (Recording::Retry, *delay, Some(error.as_str())),
-                Outcome::Dead { error } => (Recording::Dead, Duration::ZERO, Some(error.as_str())),
-                Outcome::Release => (Recording::Release, Duration::ZERO, None),
-                Outcome::Unavailable { error } => {
-                    (Recording::Release, Duration::ZERO, Some(error.as_str()))
-                }
-            };
-            kinds.push(kind.as_sql());
-            delays.push(interval(delay));
-            errors.push(error.map(storable_reason));
-        }
-        let statuses: Vec<(i64, String)> = sqlx::query_as(spec.sql.get(Statement::Record))
-            .bind(ids)
-            .bind(generations)
-            .bind(kinds)
-            .bind(delays)
-            .bind(errors)
-            .fetch_all(executor)
-            .await
-            .map_err(db)?;
-        // The table's CHECK allows only the four statuses.
-        Ok(Recorded::Statuses(
-            statuses
-                .into_iter()
-                .filter_map(|(id, status)| Some((id, Status::from_sql(&status)?)))
-                .collect(),
-        ))
-    }
-}
-
-/// Extends the leases of `rows`; returns the rows still owned, with their new lease.
-pub(crate) async fn renew<'e, T: Outbox>(
-    executor: impl PgExecutor<'e>,
-    rows: &[Owned],
-) -> Result<Vec<(i64, Lease)>, OutboxError> {
-    let spec = T::SPEC;
-    let (ids, generations) = columns(rows);
-    let sent = Instant::now();
-    let renewed: Vec<(i64, DateTime<Utc>)> = sqlx::query_as(spec.sql.get(Statement::RenewBatch))
-        .bind(ids)
-        .bind(generations)
-        .fetch_all(executor)
-        .await
-        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
-    Ok(renewed
-        .into_iter()
-        .map(|(id, until)| (id, Lease::granted::<T>(until, sent)))
-        .collect())
-}
-
-/// The id and generation arrays every guarded batch statement binds first.
-fn columns<'a>(rows: impl IntoIterator<Item = &'a Owned>) -> (Vec<i64>, Vec<i64>) {
-    rows.into_iter().map(|r| (r.id, r.generation)).unzip()
+        Recorded::Statuses(statements::record::<T>(executor, outcomes).await?)
+    })
 }

@@ -9,12 +9,12 @@ use sqlx::postgres::{PgRow, PgValueFormat};
 use sqlx::{PgExecutor, Postgres, Row};
 use tokio::time::Instant;
 
-use super::metric;
-use crate::error::{OutboxError, storable_reason};
+use super::batch::Owned;
+use super::{metric, statements};
+use crate::error::OutboxError;
 use crate::id::{EventId, Generation};
-use crate::interval;
-use crate::spec::{Outbox, Statement};
-use outbox_internals::{Status, claim_header as header};
+use crate::spec::Outbox;
+use outbox_internals::claim_header as header;
 
 /// Ownership of one outbox row for the duration of a lease.
 ///
@@ -142,14 +142,11 @@ impl<T: Outbox> Claim<T> {
     /// Returns [`OutboxError::Stale`] and records nothing if the lease expired or a
     /// newer generation owns the row.
     pub async fn complete<'e>(self, executor: impl PgExecutor<'e>) -> Result<(), OutboxError> {
-        let spec = T::SPEC;
-        let row = sqlx::query(spec.sql.get(Statement::Complete))
-            .bind(self.id)
-            .bind(self.generation.get())
-            .fetch_optional(executor)
-            .await
-            .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
-        row.map(drop).ok_or_else(|| self.stale())
+        if statements::complete::<T>(executor, Owned::of(&self)).await? {
+            Ok(())
+        } else {
+            Err(self.stale())
+        }
     }
 
     /// Hands the event back for another attempt after `delay` (or the type's
@@ -183,24 +180,10 @@ impl<T: Outbox> Claim<T> {
         delay: Option<Duration>,
         reason: Option<&str>,
     ) -> Result<Retried, OutboxError> {
-        let spec = T::SPEC;
-        let status: Option<String> = sqlx::query_scalar(spec.sql.get(Statement::Retry))
-            .bind(self.id)
-            .bind(self.generation.get())
-            .bind(interval::checked(
-                spec.table,
-                "retry delay",
-                delay.unwrap_or(spec.retry_delay),
-            )?)
-            .bind(reason.map(storable_reason))
-            .fetch_optional(executor)
-            .await
-            .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
-        match status.as_deref() {
-            Some(status) if Status::from_sql(status) == Some(Status::Dead) => Ok(Retried::Dead),
-            Some(_) => Ok(Retried::Scheduled),
-            None => Err(self.stale()),
-        }
+        let delay = delay.unwrap_or(T::SPEC.retry_delay);
+        statements::retry::<T>(executor, Owned::of(&self), delay, reason)
+            .await?
+            .ok_or_else(|| self.stale())
     }
 
     /// Gives up on the event now: `INPROGRESS -> DEAD` with `reason` in `last_error`.
@@ -210,15 +193,11 @@ impl<T: Outbox> Claim<T> {
         executor: impl PgExecutor<'e>,
         reason: &str,
     ) -> Result<(), OutboxError> {
-        let spec = T::SPEC;
-        let row = sqlx::query(spec.sql.get(Statement::Fail))
-            .bind(self.id)
-            .bind(self.generation.get())
-            .bind(storable_reason(reason))
-            .fetch_optional(executor)
-            .await
-            .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
-        row.map(drop).ok_or_else(|| self.stale())
+        if statements::fail::<T>(executor, Owned::of(&self), reason).await? {
+            Ok(())
+        } else {
+            Err(self.stale())
+        }
     }
 
     /// The lease a batch renewal gave this claim (the relay's renewals, one statement
@@ -232,16 +211,8 @@ impl<T: Outbox> Claim<T> {
     /// Guarded like the outcomes: when it returns [`OutboxError::Stale`] the row is no
     /// longer this claim's, and the caller should stop publishing it if it can.
     pub async fn renew<'e>(&mut self, executor: impl PgExecutor<'e>) -> Result<(), OutboxError> {
-        let spec = T::SPEC;
-        let sent = Instant::now();
-        let lease_until: Option<DateTime<Utc>> = sqlx::query_scalar(spec.sql.get(Statement::Renew))
-            .bind(self.id)
-            .bind(self.generation.get())
-            .fetch_optional(executor)
-            .await
-            .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
-        let until = lease_until.ok_or_else(|| self.stale())?;
-        self.lease = Lease::granted::<T>(until, sent);
+        let lease = statements::renew::<T>(executor, Owned::of(self)).await?;
+        self.lease = lease.ok_or_else(|| self.stale())?;
         Ok(())
     }
 
@@ -283,16 +254,12 @@ pub(crate) async fn dead_letter<T: Outbox>(
         "claimed an event that cannot be decoded; moving it to DEAD"
     );
     metrics::counter!(metric::DEAD, "table" => spec.table).increment(1);
-    sqlx::query(spec.sql.get(Statement::Fail))
-        .bind(bad.id)
-        .bind(bad.generation)
-        .bind(storable_reason(&format!(
-            "cannot decode payload: {}",
-            bad.source
-        )))
-        .execute(conn)
-        .await
-        .map_err(|e| OutboxError::from_sqlx(spec.table, e))?;
+    let row = Owned {
+        id: bad.id,
+        generation: bad.generation,
+    };
+    // Not recorded (stale): another claim has the row now, and meets the same payload.
+    statements::fail::<T>(conn, row, &format!("cannot decode payload: {}", bad.source)).await?;
     Ok(OutboxError::Decode {
         table: spec.table,
         id: bad.id,

@@ -7,7 +7,8 @@ use tokio::time::Instant;
 
 use super::batch::{self, Outcome, Owned};
 use super::claim::{Claim, Claimed, dead_letter, decode_claim};
-use crate::error::OutboxError;
+use super::statements;
+use crate::error::{OnTable as _, OutboxError};
 use crate::interval;
 use crate::spec::Outbox;
 use outbox_internals::claim_header as header;
@@ -62,8 +63,8 @@ async fn claim_rows<'a, T: Outbox>(
     conn: impl Acquire<'a, Database = Postgres>,
     limit: u32,
 ) -> Result<ClaimedBatch<T>, OutboxError> {
-    let db = |e| OutboxError::from_sqlx(T::SPEC.table, e);
-    let mut conn = conn.acquire().await.map_err(db)?;
+    let table = T::SPEC.table;
+    let mut conn = conn.acquire().await.on_table(table)?;
     if T::SPEC.key().is_none() {
         if conn.is_in_transaction() {
             return claim_on(&mut conn, Scope::All, limit).await;
@@ -86,15 +87,15 @@ async fn claim_rows<'a, T: Outbox>(
         sqlx::raw_sql("SET LOCAL jit = off")
             .execute(&mut *conn)
             .await
-            .map_err(db)?;
+            .on_table(table)?;
         return claim_on(&mut conn, Scope::All, limit).await;
     }
     let mut tx = conn
         .begin_with(begin_limited::<T>(BEGIN_WITHOUT_JIT))
         .await
-        .map_err(db)?;
+        .on_table(table)?;
     let claimed = claim_on(&mut tx, Scope::All, limit).await?;
-    tx.commit().await.map_err(db)?;
+    tx.commit().await.on_table(table)?;
     Ok(claimed)
 }
 
@@ -170,8 +171,6 @@ async fn claim_noting<T: Outbox>(
     limit: u32,
     mut claimed: Option<&mut Vec<Owned>>,
 ) -> Result<ClaimedBatch<T>, OutboxError> {
-    let spec = T::SPEC;
-    let db = |e| OutboxError::from_sqlx(spec.table, e);
     let mut claims = Vec::new();
     let mut undecodable = Vec::new();
     let mut reached = None;
@@ -182,19 +181,9 @@ async fn claim_noting<T: Outbox>(
         let wanted = limit.saturating_sub(u32::try_from(found).unwrap_or(u32::MAX));
         let sent = Instant::now();
         let rows = match scope {
-            Scope::All => {
-                sqlx::query(sqlx::AssertSqlSafe(spec.sql.claim_limited(wanted)))
-                    .fetch_all(&mut *conn)
-                    .await
-            }
-            Scope::ReadyFrom(from) => {
-                sqlx::query(sqlx::AssertSqlSafe(spec.sql.claim_from_limited(wanted)))
-                    .bind(from)
-                    .fetch_all(&mut *conn)
-                    .await
-            }
-        }
-        .map_err(db)?;
+            Scope::All => statements::claim::<T>(&mut *conn, wanted).await?,
+            Scope::ReadyFrom(from) => statements::claim_from::<T>(&mut *conn, from, wanted).await?,
+        };
         took += sent.elapsed();
         if let Some(claimed) = claimed.as_deref_mut() {
             claimed.extend(rows.iter().filter_map(|row| {
@@ -206,7 +195,7 @@ async fn claim_noting<T: Outbox>(
         }
         let mut exhausted = false;
         for row in &rows {
-            let (claimed, due) = decode_claim(row, sent).map_err(db)?;
+            let (claimed, due) = decode_claim(row, sent).on_table(T::SPEC.table)?;
             match claimed {
                 Claimed::Claim(claim) => claims.push(claim),
                 Claimed::Undecodable(bad) => undecodable.push(bad),

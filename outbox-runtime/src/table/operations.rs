@@ -1,28 +1,34 @@
 //! Operations on an outbox table beside the publish path: the repair path for `DEAD`
 //! rows, explicit pruning of old `SENT` rows, and the operational signals.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use sqlx::postgres::PgRow;
+use sqlx::PgExecutor;
 use sqlx::postgres::types::PgInterval;
-use sqlx::{AssertSqlSafe, PgExecutor, Row as _};
 
+use super::statements;
 use crate::error::OutboxError;
 use crate::id::EventId;
-use crate::interval;
-use crate::spec::{Outbox, Statement, TableSpec};
+use crate::spec::{Outbox, Statement, Statements, TableSpec};
 
 /// One table's operator statements, from its event type's spec or from the catalog
-/// (which `migrate` writes from the same spec): each operation below is written once,
-/// for both.
+/// (which `migrate` writes from the same spec): each is run by its function in
+/// [`statements`], written once for both.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Operations<'s> {
+    /// The table, which errors name.
     pub(crate) table: &'static str,
-    pub(crate) stats: &'s str,
-    pub(crate) requeue_dead: &'s str,
-    pub(crate) requeue_all_dead: &'s str,
-    pub(crate) discard_dead: &'s str,
-    pub(crate) prune_sent: &'s str,
+    texts: Texts<'s>,
+}
+
+/// Where an [`Operations`]' texts come from.
+#[derive(Debug, Clone, Copy)]
+enum Texts<'s> {
+    /// The derive's.
+    Spec(&'static Statements),
+    /// The catalog's copies, by statement name.
+    Kept(&'s BTreeMap<String, String>),
 }
 
 impl Operations<'static> {
@@ -34,101 +40,29 @@ impl Operations<'static> {
     /// The statements the derive wrote into `spec`: for callers that hold a table's
     /// spec rather than its type (the monitor, given `T::migrations()`).
     pub(crate) fn of_spec(spec: &'static TableSpec) -> Self {
-        let (table, sql) = (spec.table, &spec.sql);
         Self {
-            table,
-            stats: sql.get(Statement::Stats),
-            requeue_dead: sql.get(Statement::RequeueDead),
-            requeue_all_dead: sql.get(Statement::RequeueAllDead),
-            discard_dead: sql.get(Statement::DiscardDead),
-            prune_sent: sql.get(Statement::PruneSent),
+            table: spec.table,
+            texts: Texts::Spec(&spec.sql),
         }
     }
 }
 
-/// A statement's text: the derive's own, or the copy of it the catalog keeps.
-fn text(sql: &str) -> AssertSqlSafe<String> {
-    AssertSqlSafe(sql.to_owned())
-}
-
-impl Operations<'_> {
-    fn error(&self) -> impl FnOnce(sqlx::Error) -> OutboxError {
-        let table = self.table;
-        move |e| OutboxError::from_sqlx(table, e)
+impl<'s> Operations<'s> {
+    /// The copies of `table`'s statements that the catalog keeps, by name.
+    pub(crate) fn kept(table: &'static str, statements: &'s BTreeMap<String, String>) -> Self {
+        Self {
+            table,
+            texts: Texts::Kept(statements),
+        }
     }
 
-    pub(crate) async fn stats<'e>(
-        &self,
-        executor: impl PgExecutor<'e>,
-    ) -> Result<Stats, OutboxError> {
-        let row = sqlx::query(text(self.stats))
-            .fetch_one(executor)
-            .await
-            .map_err(self.error())?;
-        Stats::decode(&row).map_err(|error| match error {
-            // A catalog entry written by an older build: its statement measured the
-            // oldest age from when an event became due, and has no such column.
-            sqlx::Error::ColumnNotFound(column) => OutboxError::CatalogEntryInvalid {
-                table: self.table,
-                problem: format!(
-                    "its `stats` statement was written by an older build of the outbox crate \
-                     (it has no `{column}` column); run outbox::migrate with this version"
-                ),
-            },
-            error => self.error()(error),
-        })
-    }
-
-    pub(crate) async fn requeue_dead<'e>(
-        &self,
-        executor: impl PgExecutor<'e>,
-        event_ids: &[&str],
-    ) -> Result<Vec<EventId>, OutboxError> {
-        let requeued: Vec<String> = sqlx::query_scalar(text(self.requeue_dead))
-            .bind(event_ids)
-            .fetch_all(executor)
-            .await
-            .map_err(self.error())?;
-        Ok(requeued.into_iter().map(EventId::from).collect())
-    }
-
-    pub(crate) async fn requeue_all_dead<'e>(
-        &self,
-        executor: impl PgExecutor<'e>,
-    ) -> Result<u64, OutboxError> {
-        let count: i64 = sqlx::query_scalar(text(self.requeue_all_dead))
-            .fetch_one(executor)
-            .await
-            .map_err(self.error())?;
-        Ok(count.unsigned_abs())
-    }
-
-    pub(crate) async fn discard_dead<'e>(
-        &self,
-        executor: impl PgExecutor<'e>,
-        event_ids: &[&str],
-    ) -> Result<Vec<EventId>, OutboxError> {
-        let discarded: Vec<String> = sqlx::query_scalar(text(self.discard_dead))
-            .bind(event_ids)
-            .fetch_all(executor)
-            .await
-            .map_err(self.error())?;
-        Ok(discarded.into_iter().map(EventId::from).collect())
-    }
-
-    pub(crate) async fn prune_sent<'e>(
-        &self,
-        executor: impl PgExecutor<'e>,
-        older_than: Duration,
-        batch: u32,
-    ) -> Result<u64, OutboxError> {
-        let done = sqlx::query(text(self.prune_sent))
-            .bind(interval::checked(self.table, "prune age", older_than)?)
-            .bind(i64::from(batch))
-            .execute(executor)
-            .await
-            .map_err(self.error())?;
-        Ok(done.rows_affected())
+    /// The text of `statement`: the derive's, or the catalog's copy (empty where the
+    /// catalog has none; the catalog checks its entries for every statement it keeps).
+    pub(crate) fn text(&self, statement: Statement) -> &'s str {
+        match self.texts {
+            Texts::Spec(sql) => sql.get(statement),
+            Texts::Kept(kept) => kept.get(statement.name()).map_or("", String::as_str),
+        }
     }
 }
 
@@ -171,34 +105,10 @@ pub struct Stats {
     pub sent_last_minute: Option<i64>,
 }
 
-impl Stats {
-    /// The `stats` statement's row, by column name (its contract).
-    fn decode(row: &PgRow) -> Result<Self, sqlx::Error> {
-        let age = |column: &str| -> Result<Option<Duration>, sqlx::Error> {
-            Ok(row
-                .try_get::<Option<PgInterval>, _>(column)?
-                .map(interval_to_duration))
-        };
-        Ok(Self {
-            ready: row.try_get("ready")?,
-            due: row.try_get("due")?,
-            in_progress: row.try_get("in_progress")?,
-            sent: row.try_get("sent")?,
-            dead: row.try_get("dead")?,
-            expired_claims: row.try_get("expired_claims")?,
-            oldest_waiting_age: age("oldest_waiting_age")?,
-            oldest_waiting_error: row.try_get("oldest_waiting_error")?,
-            held_keys: row.try_get("held_keys")?,
-            oldest_held_age: age("oldest_held_age")?,
-            sent_last_minute: row.try_get("sent_last_minute")?,
-        })
-    }
-}
-
 /// Reads [`Stats`] for `T`'s table. Counts the whole table: poll it every few seconds,
 /// not per event.
 pub async fn stats<'e, T: Outbox>(executor: impl PgExecutor<'e>) -> Result<Stats, OutboxError> {
-    Operations::of::<T>().stats(executor).await
+    statements::stats(&Operations::of::<T>(), executor).await
 }
 
 /// `timestamptz - timestamptz` has no months; a negative interval (clock skew) is zero,
@@ -218,7 +128,7 @@ pub async fn requeue_dead<'e, T: Outbox>(
     event_ids: &[impl AsRef<str>],
 ) -> Result<Vec<EventId>, OutboxError> {
     let ids: Vec<&str> = event_ids.iter().map(AsRef::as_ref).collect();
-    Operations::of::<T>().requeue_dead(executor, &ids).await
+    statements::requeue_dead(&Operations::of::<T>(), executor, &ids).await
 }
 
 /// Puts every `DEAD` event of `T`'s table back to `READY` with a fresh attempt budget.
@@ -226,7 +136,7 @@ pub async fn requeue_dead<'e, T: Outbox>(
 pub async fn requeue_all_dead<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
 ) -> Result<u64, OutboxError> {
-    Operations::of::<T>().requeue_all_dead(executor).await
+    statements::requeue_all_dead(&Operations::of::<T>(), executor).await
 }
 
 /// Deletes the `DEAD` events among `event_ids`: the operator's way to give one up for
@@ -238,7 +148,7 @@ pub async fn discard_dead<'e, T: Outbox>(
     event_ids: &[impl AsRef<str>],
 ) -> Result<Vec<EventId>, OutboxError> {
     let ids: Vec<&str> = event_ids.iter().map(AsRef::as_ref).collect();
-    Operations::of::<T>().discard_dead(executor, &ids).await
+    statements::discard_dead(&Operations::of::<T>(), executor, &ids).await
 }
 
 /// Deletes up to `batch` `SENT` rows published more than `older_than` ago, and returns
@@ -255,7 +165,5 @@ pub async fn prune_sent<'e, T: Outbox>(
     older_than: Duration,
     batch: u32,
 ) -> Result<u64, OutboxError> {
-    Operations::of::<T>()
-        .prune_sent(executor, older_than, batch)
-        .await
+    statements::prune_sent(&Operations::of::<T>(), executor, older_than, batch).await
 }
