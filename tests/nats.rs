@@ -942,11 +942,17 @@ async fn revoked_credentials_leave_the_sink_unavailable_until_they_are_restored(
         client.connection_state(),
         async_nats::connection::State::Connected
     );
+    // The relay keeps claiming while the credentials are refused: each claim finds the
+    // destination unavailable and hands the rows back uncounted. So a row is READY with no
+    // attempt between two claims, or INPROGRESS with that claim's attempt alone, never
+    // more: three batches counted would show three.
     for event in shipments(4..=6) {
         let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
-        assert_eq!(
-            (row.status.as_str(), row.attempts),
-            ("READY", 0),
+        assert!(
+            matches!(
+                (row.status.as_str(), row.attempts),
+                ("READY", 0) | ("INPROGRESS", 1)
+            ),
             "handed back, no attempt counted: {row:?}"
         );
     }
