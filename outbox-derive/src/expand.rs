@@ -7,7 +7,8 @@ use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned as _;
 
-use crate::model::{Field, Model};
+use crate::fields::Field;
+use crate::model::Model;
 use crate::statements::{self, Definition, LIMIT, Table};
 
 pub(crate) fn expand(model: &Model) -> TokenStream {

@@ -4,11 +4,39 @@
 
 use proc_macro2::Span;
 use syn::spanned::Spanned;
-use syn::{Data, DeriveInput, Fields, Ident, LitInt, LitStr};
+use syn::{Data, DeriveInput, Fields, Ident, LitInt, LitStr, Type};
 
 use crate::attr::{self, Errors};
-use crate::model::{EventIdField, Field};
 use crate::{ident, types};
+
+/// The field whose value is the event's stable id, stored in the `event_id` column.
+pub(crate) struct EventIdField {
+    pub(crate) ident: Ident,
+    pub(crate) ty: Type,
+}
+
+/// A payload field and its column.
+pub(crate) struct Field {
+    pub(crate) ident: Ident,
+    pub(crate) ty: Type,
+    pub(crate) column: String,
+    pub(crate) sql_type: types::SqlType,
+    /// `Some(inner)` for `Option<inner>`: the column is nullable.
+    pub(crate) option_of: Option<Type>,
+    /// Stored as jsonb through `sqlx::types::Json`.
+    pub(crate) json: bool,
+    /// The ordering key (`#[outbox(key)]`): events of one key are claimed one at a
+    /// time, in `id` order.
+    pub(crate) key: bool,
+    /// The migration version that adds the column (1: the `CREATE TABLE`).
+    pub(crate) since: u32,
+}
+
+impl Field {
+    pub(crate) fn nullable(&self) -> bool {
+        self.option_of.is_some()
+    }
+}
 
 /// The struct's named fields; anything else an outbox event cannot be is an error.
 pub(crate) fn named_fields<'a>(

@@ -5,12 +5,11 @@
 
 use std::time::Duration;
 
-use syn::{DeriveInput, Ident, LitInt, Type};
+use syn::{DeriveInput, Ident, LitInt};
 
 use crate::attr::{self, Errors};
-use crate::{duration, fields, ident};
-
-pub(crate) use crate::types::SqlType;
+use crate::fields::{self, EventIdField, Field};
+use crate::{duration, ident};
 
 pub(crate) struct Model {
     pub(crate) ident: Ident,
@@ -48,29 +47,6 @@ pub(crate) enum Dead {
     HoldsKey,
     /// They go on without it (`dead_releases_key`).
     ReleasesKey,
-}
-
-/// The field whose value is the event's stable id, stored in the `event_id` column.
-pub(crate) struct EventIdField {
-    pub(crate) ident: Ident,
-    pub(crate) ty: Type,
-}
-
-/// A payload field and its column.
-pub(crate) struct Field {
-    pub(crate) ident: Ident,
-    pub(crate) ty: Type,
-    pub(crate) column: String,
-    pub(crate) sql_type: SqlType,
-    /// `Some(inner)` for `Option<inner>`: the column is nullable.
-    pub(crate) option_of: Option<Type>,
-    /// Stored as jsonb through `sqlx::types::Json`.
-    pub(crate) json: bool,
-    /// The ordering key (`#[outbox(key)]`): events of one key are claimed one at a
-    /// time, in `id` order.
-    pub(crate) key: bool,
-    /// The migration version that adds the column (1: the `CREATE TABLE`).
-    pub(crate) since: u32,
 }
 
 impl Model {
@@ -131,12 +107,6 @@ impl Model {
         versions.sort_unstable();
         versions.dedup();
         versions
-    }
-}
-
-impl Field {
-    pub(crate) fn nullable(&self) -> bool {
-        self.option_of.is_some()
     }
 }
 

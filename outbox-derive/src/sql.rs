@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 
 use outbox_internals::BOOKKEEPING;
 
-use crate::model::{Field, Model};
+use crate::fields::Field;
+use crate::model::Model;
 use crate::statements::quoted;
 
 /// The migrations of `model`'s table: (version, refinery name, SQL).

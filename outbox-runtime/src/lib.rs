@@ -49,12 +49,12 @@ pub use sink::broker::nats;
 pub use sink::broker::rabbitmq;
 pub use sink::message;
 pub use spec::{Column, MigrationStep, Outbox, PgQuery, TableSpec};
-pub use table::claim::{Claim, Retried};
+pub use table::claim::Claim;
 pub use table::claiming::{claim, claim_batch};
 pub use table::enqueue::{Enqueued, enqueue, enqueue_all};
-pub use table::operations::{
-    Stats, discard_dead, prune_sent, requeue_all_dead, requeue_dead, stats,
-};
+pub use table::operations::{discard_dead, prune_sent, requeue_all_dead, requeue_dead, stats};
+pub use table::operator::Stats;
+pub use table::row::Retried;
 
 /// Re-exported so applications can build their own refinery migrations
 /// (`refinery::Migration::unapplied`, `refinery::Runner`) for [`migrate_with_app`].

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{OnTable as _, OutboxError};
 use crate::schema::table_migrations::TableMigrations;
 use crate::spec::TableSpec;
-use crate::table::operations::{Operations, Stats};
+use crate::table::operator::{Operations, Stats};
 use crate::table::statements;
 
 /// Gauge names the [`Monitor`] sets through the `metrics` crate, each labelled `table`.

@@ -12,8 +12,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::spec::Outbox;
-use crate::table::batch::Outcome;
 use crate::table::claim::Claim;
+use crate::table::row::Outcome;
 
 /// At most one line per cause in this long.
 pub(super) const INTERVAL: Duration = Duration::from_secs(10);

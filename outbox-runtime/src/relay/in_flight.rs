@@ -6,9 +6,9 @@ use super::backoff::Backoff;
 use super::failure_log::FailureLog;
 use crate::sink::{Delivery, SinkError};
 use crate::spec::Outbox;
-use crate::table::batch::{Outcome, Owned};
 use crate::table::claim::Claim;
 use crate::table::metric;
+use crate::table::row::{Outcome, Owned};
 
 /// A claimed row while the sink has its batch: the claim, and its delivery's ownership
 /// token, which also says whether the relay still owns the row.

@@ -3,8 +3,8 @@
 use tokio::time::Instant;
 
 use crate::spec::Outbox;
-use crate::table::batch::{Outcome, Owned};
 use crate::table::claim::Claim;
+use crate::table::row::{Outcome, Owned};
 
 /// The outcomes of a published batch, recorded together with the next claim (and those
 /// of earlier batches that could not be recorded yet).

@@ -7,8 +7,9 @@ use sqlx::{Connection as _, PgConnection};
 
 use crate::error::{OnTable as _, OutboxError};
 use crate::spec::Outbox;
-use crate::table::batch::{Outcome, Owned, Recorded, record};
+use crate::table::batch::{Recorded, record};
 use crate::table::claiming::{BEGIN_WITHOUT_JIT, ClaimedBatch, Scope, begin_limited, claim_on};
+use crate::table::row::{Outcome, Owned};
 
 /// Records `outcomes`, then claims up to `limit` more rows in `scope`: one transaction,
 /// one commit per batch. Returns the claimed batch, and what recording did. Rows whose

@@ -8,8 +8,8 @@ use tokio::time::Instant;
 use super::connection::Connection;
 use super::in_flight::InFlight;
 use crate::spec::Outbox;
-use crate::table::batch::Owned;
-use crate::table::claim::{Claim, Lease};
+use crate::table::claim::Claim;
+use crate::table::row::{Lease, Owned};
 use crate::table::statements;
 
 /// The lease renewals of one batch in flight: every third of the lease, each bounded by

@@ -37,7 +37,7 @@ use super::table_migrations::TableMigrations;
 use crate::error::{OnTable as _, OutboxError};
 use crate::id::EventId;
 use crate::spec::Statement;
-use crate::table::operations::{Operations, Stats, interval_to_duration};
+use crate::table::operator::{Operations, Stats, interval_to_duration};
 use crate::table::statements;
 
 pub use super::grants::{Roles, grants_for};

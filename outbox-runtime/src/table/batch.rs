@@ -1,68 +1,14 @@
 //! A batch's outcomes, recorded in one guarded statement; the rows they are recorded for.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
 
 use sqlx::PgExecutor;
 
-use super::claim::Claim;
+use super::row::{Outcome, Owned};
 use super::statements;
-use crate::error::{OutboxError, ascii_reason};
+use crate::error::OutboxError;
 use crate::spec::Outbox;
 use outbox_internals::Status;
-
-/// What to record for one claimed row.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    /// Published: `SENT`.
-    Sent,
-    /// Failed, worth retrying after the delay (or `DEAD` if the budget is spent).
-    Retry { delay: Duration, error: String },
-    /// Failed for good: `DEAD`.
-    Dead { error: String },
-    /// Not sent (shutdown): back to `READY`, due now, the attempt not counted.
-    Release,
-    /// [`Release`](Self::Release), the destination unavailable: the reason goes to
-    /// `last_error`, so that an outage shows in the table.
-    Unavailable { error: String },
-}
-
-impl Outcome {
-    /// This outcome, its reason with every non-ASCII character escaped
-    /// ([`ascii_reason`]).
-    pub(crate) fn in_ascii(self) -> Self {
-        match self {
-            Self::Retry { delay, error } => Self::Retry {
-                delay,
-                error: ascii_reason(error),
-            },
-            Self::Dead { error } => Self::Dead {
-                error: ascii_reason(error),
-            },
-            Self::Unavailable { error } => Self::Unavailable {
-                error: ascii_reason(error),
-            },
-            other => other,
-        }
-    }
-}
-
-/// A row the relay owns: id and generation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Owned {
-    pub(crate) id: i64,
-    pub(crate) generation: i64,
-}
-
-impl Owned {
-    /// The row `claim` owns, as the guarded statements name it.
-    pub(crate) fn of<T: Outbox>(claim: &Claim<T>) -> Self {
-        Self {
-            id: claim.id(),
-            generation: claim.generation().get(),
-        }
-    }
-}
 
 /// What recording a batch's outcomes did to its rows.
 #[derive(Debug)]

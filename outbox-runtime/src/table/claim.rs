@@ -9,7 +9,7 @@ use sqlx::postgres::{PgRow, PgValueFormat};
 use sqlx::{PgExecutor, Postgres, Row};
 use tokio::time::Instant;
 
-use super::batch::Owned;
+use super::row::{Lease, Owned, Retried};
 use super::{metric, statements};
 use crate::error::OutboxError;
 use crate::id::{EventId, Generation};
@@ -41,43 +41,14 @@ pub struct Claim<T: Outbox> {
     event: T,
 }
 
-/// A lease, by both clocks: its end by the database's clock, which the guards compare,
-/// and by this process's monotonic clock, which the relay schedules by (its renewals,
-/// whether an outcome can still be recorded). The second is the instant the statement
-/// that granted the lease was sent, plus the lease: the database starts a lease when it
-/// starts the statement, never earlier, so by then the lease is live whatever the two
-/// hosts' wall clocks say (a relay whose clock is behind the database's would otherwise
-/// renew late, and one ahead of it give up early).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Lease {
-    until: DateTime<Utc>,
-    deadline: Instant,
-}
-
-impl Lease {
-    /// The lease of `T`, ending at `until` by the database's clock, granted by a
-    /// statement sent at `sent`.
-    pub(crate) fn granted<T: Outbox>(until: DateTime<Utc>, sent: Instant) -> Self {
+impl Owned {
+    /// The row `claim` owns, as the guarded statements name it.
+    pub(crate) fn of<T: Outbox>(claim: &Claim<T>) -> Self {
         Self {
-            until,
-            deadline: sent + T::SPEC.lease,
+            id: claim.id(),
+            generation: claim.generation().get(),
         }
     }
-
-    /// When the lease ends, by this process's monotonic clock, at the latest.
-    pub(crate) fn deadline(&self) -> Instant {
-        self.deadline
-    }
-}
-
-/// Where a [`Claim::retry`] left the event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use]
-pub enum Retried {
-    /// Back to `READY`, due again after the delay.
-    Scheduled,
-    /// The attempt budget is spent: the row is `DEAD` with the reason in `last_error`.
-    Dead,
 }
 
 impl<T: Outbox> Claim<T> {
@@ -112,7 +83,7 @@ impl<T: Outbox> Claim<T> {
     /// When the lease ends, as last granted by the database: by the database's clock,
     /// which this host's need not agree with.
     pub fn lease_until(&self) -> SystemTime {
-        self.lease.until.into()
+        self.lease.until().into()
     }
 
     /// When the lease ends by this process's monotonic clock, at the latest ([`Lease`]).

@@ -5,8 +5,9 @@ use std::time::Duration;
 use sqlx::{Acquire, Connection as _, PgConnection, Postgres, Row};
 use tokio::time::Instant;
 
-use super::batch::{self, Outcome, Owned};
+use super::batch;
 use super::claim::{Claim, Claimed, dead_letter, decode_claim};
+use super::row::{Outcome, Owned};
 use super::statements;
 use crate::error::{OnTable as _, OutboxError};
 use crate::interval;

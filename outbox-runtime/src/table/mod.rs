@@ -11,4 +11,6 @@ pub(crate) mod claiming;
 pub(crate) mod enqueue;
 pub mod metric;
 pub(crate) mod operations;
+pub(crate) mod operator;
+pub(crate) mod row;
 pub(crate) mod statements;

@@ -23,9 +23,8 @@ use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, PgExecutor, Postgres, Row as _};
 use tokio::time::Instant;
 
-use super::batch::{Outcome, Owned};
-use super::claim::{Lease, Retried};
-use super::operations::{Operations, Stats, interval_to_duration};
+use super::operator::{Operations, Stats, interval_to_duration};
+use super::row::{Lease, Outcome, Owned, Retried};
 use crate::error::{OnTable as _, OutboxError, storable_reason};
 use crate::id::EventId;
 use crate::interval;

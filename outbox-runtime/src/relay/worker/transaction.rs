@@ -7,9 +7,10 @@ use super::{Batch, Worker};
 use crate::error::OutboxError;
 use crate::sink::Sink;
 use crate::spec::Outbox;
-use crate::table::batch::{Outcome, Owned, Recorded};
+use crate::table::batch::Recorded;
 use crate::table::claiming::Scope;
 use crate::table::metric;
+use crate::table::row::{Outcome, Owned};
 use outbox_internals::Status;
 
 impl<T: Outbox, S: Sink<T>> Worker<T, S> {
