@@ -86,7 +86,7 @@ impl Lease {
     }
 }
 
-/// Where a [`Claim::retry`] left the event.
+/// Where a [`Claim::retry`](crate::Claim::retry) left the event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
 pub enum Retried {
