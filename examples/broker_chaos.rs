@@ -25,22 +25,17 @@
 //!   transaction; a successor resumes from the committed offset. Kafka keeps every
 //!   publication as a record, so the audit reads the topic back and counts them all.
 //!
-//! Another broker plugs in as a `BrokerKind` variant and a module beside
-//! `tests/chaos/broker/nats.rs` (see `tests/chaos/broker.rs`).
+//! Another broker plugs in as an implementation of `ChaosBroker` in a module beside
+//! `outbox-testkit/src/chaos/broker/nats.rs`, and a variant of [`Broker`] here.
 //! `tests/broker_chaos.rs` is the short form, run by CI.
-
-#[path = "../tests/chaos/mod.rs"]
-mod chaos;
-#[path = "../tests/support/mod.rs"]
-mod support;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use chaos::broker::{self, BrokerConfig, BrokerKind};
-use clap::Parser as _;
 use clap::builder::RangedU64ValueParser;
-use support::child::ChildCommand;
+use clap::{Parser as _, ValueEnum as _};
+use outbox_testkit::chaos::broker::{self, BrokerConfig, BrokerReport, Kafka, Nats, RabbitMq};
+use outbox_testkit::child::{self, ChildCommand};
 
 /// The outbox end to end through a real broker under chaos: relays and consumers killed
 /// and paused, the broker taken away; then every event is audited (applied exactly once,
@@ -49,8 +44,8 @@ use support::child::ChildCommand;
 #[command(name = "broker_chaos")]
 struct Args {
     /// The broker: `nats` (restarted), `rabbitmq` or `kafka` (connections cut).
-    #[arg(long, value_name = "BROKER", default_value = "nats", value_parser = broker_kind)]
-    broker: BrokerKind,
+    #[arg(long, value_name = "BROKER", value_enum, default_value_t = Broker::Nats)]
+    broker: Broker,
     /// The chaos lasts at least this many seconds (and until every event is enqueued).
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     duration: u64,
@@ -85,7 +80,7 @@ struct Args {
 
 impl Args {
     fn config(self) -> Result<BrokerConfig, String> {
-        let mut config = BrokerConfig::new(self.broker, self.events);
+        let mut config = BrokerConfig::new(self.events);
         config.consumers = self.consumers;
         config.outages = self.outages;
         config.duration = Duration::from_secs(self.duration);
@@ -108,8 +103,42 @@ impl Args {
     }
 }
 
-fn broker_kind(name: &str) -> Result<BrokerKind, String> {
-    name.parse()
+/// The broker a run goes through; its children (relays and consumers) are told its name
+/// (`BROKER`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Broker {
+    /// NATS JetStream: a `nats-server -js` of the run's own, restarted.
+    Nats,
+    /// RabbitMQ on 127.0.0.1:5672 (or `OUTBOX_AMQP_URL`), its connections cut.
+    #[value(name = "rabbitmq")]
+    RabbitMq,
+    /// Kafka: a tansu of the run's own (in memory), its connections cut.
+    Kafka,
+}
+
+impl Broker {
+    /// In a relay or consumer child: runs it through the broker its parent named, until
+    /// SIGTERM. Returns at once in any other process.
+    fn child_main_if_requested() {
+        match child::param("BROKER").as_deref() {
+            Some("nats") => broker::child_main_if_requested::<Nats>(),
+            Some("rabbitmq") => broker::child_main_if_requested::<RabbitMq>(),
+            Some("kafka") => broker::child_main_if_requested::<Kafka>(),
+            _ => {}
+        }
+    }
+
+    async fn run(
+        self,
+        config: &BrokerConfig,
+        command: &ChildCommand,
+    ) -> Result<BrokerReport, String> {
+        match self {
+            Self::Nats => broker::run::<Nats>(config, command).await,
+            Self::RabbitMq => broker::run::<RabbitMq>(config, command).await,
+            Self::Kafka => broker::run::<Kafka>(config, command).await,
+        }
+    }
 }
 
 fn at_least_one() -> RangedU64ValueParser<usize> {
@@ -118,8 +147,10 @@ fn at_least_one() -> RangedU64ValueParser<usize> {
 
 fn main() -> ExitCode {
     // The relays and consumers are this binary, re-executed with the chaos environment.
-    chaos::child_main_if_requested();
-    let config = match Args::parse().config() {
+    Broker::child_main_if_requested();
+    let args = Args::parse();
+    let broker = args.broker;
+    let config = match args.config() {
         Ok(config) => config,
         Err(error) => {
             eprintln!("broker_chaos: {error}");
@@ -130,7 +161,10 @@ fn main() -> ExitCode {
         "broker chaos: {} events through {}, {} relays, {} consumers, {}/s while they run, \
          at least {:?} of chaos, seed {}",
         config.run.events,
-        config.broker,
+        broker
+            .to_possible_value()
+            .expect("no variant is skipped")
+            .get_name(),
         config.run.relays,
         config.consumers,
         config.run.rate,
@@ -142,7 +176,7 @@ fn main() -> ExitCode {
     let command = ChildCommand::binary();
     let run = runtime.block_on(async {
         tokio::select! {
-            run = broker::run(&config, &command) => Some(run),
+            run = broker.run(&config, &command) => Some(run),
             _ = tokio::signal::ctrl_c() => None,
         }
     });

@@ -11,17 +11,13 @@
 //! It owns a throwaway PostgreSQL cluster (from the local server binaries); without
 //! them it uses `DATABASE_URL` and skips the restart. `tests/chaos.rs` is the short form.
 
-#[path = "../tests/chaos/mod.rs"]
-mod chaos;
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser as _;
 use clap::builder::RangedU64ValueParser;
-use support::child::ChildCommand;
+use outbox_testkit::chaos;
+use outbox_testkit::child::ChildCommand;
 
 /// Relay processes publish while this program SIGKILLs and restarts them, SIGSTOPs them
 /// past their lease, terminates their database sessions and restarts PostgreSQL once;

@@ -6,16 +6,14 @@
 //! cargo run --example recovery_lab
 //! ```
 
-#[path = "../tests/lab/mod.rs"]
-mod lab;
-#[path = "../tests/support/mod.rs"]
-mod support;
+use outbox_testkit::child::ChildCommand;
+use outbox_testkit::lab;
 
 fn main() -> std::process::ExitCode {
     // Scenario 1 re-executes this binary as the publisher it kills.
     lab::child_main_if_requested();
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
-    let rows = runtime.block_on(lab::matrix(&support::child::ChildCommand::binary()));
+    let rows = runtime.block_on(lab::matrix(&ChildCommand::binary()));
     print!("{}", lab::render(&rows));
     // Any other matrix is a failure (CI runs this example), a database that cannot be
     // reached among them.

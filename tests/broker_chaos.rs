@@ -16,21 +16,17 @@
 //! Needs the `nats-server` binary (the test starts its own server, on a free port), and
 //! PostgreSQL as the other tests do.
 
-#[path = "chaos/mod.rs"]
-mod chaos;
-mod support;
-
 use std::time::Duration;
 
-use chaos::broker::{self, BrokerConfig, BrokerKind};
-use support::child::ChildCommand;
-use support::seed::{chaos_seed, replayable};
+use outbox_testkit::chaos::broker::{self, BrokerConfig, Nats};
+use outbox_testkit::child::ChildCommand;
+use outbox_testkit::seed::{chaos_seed, replayable};
 
 /// A relay or consumer process: re-executed by the test with the chaos environment set,
 /// it runs until SIGTERM. A no-op in a normal test run.
 #[test]
 fn broker_chaos_child() {
-    chaos::child_main_if_requested();
+    broker::child_main_if_requested::<Nats>();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -39,7 +35,7 @@ async fn every_event_is_applied_exactly_once_through_kills_pauses_and_broker_res
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(1_500);
-    let mut config = BrokerConfig::new(BrokerKind::Nats, events);
+    let mut config = BrokerConfig::new(events);
     // Shorter than the 2 s lease: a redelivery after a reclaim falls outside it and is
     // stored again, a copy the consumers' inbox must absorb; a retry soon after the first
     // publication falls inside it and is stored once.
@@ -50,7 +46,7 @@ async fn every_event_is_applied_exactly_once_through_kills_pauses_and_broker_res
     replayable(
         config.run.seed,
         Box::pin(async {
-            let report = broker::run(&config, &ChildCommand::test("broker_chaos_child"))
+            let report = broker::run::<Nats>(&config, &ChildCommand::test("broker_chaos_child"))
                 .await
                 .map_err(|error| format!("the broker chaos run could not run: {error}"))?;
             println!("{report}");
@@ -70,7 +66,7 @@ async fn every_event_is_applied_exactly_once_through_kills_pauses_and_broker_res
 /// was applied: not "delivered anew", which only a broker restart may cause.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_delivery_handled_after_its_redelivery_is_a_duplicate_handled_late() {
-    let report = broker::first_delivery_handled_after_its_redelivery()
+    let report = broker::nats::first_delivery_handled_after_its_redelivery()
         .await
         .unwrap_or_else(|error| panic!("the scenario could not run: {error}"));
     assert!(report.failures.is_empty(), "{:?}", report.failures);

@@ -17,19 +17,15 @@
 //! Needs the tansu binary (`OUTBOX_TANSU`, or where `.ci/run` installs it), and
 //! PostgreSQL as the other tests do.
 
-#[path = "chaos/mod.rs"]
-mod chaos;
-mod support;
-
-use chaos::broker::{self, BrokerConfig, BrokerKind};
-use support::child::ChildCommand;
-use support::seed::{chaos_seed, replayable};
+use outbox_testkit::chaos::broker::{self, BrokerConfig, Kafka};
+use outbox_testkit::child::ChildCommand;
+use outbox_testkit::seed::{chaos_seed, replayable};
 
 /// A relay or consumer process: re-executed by the test with the chaos environment set,
 /// it runs until SIGTERM. A no-op in a normal test run.
 #[test]
 fn broker_chaos_kafka_child() {
-    chaos::child_main_if_requested();
+    broker::child_main_if_requested::<Kafka>();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -38,16 +34,17 @@ async fn every_event_is_applied_exactly_once_through_kills_pauses_and_cut_connec
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(1_500);
-    let mut config = BrokerConfig::new(BrokerKind::Kafka, events);
+    let mut config = BrokerConfig::new(events);
     config.run.verbose = std::env::var_os("OUTBOX_CHAOS_VERBOSE").is_some();
     config.run.seed = chaos_seed();
     // Boxed: the run's future is large.
     replayable(
         config.run.seed,
         Box::pin(async {
-            let report = broker::run(&config, &ChildCommand::test("broker_chaos_kafka_child"))
-                .await
-                .map_err(|error| format!("the broker chaos run could not run: {error}"))?;
+            let report =
+                broker::run::<Kafka>(&config, &ChildCommand::test("broker_chaos_kafka_child"))
+                    .await
+                    .map_err(|error| format!("the broker chaos run could not run: {error}"))?;
             println!("{report}");
             assert!(report.failures.is_empty(), "{report}");
             assert!(

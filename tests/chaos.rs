@@ -9,12 +9,10 @@
 //! fresh seed.
 
 // `mod chaos;` alone would find this file as well as the driver.
-#[path = "chaos/mod.rs"]
-mod chaos;
-mod support;
 
-use support::child::ChildCommand;
-use support::seed::{chaos_seed, replayable};
+use outbox_testkit::chaos;
+use outbox_testkit::child::ChildCommand;
+use outbox_testkit::seed::{chaos_seed, replayable};
 
 /// A relay process: re-executed by the test with the chaos environment set, it runs a
 /// relay until SIGTERM. A no-op in a normal test run.

@@ -6,8 +6,6 @@
 //! without them it fails saying so (to leave it out, `cargo test --features cli --test
 //! dashboard -- --skip the_page_in_a_browser`, which reports it filtered out, not passed).
 
-mod support;
-
 use std::fmt::Write as _;
 use std::io::{BufRead as _, BufReader};
 use std::os::unix::process::CommandExt as _;
@@ -20,11 +18,11 @@ use fantoccini::{ClientBuilder, Locator};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use outbox::testing::TestSchema;
+use outbox_testkit::events::{Budgeted, Receipt};
+use outbox_testkit::rows::{enqueue, status};
+use outbox_testkit::schema::schema_with;
+use outbox_testkit::{TestResult, wait_until};
 use serde_json::{Value, json};
-use support::events::{Budgeted, Receipt};
-use support::rows::{enqueue, status};
-use support::schema::schema_with;
-use support::{TestResult, wait_until};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::time::sleep;
@@ -925,7 +923,7 @@ async fn prune_through_the_form(browser: &fantoccini::Client, db: &TestSchema) -
     wait_until(
         "the SENT rows are pruned",
         Duration::from_secs(30),
-        async || support::rows::count::<Budgeted>(db.pool(), "SENT").await == 0,
+        async || outbox_testkit::rows::count::<Budgeted>(db.pool(), "SENT").await == 0,
     )
     .await;
     wait_until(

@@ -2,15 +2,13 @@
 //! first and repeated receipts, receipts that commit with the effect or roll back with
 //! it, concurrent receipts of one event, bad ids, and pruning.
 
-mod support;
-
 use std::time::Duration;
 
 use outbox::OutboxError;
 use outbox::testing::TestSchema;
 use outbox::{Inbox, Received, inbox};
+use outbox_testkit::{TestResult, wait_until};
 use sqlx::PgPool;
-use support::{TestResult, wait_until};
 
 async fn fresh() -> TestResult<TestSchema> {
     let db = TestSchema::new().await?;

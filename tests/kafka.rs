@@ -27,8 +27,6 @@
 //! `${XDG_CACHE_HOME:-~/.cache}/outbox/tansu-venv/bin/tansu`, where `.ci/run` installs
 //! it. Without it the tests fail, saying how to install it.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -45,16 +43,16 @@ use outbox::message::header;
 use outbox::testing::TestSchema;
 use outbox::{Delivery, Relay, Sink, SinkError, relay::Backoff};
 use outbox::{Inbox, Received, inbox};
-use support::broker::{self, RefuseUnencodable};
-use support::child::{self, ChildCommand};
-use support::counters::Counters;
-use support::events::{ChaosEvent, OrderStep};
-use support::proxy::Proxy;
-use support::rows::{enqueue, row_of};
-use support::running::start;
-use support::schema::schema_from_zero;
-use support::tansu::{Tansu, free_port};
-use support::{TestResult, wait_until};
+use outbox_testkit::broker::{self, RefuseUnencodable};
+use outbox_testkit::child::{self, ChildCommand};
+use outbox_testkit::counters::Counters;
+use outbox_testkit::events::{ChaosEvent, OrderStep};
+use outbox_testkit::proxy::Proxy;
+use outbox_testkit::rows::{enqueue, row_of};
+use outbox_testkit::running::start;
+use outbox_testkit::schema::schema_from_zero;
+use outbox_testkit::tansu::{Tansu, free_port};
+use outbox_testkit::{TestResult, wait_until};
 use tokio::time::timeout;
 
 const ROLE: &str = "kafka-relay";

@@ -21,8 +21,6 @@
 //! Needs NATS with JetStream on 127.0.0.1:4222 (or `OUTBOX_NATS_URL`); without it the
 //! tests fail, saying how to start it.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -37,18 +35,18 @@ use outbox::nats::{JetStreamSink, async_nats};
 use outbox::testing::TestSchema;
 use outbox::{Delivery, Relay, Sink, SinkError};
 use outbox::{Inbox, Received, inbox};
+use outbox_testkit::broker::{self, RefuseUnencodable};
+use outbox_testkit::child::{self, ChildCommand};
+use outbox_testkit::cleanup::Cleanup;
+use outbox_testkit::counters::Counters;
+use outbox_testkit::events::{ChaosEvent, OrderStep};
+use outbox_testkit::nats_server::{NatsServer, Stop};
+use outbox_testkit::proxy::Proxy;
+use outbox_testkit::rows::{enqueue, row_of};
+use outbox_testkit::running::start;
+use outbox_testkit::schema::schema_from_zero;
+use outbox_testkit::{TestResult, wait_until};
 use sqlx::PgPool;
-use support::broker::{self, RefuseUnencodable};
-use support::child::{self, ChildCommand};
-use support::cleanup::Cleanup;
-use support::counters::Counters;
-use support::events::{ChaosEvent, OrderStep};
-use support::nats_server::{NatsServer, Stop};
-use support::proxy::Proxy;
-use support::rows::{enqueue, row_of};
-use support::running::start;
-use support::schema::schema_from_zero;
-use support::{TestResult, wait_until};
 use tokio::time::timeout;
 
 const ROLE: &str = "nats-relay";

@@ -18,8 +18,6 @@
 //! comes from one seed, printed at the start and in a failure's message:
 //! `OUTBOX_CHAOS_SEED=<seed>` replays that schedule; without it each run draws a fresh seed.
 
-mod support;
-
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -27,13 +25,13 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use outbox::Inbox;
 use outbox::{CancellationToken, Delivery, Relay, Sink, SinkError, relay::Backoff};
+use outbox_testkit::child::{self, Child, ChildCommand};
+use outbox_testkit::events::OrderedChaosEvent;
+use outbox_testkit::schema::schema_with;
+use outbox_testkit::seed::{chaos_seed, replayable};
+use outbox_testkit::{TestResult, wait_until};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use support::child::{self, Child, ChildCommand};
-use support::events::OrderedChaosEvent;
-use support::schema::schema_with;
-use support::seed::{chaos_seed, replayable};
-use support::{TestResult, wait_until};
 use tokio::time::{Instant, sleep};
 
 const ROLE: &str = "ordering-relay";

@@ -19,8 +19,6 @@
 //! Needs RabbitMQ on 127.0.0.1:5672, guest/guest (or `OUTBOX_AMQP_URL`); without it the
 //! tests fail, saying how to start it.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,16 +34,16 @@ use outbox::rabbitmq::lapin::{self, Channel, Connection, ExchangeKind};
 use outbox::testing::TestSchema;
 use outbox::{Delivery, Relay, Sink, SinkError};
 use outbox::{Inbox, Received, inbox};
+use outbox_testkit::broker::{self, RefuseUnencodable};
+use outbox_testkit::child::{self, ChildCommand};
+use outbox_testkit::cleanup::Cleanup;
+use outbox_testkit::events::{ChaosEvent, OrderStep};
+use outbox_testkit::proxy::Proxy;
+use outbox_testkit::rows::{enqueue, row_of};
+use outbox_testkit::running::start;
+use outbox_testkit::schema::schema_from_zero;
+use outbox_testkit::{TestResult, wait_until};
 use sqlx::PgPool;
-use support::broker::{self, RefuseUnencodable};
-use support::child::{self, ChildCommand};
-use support::cleanup::Cleanup;
-use support::events::{ChaosEvent, OrderStep};
-use support::proxy::Proxy;
-use support::rows::{enqueue, row_of};
-use support::running::start;
-use support::schema::schema_from_zero;
-use support::{TestResult, wait_until};
 use tokio::time::timeout;
 
 const ROLE: &str = "rabbitmq-relay";

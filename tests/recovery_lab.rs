@@ -1,11 +1,8 @@
 //! The article's six recovery scenarios against real PostgreSQL, one test each for the
 //! leased protocol, plus the matrix that shows the unsafe baseline failing four.
 
-mod lab;
-mod support;
-
-use lab::Protocol;
-use support::child::ChildCommand;
+use outbox_testkit::child::ChildCommand;
+use outbox_testkit::lab::{self, Protocol};
 
 /// Scenario 1's child publisher: re-executed by the parent with the lab's environment
 /// set, it claims one event and waits for SIGKILL. A no-op in a normal test run.

@@ -18,8 +18,8 @@ use std::time::Instant;
 
 use outbox::Outbox;
 
-use super::common::{BenchKeyedEvent, BenchOrderedEvent};
 use super::{Args, Bench, Figure, Result};
+use outbox_testkit::app::{BenchKeyedEvent, BenchOrderedEvent};
 
 const BATCH: u32 = 100;
 const WORKERS: usize = 4;

@@ -23,7 +23,7 @@
 //! to a durable queue through the default exchange; Kafka's idempotent producer,
 //! `acks=all`, `message.timeout.ms=10000` (what `KafkaSink` sets for a 30 s lease), on a
 //! one-partition topic of a tansu broker the bench starts (in memory; see
-//! `tests/support/tansu.rs`).
+//! `outbox-testkit/src/tansu.rs`).
 //!
 //! Then the latency at a fixed offered load (`--sink-rate`, one event per transaction,
 //! the event's payload its enqueue time), a relay (batch 100, 4 workers) publishing
@@ -800,7 +800,8 @@ mod with_brokers {
         use super::{
             BATCH, BenchEvent, Broker, JSON, Latencies, RawMessage, Result, in_batches, latency_of,
         };
-        use crate::tansu::Tansu;
+        // The tests' tansu.
+        use outbox_testkit::tansu::Tansu;
 
         pub(in super::super) struct Kafka {
             tansu: Tansu,
