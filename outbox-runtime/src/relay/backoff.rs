@@ -25,6 +25,13 @@ impl Backoff {
         }
     }
 
+    /// [`new`](Self::new) for a setting already in its range: a base of at least a
+    /// millisecond, a cap from the base to [`MAX_INTERVAL`] (the tests check the named
+    /// ones).
+    const fn named(base: Duration, cap: Duration) -> Self {
+        Self { base, cap }
+    }
+
     /// The delay before attempt `attempt + 1`, after `attempt` (1-based) failed.
     pub fn delay(&self, attempt: u32) -> Duration {
         let half = self.ceiling(attempt) / 2;
@@ -36,6 +43,28 @@ impl Backoff {
         let doublings = attempt.saturating_sub(1).min(31);
         self.base.saturating_mul(1 << doublings).min(self.cap)
     }
+}
+
+/// The relay's own waits, named for what they wait on: none of them is a setting of the
+/// relay (the sink's unavailability is, and this is its default).
+impl Backoff {
+    /// After the sink said the destination is unavailable: from 100 ms, at most 5 s
+    /// ([`Relay::unavailable_backoff`](super::Relay::unavailable_backoff)'s default).
+    pub(crate) const UNAVAILABLE: Self =
+        Self::named(Duration::from_millis(100), Duration::from_secs(5));
+
+    /// After a worker's batch transaction (a claim, recording outcomes) failed
+    /// transiently: from 50 ms, at most 5 s.
+    pub(crate) const BATCH_TRANSACTION: Self =
+        Self::named(Duration::from_millis(50), Duration::from_secs(5));
+
+    /// Reconnecting the relay's `LISTEN` session: from 100 ms, at most 10 s.
+    pub(crate) const LISTEN: Self =
+        Self::named(Duration::from_millis(100), Duration::from_secs(10));
+
+    /// While the database does not answer as the relay starts: from 200 ms, at most 5 s.
+    pub(crate) const STARTUP: Self =
+        Self::named(Duration::from_millis(200), Duration::from_secs(5));
 }
 
 #[cfg(test)]
@@ -52,6 +81,18 @@ mod tests {
         let ceilings: Vec<u64> = (1..=6).map(|a| b.ceiling(a).as_secs()).collect();
         assert_eq!(ceilings, [1, 2, 4, 8, 10, 10]);
         assert_eq!(b.ceiling(u32::MAX), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn the_named_settings_are_in_range() {
+        for named in [
+            Backoff::UNAVAILABLE,
+            Backoff::BATCH_TRANSACTION,
+            Backoff::LISTEN,
+            Backoff::STARTUP,
+        ] {
+            assert_eq!(named, Backoff::new(named.base, named.cap));
+        }
     }
 
     #[test]

@@ -20,7 +20,6 @@ pub(crate) async fn listen<T: Outbox>(
     stop: CancellationToken,
 ) {
     let channel = T::SPEC.table;
-    let reconnect = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
     let mut failures = 0;
     loop {
         let started = Instant::now();
@@ -37,7 +36,7 @@ pub(crate) async fn listen<T: Outbox>(
         tracing::warn!(table = channel, %error, "relay listener lost its connection; reconnecting");
         tokio::select! {
             () = stop.cancelled() => return,
-            () = sleep(reconnect.delay(failures)) => {}
+            () = sleep(Backoff::LISTEN.delay(failures)) => {}
         }
     }
 }

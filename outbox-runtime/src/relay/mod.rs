@@ -86,7 +86,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             poll_interval: Duration::from_secs(5),
             send_timeout: spec.lease.max(Duration::from_secs(30)),
             retry: Backoff::new(spec.retry_delay, Duration::from_hours(1)),
-            unavailable: Backoff::new(Duration::from_millis(100), Duration::from_secs(5)),
+            unavailable: Backoff::UNAVAILABLE,
             ascii_reasons: false,
             failures: Box::default(),
             event: PhantomData,

@@ -2,7 +2,6 @@
 //! until shutdown or a fatal error.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::task::JoinSet;
@@ -130,7 +129,6 @@ async fn starting_checks<T: Outbox>(
             .await
             .on_table(table)
     };
-    let backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     for attempt in 1.. {
         match read().await {
             Ok(encoding) => {
@@ -145,7 +143,7 @@ async fn starting_checks<T: Outbox>(
                     tracing::warn!(table, %error, "the relay waits for its database to answer before it starts");
                 }
                 tokio::select! {
-                    () = sleep(backoff.delay(attempt)) => {}
+                    () = sleep(Backoff::STARTUP.delay(attempt)) => {}
                     () = shutdown.cancelled() => return Ok(None),
                 }
             }

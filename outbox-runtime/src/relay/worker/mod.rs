@@ -259,8 +259,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     async fn back_off(&self, error: &OutboxError, state: &mut State<'_, T>) {
         state.failures += 1;
         let table = T::SPEC.table;
-        let delay =
-            Backoff::new(Duration::from_millis(50), Duration::from_secs(5)).delay(state.failures);
+        let delay = Backoff::BATCH_TRANSACTION.delay(state.failures);
         let pending = &mut state.pending;
         let waiting = !pending.outcomes.is_empty();
         let given_up = pending.give_up_before(Instant::now() + delay);

@@ -23,13 +23,10 @@ use rdkafka::message::{Header, Headers as _, OwnedHeaders};
 use rdkafka::producer::future_producer::Delivery as Acked;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _, PurgeConfig};
 
-use crate::sink::broker;
+use crate::sink::broker::{self, Failed, Outgoing};
 use crate::sink::message::{Encoding, Json, header};
 use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
-
-/// The topic of an event, from the event.
-type TopicOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 
 /// The record key of a delivery.
 type KeyOf<T> = Arc<dyn Fn(&Delivery<'_, T>) -> Vec<u8> + Send + Sync>;
@@ -195,9 +192,9 @@ pub enum ConfigError {
 /// ```
 pub struct KafkaSink<T, E = Json> {
     client: Arc<Client>,
-    topic: TopicOf<T>,
+    /// Topics and values.
+    outgoing: Outgoing<T, E>,
     key: Option<KeyOf<T>>,
-    encoding: E,
 }
 
 /// The producer, the configuration to build it again after a fatal error, and what its
@@ -247,9 +244,8 @@ impl<T, E: Clone> Clone for KafkaSink<T, E> {
     fn clone(&self) -> Self {
         Self {
             client: Arc::clone(&self.client),
-            topic: Arc::clone(&self.topic),
+            outgoing: self.outgoing.clone(),
             key: self.key.clone(),
-            encoding: self.encoding.clone(),
         }
     }
 }
@@ -257,7 +253,7 @@ impl<T, E: Clone> Clone for KafkaSink<T, E> {
 impl<T, E: std::fmt::Debug> std::fmt::Debug for KafkaSink<T, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KafkaSink")
-            .field("encoding", &self.encoding)
+            .field("encoding", &self.outgoing.encoding)
             .finish_non_exhaustive()
     }
 }
@@ -270,16 +266,14 @@ impl<T: Outbox> KafkaSink<T, Json> {
         let config = producer_config(config, T::SPEC.table, T::SPEC.lease)?;
         let brokers = Arc::new(Brokers::default());
         let producer = create(&config, &brokers).map_err(ConfigError::Client)?;
-        let topic = topic.into();
         Ok(Self {
             client: Arc::new(Client {
                 config,
                 producer: RwLock::new(Current::new(producer)),
                 brokers,
             }),
-            topic: Arc::new(move |_: &T| topic.clone()),
+            outgoing: Outgoing::new(topic.into()),
             key: None,
-            encoding: Json,
         })
     }
 }
@@ -288,9 +282,11 @@ impl<T, E> KafkaSink<T, E> {
     /// Derives each event's topic from the event (a region, a tenant):
     /// `.topic_from(|order: &OrderPlaced| format!("orders.{}", order.region))`.
     #[must_use]
-    pub fn topic_from(mut self, topic: impl Fn(&T) -> String + Send + Sync + 'static) -> Self {
-        self.topic = Arc::new(topic);
-        self
+    pub fn topic_from(self, topic: impl Fn(&T) -> String + Send + Sync + 'static) -> Self {
+        Self {
+            outgoing: self.outgoing.destination_from(topic),
+            ..self
+        }
     }
 
     /// Derives each record's key from the delivery, instead of its ordering key or
@@ -328,9 +324,8 @@ impl<T, E> KafkaSink<T, E> {
     pub fn encoding<E2: Encoding<T>>(self, encoding: E2) -> KafkaSink<T, E2> {
         KafkaSink {
             client: self.client,
-            topic: self.topic,
+            outgoing: self.outgoing.encoding(encoding),
             key: self.key,
-            encoding,
         }
     }
 }
@@ -645,18 +640,14 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
         if client.brokers.down.load(Ordering::Relaxed) {
             let topic = batch
                 .first()
-                .map(|delivery| (self.topic)(delivery.event()))
+                .map(|delivery| self.outgoing.destination(delivery.event()))
                 .unwrap_or_default();
             if !client.reachable(producer, topic).await {
                 let cause = client.brokers.cause();
-                return batch
-                    .iter()
-                    .map(|_| {
-                        Err(SinkError::unavailable(format!(
-                            "no Kafka broker answers; librdkafka: {cause}"
-                        )))
-                    })
-                    .collect();
+                return broker::unavailable(
+                    batch,
+                    &format!("no Kafka broker answers; librdkafka: {cause}"),
+                );
             }
         }
         // Every record goes to the producer before any delivery report is awaited: the
@@ -669,8 +660,8 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
             let (topic, report) = sent?;
             match report.await {
                 Ok(Ok(acked)) => Ok(acked),
-                Ok(Err((error, _))) => Err(Err(Failure { topic, error })),
-                Err(_) => Err(Ok(SinkError::transient(format!(
+                Ok(Err((error, _))) => Err(Failed::Client(Failure { topic, error })),
+                Err(_) => Err(Failed::Answer(SinkError::transient(format!(
                     "publishing to topic `{topic}`: the producer was dropped before the delivery report"
                 )))),
             }
@@ -682,11 +673,13 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
         }
         // Nothing reached a broker and something failed on the way: is any broker there?
         let unreached = delivered.iter().find_map(|delivered| match delivered {
-            Err(Err(failure)) if failure.kind() == Kind::Unreached => Some(failure.topic.clone()),
+            Err(Failed::Client(failure)) if failure.kind() == Kind::Unreached => {
+                Some(failure.topic.clone())
+            }
             _ => None,
         });
         if delivered.iter().any(
-            |delivered| matches!(delivered, Err(Err(failure)) if failure.kind() == Kind::Fenced),
+            |delivered| matches!(delivered, Err(Failed::Client(failure)) if failure.kind() == Kind::Fenced),
         ) {
             current.fenced.store(true, Ordering::Relaxed);
         }
@@ -705,22 +698,25 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
             .into_iter()
             .map(|delivered| match delivered {
                 Ok(acked) => Ok(acked),
-                Err(Ok(error)) => Err(error),
-                Err(Err(failure)) => Err(failure.into_error(outage)),
+                Err(Failed::Answer(error)) => Err(error),
+                Err(Failed::Client(failure)) => Err(failure.into_error(outage)),
             })
             .collect()
     }
 
     /// Hands one delivery's record to the producer; returns its topic and the future of
-    /// its delivery report. The outer error is final (the sink's answer), the inner one
-    /// librdkafka's, to classify.
+    /// its delivery report.
     fn send(
         &self,
         producer: &Producer,
         delivery: &Delivery<'_, T>,
-    ) -> Result<(String, DeliveryFuture), Result<SinkError, Failure>> {
-        let body = broker::body(&self.encoding, delivery).map_err(Ok)?;
-        let topic = (self.topic)(delivery.event());
+    ) -> Result<(String, DeliveryFuture), Failed<Failure>> {
+        let broker::Message {
+            destination: topic,
+            body,
+            headers: outbox_headers,
+            content_type,
+        } = self.outgoing.message(delivery)?;
         let key = match &self.key {
             Some(key) => key(delivery),
             None => delivery
@@ -730,13 +726,13 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
                 .to_vec(),
         };
         let mut headers = OwnedHeaders::new_with_capacity(7);
-        for (name, value) in broker::headers(delivery) {
+        for (name, value) in outbox_headers {
             headers = headers.insert(Header {
                 key: name,
                 value: Some(value.as_bytes()),
             });
         }
-        if let Some(content_type) = self.encoding.content_type() {
+        if let Some(content_type) = content_type {
             headers = headers.insert(Header {
                 key: header::CONTENT_TYPE,
                 value: Some(content_type.as_bytes()),
@@ -748,18 +744,14 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
             .headers(headers);
         match producer.send_result(record) {
             Ok(report) => Ok((topic, report)),
-            Err((error, _)) => Err(Err(Failure { topic, error })),
+            Err((error, _)) => Err(Failed::Client(Failure { topic, error })),
         }
     }
 }
 
 impl<T: Outbox + Send + Sync, E: Encoding<T>> Sink<T> for KafkaSink<T, E> {
     async fn publish(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<(), SinkError>> {
-        self.publish_acked(batch)
-            .await
-            .into_iter()
-            .map(|acked| acked.map(drop))
-            .collect()
+        broker::acknowledged(self.publish_acked(batch).await)
     }
 
     /// Purges the producer, queued and in-flight records (see

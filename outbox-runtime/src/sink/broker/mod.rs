@@ -1,5 +1,12 @@
-//! The broker sinks, each behind its cargo feature, and what they share: a message's body
-//! and the outbox's headers, built the same way whichever broker carries the event.
+//! The broker sinks, each behind its cargo feature, and what they share: where an event
+//! goes and how it is encoded ([`Outgoing`]), a message's body and the outbox's headers,
+//! built the same way whichever broker carries the event, and a message that failed
+//! ([`Failed`]). A broker's file holds what is its own: its client, what it checks
+//! before a message goes out, and what its errors mean.
+//!
+//! A new broker: its file here (named as its cargo feature, which turns `cfg(any_broker)`
+//! on), its `mod` line below, its feature and optional dependency (this crate's and the
+//! facade's), and its re-export in both crates' `lib.rs`.
 
 #[cfg(feature = "kafka")]
 pub mod kafka;
@@ -8,27 +15,104 @@ pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 
-use super::message::{Encoding, header, timestamp};
+use std::sync::Arc;
+
+use super::message::{Encoding, Json, header, timestamp};
 use super::{Delivery, SinkError};
 use crate::spec::Outbox;
 
-/// The body of `delivery`'s message, or a broker sink's answer when there is none to
-/// send: the event was taken over (nothing will be recorded for it), or it does not
-/// encode (permanent).
-pub(crate) fn body<T, E: Encoding<T>>(
-    encoding: &E,
-    delivery: &Delivery<'_, T>,
-) -> Result<Vec<u8>, SinkError> {
-    if !delivery.is_owned() {
-        return Err(SinkError::transient("ownership lost"));
+/// Where an event goes (a subject, a routing key, a topic), from the event.
+type Destination<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
+
+/// What a broker sink makes of each event before its broker sees it: the destination,
+/// from the event, and the body, with the [`Encoding`].
+///
+/// `Clone` by hand, here and in the sinks that hold it: `T` is only the events' type,
+/// and a derive would ask for `T: Clone`.
+pub(crate) struct Outgoing<T, E> {
+    destination: Destination<T>,
+    pub(crate) encoding: E,
+}
+
+impl<T, E: Clone> Clone for Outgoing<T, E> {
+    fn clone(&self) -> Self {
+        Self {
+            destination: Arc::clone(&self.destination),
+            encoding: self.encoding.clone(),
+        }
     }
-    encoding
-        .encode(delivery.event())
-        .map_err(|error| SinkError::permanent(format!("cannot encode the event: {error}")))
+}
+
+impl<T> Outgoing<T, Json> {
+    /// Every event to `destination`, as JSON.
+    pub(crate) fn new(destination: String) -> Self {
+        Self {
+            destination: Arc::new(move |_: &T| destination.clone()),
+            encoding: Json,
+        }
+    }
+}
+
+impl<T, E> Outgoing<T, E> {
+    /// Each event to the destination `destination` derives from it.
+    pub(crate) fn destination_from(
+        self,
+        destination: impl Fn(&T) -> String + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            destination: Arc::new(destination),
+            ..self
+        }
+    }
+
+    /// The events encoded with `encoding`.
+    pub(crate) fn encoding<E2>(self, encoding: E2) -> Outgoing<T, E2> {
+        Outgoing {
+            destination: self.destination,
+            encoding,
+        }
+    }
+
+    /// Where `event` goes.
+    pub(crate) fn destination(&self, event: &T) -> String {
+        (self.destination)(event)
+    }
+}
+
+impl<T: Outbox, E: Encoding<T>> Outgoing<T, E> {
+    /// `delivery`'s message, or the sink's answer when there is none to send: the event
+    /// was taken over (nothing will be recorded for it), or it does not encode
+    /// (permanent).
+    pub(crate) fn message(&self, delivery: &Delivery<'_, T>) -> Result<Message<'_>, SinkError> {
+        if !delivery.is_owned() {
+            return Err(SinkError::transient("ownership lost"));
+        }
+        let body = self
+            .encoding
+            .encode(delivery.event())
+            .map_err(|error| SinkError::permanent(format!("cannot encode the event: {error}")))?;
+        Ok(Message {
+            destination: self.destination(delivery.event()),
+            body,
+            headers: headers(delivery).collect(),
+            content_type: self.encoding.content_type(),
+        })
+    }
+}
+
+/// One event's message, for its broker to carry.
+pub(crate) struct Message<'a> {
+    /// The subject, routing key or topic.
+    pub(crate) destination: String,
+    pub(crate) body: Vec<u8>,
+    /// The outbox's headers, by name (the content type aside).
+    pub(crate) headers: Vec<(&'static str, String)>,
+    /// The encoding's media type, a header or a property as the broker has it.
+    pub(crate) content_type: Option<&'a str>,
 }
 
 /// The outbox's headers of `delivery`'s message, by name (the content type aside).
-pub(crate) fn headers<T: Outbox>(
+fn headers<T: Outbox>(
     delivery: &Delivery<'_, T>,
 ) -> impl Iterator<Item = (&'static str, String)> + use<T> {
     [
@@ -40,4 +124,36 @@ pub(crate) fn headers<T: Outbox>(
     ]
     .into_iter()
     .chain(delivery.key().map(|key| (header::KEY, key.to_owned())))
+}
+
+/// A message that will not be acknowledged: the sink's own answer, or the client's error
+/// (`F`), which the sink classifies once it knows how the batch went (was the client
+/// still connected, did a broker answer).
+pub(crate) enum Failed<F> {
+    /// Final: ownership lost, the event does not encode, a destination or header the
+    /// broker would not carry faithfully.
+    Answer(SinkError),
+    /// The client's error, and what the sink needs to tell what it means.
+    Client(F),
+}
+
+impl<F> From<SinkError> for Failed<F> {
+    fn from(answer: SinkError) -> Self {
+        Self::Answer(answer)
+    }
+}
+
+/// The answer for every delivery of a batch that cannot go out: the broker is away.
+pub(crate) fn unavailable<A, T>(batch: &[Delivery<'_, T>], why: &str) -> Vec<Result<A, SinkError>> {
+    batch
+        .iter()
+        .map(|_| Err(SinkError::unavailable(why.to_owned())))
+        .collect()
+}
+
+/// A batch's acknowledgements as [`Sink::publish`](super::Sink::publish) reports them:
+/// whether each delivery was acknowledged. (Each sink also offers them whole, for a sink
+/// that wraps it.)
+pub(crate) fn acknowledged<A>(acks: Vec<Result<A, SinkError>>) -> Vec<Result<(), SinkError>> {
+    acks.into_iter().map(|ack| ack.map(drop)).collect()
 }

@@ -8,8 +8,6 @@
 //! server stores a redelivered event once and acknowledges the copy as a duplicate,
 //! which the sink reports as published.
 
-use std::sync::Arc;
-
 pub use async_nats;
 use async_nats::RequestErrorKind;
 use async_nats::connection::State;
@@ -22,7 +20,7 @@ use async_nats::jetstream::publish::PublishAck;
 use async_nats::jetstream::{Context, ErrorCode};
 use futures_util::future::join_all;
 
-use crate::sink::broker;
+use crate::sink::broker::{self, Failed, Outgoing};
 use crate::sink::message::{Encoding, Json, header};
 use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
@@ -33,9 +31,6 @@ pub mod metric {
     /// stream's duplicate window, stored once), reported as published.
     pub const DUPLICATES: &str = "outbox_nats_duplicates_total";
 }
-
-/// The subject of an event, from the event.
-type SubjectOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 
 /// A [`Sink`] that publishes events to NATS JetStream.
 ///
@@ -80,16 +75,15 @@ type SubjectOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// ```
 pub struct JetStreamSink<T, E = Json> {
     jetstream: Context,
-    subject: SubjectOf<T>,
-    encoding: E,
+    /// Subjects and bodies.
+    outgoing: Outgoing<T, E>,
 }
 
 impl<T, E: Clone> Clone for JetStreamSink<T, E> {
     fn clone(&self) -> Self {
         Self {
             jetstream: self.jetstream.clone(),
-            subject: Arc::clone(&self.subject),
-            encoding: self.encoding.clone(),
+            outgoing: self.outgoing.clone(),
         }
     }
 }
@@ -97,7 +91,7 @@ impl<T, E: Clone> Clone for JetStreamSink<T, E> {
 impl<T, E: std::fmt::Debug> std::fmt::Debug for JetStreamSink<T, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JetStreamSink")
-            .field("encoding", &self.encoding)
+            .field("encoding", &self.outgoing.encoding)
             .finish_non_exhaustive()
     }
 }
@@ -105,11 +99,9 @@ impl<T, E: std::fmt::Debug> std::fmt::Debug for JetStreamSink<T, E> {
 impl<T> JetStreamSink<T, Json> {
     /// A sink publishing every event as JSON on `subject`.
     pub fn new(jetstream: Context, subject: impl Into<String>) -> Self {
-        let subject = subject.into();
         Self {
             jetstream,
-            subject: Arc::new(move |_: &T| subject.clone()),
-            encoding: Json,
+            outgoing: Outgoing::new(subject.into()),
         }
     }
 }
@@ -118,17 +110,18 @@ impl<T, E> JetStreamSink<T, E> {
     /// Derives each event's subject from the event (a region, a tenant, an aggregate):
     /// `.subject_from(|order: &OrderPlaced| format!("orders.placed.{}", order.region))`.
     #[must_use]
-    pub fn subject_from(mut self, subject: impl Fn(&T) -> String + Send + Sync + 'static) -> Self {
-        self.subject = Arc::new(subject);
-        self
+    pub fn subject_from(self, subject: impl Fn(&T) -> String + Send + Sync + 'static) -> Self {
+        Self {
+            outgoing: self.outgoing.destination_from(subject),
+            ..self
+        }
     }
 
     /// Encodes the events with `encoding` instead of JSON.
     pub fn encoding<E2: Encoding<T>>(self, encoding: E2) -> JetStreamSink<T, E2> {
         JetStreamSink {
             jetstream: self.jetstream,
-            subject: self.subject,
-            encoding,
+            outgoing: self.outgoing.encoding(encoding),
         }
     }
 }
@@ -154,14 +147,7 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
         let client = self.jetstream.client();
         let state = client.connection_state();
         if state != State::Connected {
-            return batch
-                .iter()
-                .map(|_| {
-                    Err(SinkError::unavailable(format!(
-                        "the NATS client is {state}"
-                    )))
-                })
-                .collect();
+            return broker::unavailable(batch, &format!("the NATS client is {state}"));
         }
         // One future per delivery, sending and then awaiting its own acknowledgement, all
         // driven together: the messages go out before the first acknowledgement is back
@@ -176,7 +162,7 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
         let acked = join_all(batch.iter().map(|delivery| async move {
             let (subject, ack) = self.send(delivery).await?;
             ack.await.map_err(|error| {
-                Err(Failure {
+                Failed::Client(Failure {
                     subject,
                     error,
                     unsent: false,
@@ -197,8 +183,10 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
                     }
                     Ok(ack)
                 }
-                Err(Ok(error)) => Err(error),
-                Err(Err(failure)) if failure.error.kind() == PublishErrorKind::StreamNotFound => {
+                Err(Failed::Answer(error)) => Err(error),
+                Err(Failed::Client(failure))
+                    if failure.error.kind() == PublishErrorKind::StreamNotFound =>
+                {
                     let known = streams
                         .iter()
                         .find(|(subject, _)| *subject == failure.subject);
@@ -211,7 +199,7 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
                     };
                     Err(no_responders(&failure.subject, responders))
                 }
-                Err(Err(failure)) => Err(classify(&failure, connected)),
+                Err(Failed::Client(failure)) => Err(classify(&failure, connected)),
             });
         }
         answers
@@ -226,15 +214,17 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
     }
 
     /// Hands one delivery's message to the client; returns its subject and the future
-    /// of its acknowledgement. The outer error is final (the sink's answer), the inner
-    /// one is the client's, to classify.
-    #[allow(clippy::type_complexity)]
+    /// of its acknowledgement.
     async fn send(
         &self,
         delivery: &Delivery<'_, T>,
-    ) -> Result<(String, PublishAckFuture), Result<SinkError, Failure>> {
-        let body = broker::body(&self.encoding, delivery).map_err(Ok)?;
-        let subject = (self.subject)(delivery.event());
+    ) -> Result<(String, PublishAckFuture), Failed<Failure>> {
+        let broker::Message {
+            destination: subject,
+            body,
+            headers,
+            content_type,
+        } = self.outgoing.message(delivery)?;
         // The client takes some invalid subjects, which the server then routes nowhere
         // (no responders, and the stream list refuses to say why: taken for an outage,
         // the event would be handed back forever), and panics on a header value with a
@@ -242,20 +232,19 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
         // stream capturing `a.>` stores `a.*` under that literal subject, which no
         // consumer filtering `a.b` ever sees.
         if async_nats::Subject::validated(&subject).is_err() {
-            return Err(Ok(SinkError::permanent(format!(
+            return Err(Failed::Answer(SinkError::permanent(format!(
                 "publishing to `{subject}`: not a valid subject (empty, with whitespace, \
                  or with an empty token: a leading, trailing or doubled dot)"
             ))));
         }
         if subject.split('.').any(|token| token == "*" || token == ">") {
-            return Err(Ok(SinkError::permanent(format!(
+            return Err(Failed::Answer(SinkError::permanent(format!(
                 "publishing to `{subject}`: a wildcard (`*` or `>`) names no single \
                  subject to publish to"
             ))));
         }
-        let headers: Vec<(&str, String)> = broker::headers(delivery).collect();
         if let Some(why) = unfaithful_header(&headers) {
-            return Err(Ok(SinkError::permanent(format!(
+            return Err(Failed::Answer(SinkError::permanent(format!(
                 "publishing to `{subject}`: {why}"
             ))));
         }
@@ -265,12 +254,12 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
         for (name, value) in headers {
             message = message.header(name, value);
         }
-        if let Some(content_type) = self.encoding.content_type() {
+        if let Some(content_type) = content_type {
             message = message.header(header::CONTENT_TYPE, content_type);
         }
         match self.jetstream.send_publish(subject.clone(), message).await {
             Ok(ack) => Ok((subject, ack)),
-            Err(error) => Err(Err(Failure {
+            Err(error) => Err(Failed::Client(Failure {
                 subject,
                 error,
                 unsent: true,
@@ -433,11 +422,7 @@ fn api_error(error: &PublishError) -> Option<ErrorCode> {
 
 impl<T: Outbox + Send + Sync, E: Encoding<T>> Sink<T> for JetStreamSink<T, E> {
     async fn publish(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<(), SinkError>> {
-        self.publish_acked(batch)
-            .await
-            .into_iter()
-            .map(|acked| acked.map(drop))
-            .collect()
+        broker::acknowledged(self.publish_acked(batch).await)
     }
 }
 

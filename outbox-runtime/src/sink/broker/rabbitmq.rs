@@ -19,16 +19,13 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ErrorKind, PublisherConfirm};
 
-use crate::sink::broker;
+use crate::sink::broker::{self, Failed, Outgoing};
 use crate::sink::message::{Encoding, Json, header};
 use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 
 /// AMQP delivery mode 2: the broker writes the message to disk (in a durable queue).
 const PERSISTENT: u8 = 2;
-
-/// The routing key of an event, from the event.
-type RoutingKeyOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 
 /// A [`Sink`] that publishes events to a RabbitMQ exchange.
 ///
@@ -95,8 +92,8 @@ pub struct RabbitSink<T, E = Json> {
     /// The sink's channels, in confirm mode.
     channels: Arc<Mutex<Channels>>,
     exchange: ShortString,
-    routing_key: RoutingKeyOf<T>,
-    encoding: E,
+    /// Routing keys and bodies.
+    outgoing: Outgoing<T, E>,
     confirm_timeout: Duration,
 }
 
@@ -106,8 +103,7 @@ impl<T, E: Clone> Clone for RabbitSink<T, E> {
             connection: Arc::clone(&self.connection),
             channels: Arc::clone(&self.channels),
             exchange: self.exchange.clone(),
-            routing_key: Arc::clone(&self.routing_key),
-            encoding: self.encoding.clone(),
+            outgoing: self.outgoing.clone(),
             confirm_timeout: self.confirm_timeout,
         }
     }
@@ -117,7 +113,7 @@ impl<T, E: std::fmt::Debug> std::fmt::Debug for RabbitSink<T, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RabbitSink")
             .field("exchange", &self.exchange)
-            .field("encoding", &self.encoding)
+            .field("encoding", &self.outgoing.encoding)
             .field("confirm_timeout", &self.confirm_timeout)
             .finish_non_exhaustive()
     }
@@ -137,7 +133,6 @@ impl<T> RabbitSink<T, Json> {
         let exchange = ShortString::try_new(exchange)
             .map_err(|error| lapin::Error::from(std::io::Error::other(error)))?;
         let channel = confirming_channel(&connection).await?;
-        let routing_key = routing_key.into();
         Ok(Self {
             connection,
             channels: Arc::new(Mutex::new(Channels {
@@ -145,8 +140,7 @@ impl<T> RabbitSink<T, Json> {
                 latest: channel,
             })),
             exchange,
-            routing_key: Arc::new(move |_: &T| routing_key.clone()),
-            encoding: Json,
+            outgoing: Outgoing::new(routing_key.into()),
             confirm_timeout: Duration::from_secs(5),
         })
     }
@@ -157,11 +151,13 @@ impl<T, E> RabbitSink<T, E> {
     /// aggregate): `.routing_key_from(|order: &OrderPlaced| format!("orders.{}", order.region))`.
     #[must_use]
     pub fn routing_key_from(
-        mut self,
+        self,
         routing_key: impl Fn(&T) -> String + Send + Sync + 'static,
     ) -> Self {
-        self.routing_key = Arc::new(routing_key);
-        self
+        Self {
+            outgoing: self.outgoing.destination_from(routing_key),
+            ..self
+        }
     }
 
     /// How long a publisher confirm may take before the delivery fails (transient).
@@ -178,8 +174,7 @@ impl<T, E> RabbitSink<T, E> {
             connection: self.connection,
             channels: self.channels,
             exchange: self.exchange,
-            routing_key: self.routing_key,
-            encoding,
+            outgoing: self.outgoing.encoding(encoding),
             confirm_timeout: self.confirm_timeout,
         }
     }
@@ -270,12 +265,7 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         &self,
         batch: &[Delivery<'_, T>],
     ) -> Vec<Result<Confirmation, SinkError>> {
-        let unavailable = |why: &str| {
-            batch
-                .iter()
-                .map(|_| Err(SinkError::unavailable(why.to_owned())))
-                .collect()
-        };
+        let unavailable = |why: &str| broker::unavailable(batch, why);
         if self.connection.status().blocked() {
             // The broker takes nothing while an alarm lasts: waiting out the relay's
             // send timeout would count an attempt per batch until events went `DEAD`.
@@ -332,13 +322,15 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
             };
             let result = sending.await;
             stalled = result.is_none();
-            sent.push(result.ok_or_else(|| (self.routing_key)(delivery.event())));
+            sent.push(result.ok_or_else(|| self.outgoing.destination(delivery.event())));
         }
         let confirmed = join_all(sent.into_iter().map(|sent| async move {
             let (message, confirm) = match sent {
                 Ok(Ok(sent)) => sent,
-                Ok(Err(Ok(answer))) => return Settled::Answered(answer),
-                Ok(Err(Err((message, error)))) => return Settled::Failed(message, error),
+                Ok(Err(Failed::Answer(answer))) => return Settled::Answered(answer),
+                Ok(Err(Failed::Client((message, error)))) => {
+                    return Settled::Failed(message, error);
+                }
                 Err(routing_key) => {
                     return Settled::TimedOut(Sent {
                         routing_key,
@@ -393,18 +385,20 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
     }
 
     /// Hands one delivery's message to the channel; returns what it sent and the
-    /// future of its confirm. The outer error is final (the sink's answer), the inner
-    /// one is the client's, to classify.
-    #[allow(clippy::type_complexity)]
+    /// future of its confirm.
     async fn send(
         &self,
         channel: &Channel,
         delivery: &Delivery<'_, T>,
-    ) -> Result<(Sent, PublisherConfirm), Result<SinkError, (Sent, lapin::Error)>> {
-        let body = broker::body(&self.encoding, delivery).map_err(Ok)?;
-        let routing_key = (self.routing_key)(delivery.event());
+    ) -> Result<(Sent, PublisherConfirm), Failed<(Sent, lapin::Error)>> {
+        let broker::Message {
+            destination: routing_key,
+            body,
+            headers: outbox_headers,
+            content_type,
+        } = self.outgoing.message(delivery)?;
         let too_long = |what: &str, error| {
-            Ok(SinkError::permanent(format!(
+            Failed::Answer(SinkError::permanent(format!(
                 "the {what} is not an AMQP short string: {error}"
             )))
         };
@@ -414,14 +408,14 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         let message_id =
             ShortString::try_new(event_id).map_err(|error| too_long("event id", error))?;
         let mut headers = FieldTable::default();
-        for (name, value) in broker::headers(delivery) {
+        for (name, value) in outbox_headers {
             headers.insert(name.into(), AMQPValue::LongString(LongString::from(value)));
         }
         let mut properties = BasicProperties::default()
             .with_message_id(message_id)
             .with_delivery_mode(PERSISTENT)
             .with_headers(headers);
-        if let Some(content_type) = self.encoding.content_type() {
+        if let Some(content_type) = content_type {
             let content_type = ShortString::try_new(content_type)
                 .map_err(|error| too_long("content type", error))?;
             properties = properties.with_content_type(content_type);
@@ -439,7 +433,7 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
             .await
         {
             Ok(confirm) => Ok((sent, confirm)),
-            Err(error) => Err(Err((sent, error))),
+            Err(error) => Err(Failed::Client((sent, error))),
         }
     }
 
@@ -599,11 +593,7 @@ fn max_message_size(reason: &str) -> Option<usize> {
 
 impl<T: Outbox + Send + Sync, E: Encoding<T>> Sink<T> for RabbitSink<T, E> {
     async fn publish(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<(), SinkError>> {
-        self.publish_confirmed(batch)
-            .await
-            .into_iter()
-            .map(|confirmed| confirmed.map(drop))
-            .collect()
+        broker::acknowledged(self.publish_confirmed(batch).await)
     }
 }
 
