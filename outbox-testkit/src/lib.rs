@@ -32,6 +32,10 @@
     missing_docs,
     reason = "test support: documented where a reader needs it, not item by item"
 )]
+#![allow(
+    clippy::missing_panics_doc,
+    reason = "test support: a panic is how it fails the test that called it"
+)]
 
 // The examples keep their event types in their own module, as an application would; the
 // tests check those very types (their golden migrations), so this crate compiles them too.
