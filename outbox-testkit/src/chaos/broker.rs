@@ -14,7 +14,7 @@
 //! publishers, JetStream only within its duplicate window); delivered to a consumer at least once. Every duplicate is
 //! counted and its cause named in the report.
 //!
-//! The relay and consumer processes are the chaos run's children ([`super::Relays`]); a
+//! The relay and consumer processes are the chaos run's children (`super::Relays`); a
 //! relay child publishes through its broker's sink, recording what the broker took.
 //!
 //! A broker is one module (`nats.rs`, `rabbitmq.rs`, `kafka.rs`), behind its feature,
