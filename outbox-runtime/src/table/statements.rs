@@ -303,12 +303,7 @@ pub(crate) async fn requeue_dead<'e>(
     executor: impl PgExecutor<'e>,
     event_ids: &[&str],
 ) -> Result<Vec<EventId>, OutboxError> {
-    let requeued: Vec<String> = sqlx::query_scalar(operator(operations, Statement::RequeueDead))
-        .bind(event_ids)
-        .fetch_all(executor)
-        .await
-        .on_table(operations.table)?;
-    Ok(requeued.into_iter().map(EventId::from).collect())
+    dead_among(operations, executor, Statement::RequeueDead, event_ids).await
 }
 
 /// [`Statement::RequeueAllDead`]: how many events were requeued.
@@ -329,12 +324,22 @@ pub(crate) async fn discard_dead<'e>(
     executor: impl PgExecutor<'e>,
     event_ids: &[&str],
 ) -> Result<Vec<EventId>, OutboxError> {
-    let discarded: Vec<String> = sqlx::query_scalar(operator(operations, Statement::DiscardDead))
+    dead_among(operations, executor, Statement::DiscardDead, event_ids).await
+}
+
+/// An operator's `statement` on the `DEAD` events among `event_ids`: the ids it changed.
+async fn dead_among<'e>(
+    operations: &Operations<'_>,
+    executor: impl PgExecutor<'e>,
+    statement: Statement,
+    event_ids: &[&str],
+) -> Result<Vec<EventId>, OutboxError> {
+    let changed: Vec<String> = sqlx::query_scalar(operator(operations, statement))
         .bind(event_ids)
         .fetch_all(executor)
         .await
         .on_table(operations.table)?;
-    Ok(discarded.into_iter().map(EventId::from).collect())
+    Ok(changed.into_iter().map(EventId::from).collect())
 }
 
 /// [`Statement::PruneSent`] of up to `batch` rows sent more than `older_than` ago: how

@@ -194,34 +194,7 @@ impl fmt::Display for BrokerReport {
             "  effects                {} rows; {} of {} events applied exactly once",
             self.effects, self.events_applied_once, r.events
         )?;
-        writeln!(
-            f,
-            "  relay errors logged    {} (constraint violations: {})",
-            r.relay_errors, r.constraint_violations
-        )?;
-        for sample in &r.relay_error_samples {
-            writeln!(f, "    e.g. {sample}")?;
-        }
-        writeln!(
-            f,
-            "  wall time              {:.1}s (chaos {:.1}s, drain {:.1}s)",
-            r.wall.as_secs_f64(),
-            r.chaos.as_secs_f64(),
-            r.drain.as_secs_f64()
-        )?;
-        if self.failures.is_empty() {
-            write!(f, "  result                 every check passed")
-        } else {
-            write!(
-                f,
-                "  result                 {} FAILED:",
-                self.failures.len()
-            )?;
-            for failure in &self.failures {
-                write!(f, "\n    - {failure}")?;
-            }
-            Ok(())
-        }
+        r.write_tail(f, &self.failures)
     }
 }
 

@@ -194,6 +194,14 @@ impl fmt::Display for Report {
             "  max generation/claims  {}/{}",
             self.max_generation, self.max_attempts
         )?;
+        self.write_tail(f, &self.failures)
+    }
+}
+
+impl Report {
+    /// The summary's last lines, the broker run's too: the relays' errors, the wall
+    /// time, and the result, `failures` listed.
+    fn write_tail(&self, f: &mut fmt::Formatter<'_>, failures: &[String]) -> fmt::Result {
         writeln!(
             f,
             "  relay errors logged    {} (constraint violations: {})",
@@ -209,15 +217,11 @@ impl fmt::Display for Report {
             self.chaos.as_secs_f64(),
             self.drain.as_secs_f64()
         )?;
-        if self.failures.is_empty() {
+        if failures.is_empty() {
             write!(f, "  result                 every check passed")
         } else {
-            write!(
-                f,
-                "  result                 {} FAILED:",
-                self.failures.len()
-            )?;
-            for failure in &self.failures {
+            write!(f, "  result                 {} FAILED:", failures.len())?;
+            for failure in failures {
                 write!(f, "\n    - {failure}")?;
             }
             Ok(())
