@@ -206,7 +206,7 @@ pub static SCENARIOS: [Scenario; 6] = [
     },
 ];
 
-/// The child role of scenario 1: the publisher the parent kills (see `support::child`).
+/// The child role of scenario 1: the publisher the parent kills (see `crate::child`).
 const PUBLISHER: &str = "lab publisher";
 /// The publisher's handshake: `CLAIMED <id> <event_id> <generation>`.
 const CLAIMED: &str = "CLAIMED";

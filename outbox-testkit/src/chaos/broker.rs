@@ -404,7 +404,7 @@ impl Consumer {
     }
 
     /// One message: the effect (a `shipments` row) and the inbox row in one transaction
-    /// (`support::broker::apply`), then a note of the delivery. The caller acknowledges
+    /// (`crate::broker::apply`), then a note of the delivery. The caller acknowledges
     /// the message after this returns, and not if it fails: the broker redelivers it.
     /// `position`: where the broker stored it; `delivery`: the broker's count of its
     /// deliveries (1 for the first).
@@ -535,7 +535,7 @@ async fn setup_broker_tables(pool: &PgPool) -> Result<(), String> {
         // When each outage began (before the broker was taken away) and ended.
         "CREATE TABLE chaos_outages (kind text NOT NULL, started_at timestamptz NOT NULL, \
              ended_at timestamptz NOT NULL)",
-        // The effect (`support::broker::apply`): deliberately no unique key, so that an
+        // The effect (`crate::broker::apply`): deliberately no unique key, so that an
         // effect applied twice shows as two rows.
         "CREATE TABLE shipments (event_id text NOT NULL, parcels bigint NOT NULL)",
     ] {

@@ -4,7 +4,7 @@
 //! exactly once in the outbox, delivered at least once, and recorded `SENT` by the
 //! generation that held the row.
 //!
-//! Each relay is a child process re-executing the current binary (`support::child`, as
+//! Each relay is a child process re-executing the current binary (`crate::child`, as
 //! in the recovery lab) that runs [`outbox::Relay`] into a sink recording every delivery
 //! in `chaos_deliveries`, a plain table outside the outbox. A trigger notes every transition to `SENT` in `chaos_sent`, with the
 //! recording session's `application_name`, which names the relay process: the end state
@@ -229,7 +229,7 @@ impl Report {
     }
 }
 
-/// The child role of a relay process (see `support::child`).
+/// The child role of a relay process (see `crate::child`).
 const RELAY: &str = "chaos relay";
 /// Prefix of the lines a child (relay or consumer) writes itself (the rest is the
 /// relay's tracing).
@@ -539,7 +539,7 @@ enum Wake {
 /// The relay processes (or a broker run's consumer processes): started, paused, killed
 /// and restarted, stopped; their logs read.
 struct Relays {
-    /// What the children are: their role (see `support::child`), their name in messages
+    /// What the children are: their role (see `crate::child`), their name in messages
     /// (`relay`, `consumer`), and the letter in their sessions' `application_name`.
     role: &'static str,
     kind: &'static str,

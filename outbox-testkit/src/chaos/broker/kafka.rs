@@ -4,7 +4,7 @@
 //!
 //! tansu keeps its topics in memory here, so a restart would lose every record: the
 //! outage is every relay's and consumer's connection cut instead, as for RabbitMQ. tansu
-//! advertises a proxy (`support::proxy::Proxy`) as its address, so every client
+//! advertises a proxy (`crate::proxy::Proxy`) as its address, so every client
 //! connection, the bootstrap's and the partition leader's, goes through it; the driver
 //! takes the proxy down and up. librdkafka reconnects by itself.
 //!

@@ -1,5 +1,5 @@
 //! NATS JetStream in the broker run: a `nats-server -js` of the run's own
-//! (`support::nats_server`), file storage, killed (SIGKILL or SIGTERM) and restarted on
+//! (`crate::nats_server`), file storage, killed (SIGKILL or SIGTERM) and restarted on
 //! the same port and directory; one stream, one durable pull consumer shared by the
 //! consumer processes.
 

@@ -1,7 +1,7 @@
 //! RabbitMQ in the broker run. The broker is the shared system service (127.0.0.1:5672,
 //! or `OUTBOX_AMQP_URL`), which a run cannot restart without disturbing the other tests;
 //! its outage is every relay's and consumer's connection cut instead: they connect
-//! through a proxy (`support::proxy::Proxy`) that the driver takes down and up. The
+//! through a proxy (`crate::proxy::Proxy`) that the driver takes down and up. The
 //! relays reconnect with lapin's automatic recovery (as the sink's documentation advises),
 //! the consumers by opening a new connection.
 //!
