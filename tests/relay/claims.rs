@@ -7,14 +7,15 @@ use outbox::Outbox;
 use outbox::{Relay, relay::MemorySink};
 use outbox_testkit::events::{Budgeted, ChaosEvent};
 use outbox_testkit::rows::{enqueue, row_of, status};
-use sqlx::{AssertSqlSafe, PgPool};
 // Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
-// 3 (`events.rs` checks the random start of production).
-use crate::run_until_it_gives_up;
-use crate::{ScriptSink, budgeted, fast};
+// 3 (`table/statements.rs` checks the random start of production).
 use outbox_testkit::schema::schema_from_zero;
 use outbox_testkit::{TestResult, wait_until};
+use sqlx::{AssertSqlSafe, PgPool};
 use tokio::time::Instant;
+
+use crate::run_until_it_gives_up;
+use crate::{ScriptSink, budgeted, fast};
 
 /// The role of [`paused_relay_child`].
 const PAUSED: &str = "paused-relay";

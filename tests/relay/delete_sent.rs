@@ -11,11 +11,11 @@ use outbox::{Delivery, Relay, Sink, SinkError, relay::MemorySink};
 use outbox_testkit::events::Receipt;
 use outbox_testkit::rows::{count, enqueue};
 use outbox_testkit::running::start;
-use sqlx::PgPool;
 // Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
-// 3 (`events.rs` checks the random start of production).
+// 3 (`table/statements.rs` checks the random start of production).
 use outbox_testkit::schema::schema_from_zero;
 use outbox_testkit::{TestResult, wait_until};
+use sqlx::PgPool;
 
 fn receipt(name: &str) -> Receipt {
     Receipt { name: name.into() }

@@ -6,19 +6,20 @@ use std::time::Duration;
 use outbox::OutboxError;
 use outbox::testing::TestSchema;
 use outbox::{CancellationToken, Relay, relay::MemorySink};
+use outbox_testkit::TestResult;
 use outbox_testkit::app::OrderPlaced;
 use outbox_testkit::events::Budgeted;
 use outbox_testkit::role::with_role;
 use outbox_testkit::rows::status;
+// Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
+// 3 (`table/statements.rs` checks the random start of production).
+use outbox_testkit::schema::schema_from_zero;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-// Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
-// 3 (`events.rs` checks the random start of production).
+use tokio::time::timeout;
+
 use crate::run_until_it_gives_up;
 use crate::{budgeted, fast};
-use outbox_testkit::TestResult;
-use outbox_testkit::schema::schema_from_zero;
-use tokio::time::timeout;
 
 #[tokio::test]
 async fn a_relay_on_a_missing_table_returns_an_error_instead_of_spinning() -> TestResult {

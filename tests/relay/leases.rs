@@ -14,16 +14,17 @@ use outbox_testkit::logs::Captured;
 use outbox_testkit::proxy::Proxy;
 use outbox_testkit::rows::{enqueue, row_of, status};
 use outbox_testkit::running::{Running, start};
+// Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
+// 3 (`table/statements.rs` checks the random start of production).
+use outbox_testkit::schema::schema_from_zero;
+use outbox_testkit::{TestResult, wait_until};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
-// Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
-// 3 (`events.rs` checks the random start of production).
+use tokio::time::Instant;
+
 use crate::{
     Plan, ScriptSink, Seen, Wait, budgeted, fast, lease_until, long_send, payment, wait_past,
 };
-use outbox_testkit::schema::schema_from_zero;
-use outbox_testkit::{TestResult, wait_until};
-use tokio::time::Instant;
 
 #[tokio::test]
 async fn lease_renewal_keeps_a_slow_send_owned() -> TestResult {

@@ -25,10 +25,8 @@ use outbox::{Outbox, OutboxError};
 use outbox_testkit::app::PaymentCaptured;
 use outbox_testkit::counters::Counters;
 use outbox_testkit::events::{Budgeted, LongSend};
-use sqlx::{AssertSqlSafe, PgPool};
-// Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
-// 3 (`events.rs` checks the random start of production).
 use outbox_testkit::wait_until;
+use sqlx::{AssertSqlSafe, PgPool};
 use tokio::time::{Instant, sleep, timeout};
 
 const IDLE_CLAIMS: &str = outbox::relay::metric::IDLE_CLAIMS;

@@ -8,12 +8,13 @@ use outbox::{Relay, relay::MemorySink};
 use outbox_testkit::events::Budgeted;
 use outbox_testkit::rows::{Row, count, enqueue, row_of, status};
 use outbox_testkit::running::start;
-use sqlx::PgPool;
 // Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
-// 3 (`events.rs` checks the random start of production).
-use crate::{budgeted, fast};
+// 3 (`table/statements.rs` checks the random start of production).
 use outbox_testkit::schema::schema_from_zero;
 use outbox_testkit::{TestResult, wait_until};
+use sqlx::PgPool;
+
+use crate::{budgeted, fast};
 
 #[tokio::test]
 async fn requeue_dead_gives_dead_events_a_fresh_budget_and_leaves_other_rows_alone() -> TestResult {

@@ -17,14 +17,15 @@ use outbox_testkit::events::Budgeted;
 use outbox_testkit::logs::Captured;
 use outbox_testkit::rows::{count, enqueue, row_of};
 use outbox_testkit::running::start;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 // Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
-// 3 (`events.rs` checks the random start of production).
-use crate::WaitsForTheClaimAhead;
-use crate::{Plan, ScriptSink, Seen, budgeted, fast, lock, payment};
+// 3 (`table/statements.rs` checks the random start of production).
 use outbox_testkit::schema::schema_from_zero;
 use outbox_testkit::{TestResult, wait_until};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::time::sleep;
+
+use crate::WaitsForTheClaimAhead;
+use crate::{Plan, ScriptSink, Seen, budgeted, fast, lock, payment};
 
 #[tokio::test]
 async fn a_backlog_with_undecodable_rows_drains_without_waiting_for_the_poll() -> TestResult {

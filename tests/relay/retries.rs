@@ -17,16 +17,17 @@ use outbox_testkit::events::Budgeted;
 use outbox_testkit::logs::Captured;
 use outbox_testkit::rows::{count, enqueue, row_of, status};
 use outbox_testkit::running::{Running, start};
+// Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
+// 3 (`table/statements.rs` checks the random start of production).
+use outbox_testkit::schema::schema_from_zero;
+use outbox_testkit::{TestResult, wait_until};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
-// Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
-// 3 (`events.rs` checks the random start of production).
+
 use crate::{
     Plan, ScriptSink, Seen, Wait, budgeted, fast, record_history, retry_delays,
     two_more_empty_claims,
 };
-use outbox_testkit::schema::schema_from_zero;
-use outbox_testkit::{TestResult, wait_until};
 
 #[tokio::test]
 async fn transient_failures_back_off_with_growing_delays_until_the_budget_is_spent() -> TestResult {

@@ -8,12 +8,13 @@ use outbox_testkit::events::Budgeted;
 use outbox_testkit::rows::{Row, enqueue, row_of, status};
 use outbox_testkit::running::start;
 // Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
-// 3 (`events.rs` checks the random start of production).
-use crate::WaitsForTheClaimAhead;
-use crate::{Plan, ScriptSink, Seen, Wait, budgeted, fast, lock};
+// 3 (`table/statements.rs` checks the random start of production).
 use outbox_testkit::schema::schema_from_zero;
 use outbox_testkit::{TestResult, wait_until};
 use tokio::time::{sleep, timeout};
+
+use crate::WaitsForTheClaimAhead;
+use crate::{Plan, ScriptSink, Seen, Wait, budgeted, fast, lock};
 
 #[tokio::test]
 async fn a_shutdown_hands_unsent_claims_back_without_counting_the_attempt() -> TestResult {

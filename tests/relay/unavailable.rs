@@ -17,7 +17,7 @@ use outbox_testkit::logs::Captured;
 use outbox_testkit::rows::{count, enqueue, row_of};
 use outbox_testkit::running::start;
 // Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
-// 3 (`events.rs` checks the random start of production).
+// 3 (`table/statements.rs` checks the random start of production).
 use outbox_testkit::schema::schema_from_zero;
 use outbox_testkit::{TestResult, wait_until};
 use tokio::time::Instant;

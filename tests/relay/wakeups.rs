@@ -7,10 +7,11 @@ use outbox_testkit::app::EmailChanged;
 use outbox_testkit::counters::Counters;
 use outbox_testkit::running::start;
 // Generations start at 0 here, as in the recovery lab, so that expectations read 1, 2,
-// 3 (`events.rs` checks the random start of production).
-use crate::IDLE_CLAIMS;
+// 3 (`table/statements.rs` checks the random start of production).
 use outbox_testkit::schema::schema_from_zero;
 use outbox_testkit::{TestResult, wait_until};
+
+use crate::IDLE_CLAIMS;
 
 #[tokio::test]
 async fn a_notification_wakes_an_idle_relay_long_before_its_poll_interval() -> TestResult {
