@@ -97,7 +97,7 @@ pub enum OutboxError {
     #[error("cannot connect to PostgreSQL at {endpoint}{}: {source}", for_target(.target))]
     Connect {
         /// The outbox table or operation that needed the connection; empty for a new
-        /// pool's first connection ([`connect`](crate::connect)).
+        /// pool's first connection ([`connect`](crate::connect())).
         target: String,
         /// Where: `host:port/database as user` (no password).
         endpoint: String,
@@ -106,7 +106,7 @@ pub enum OutboxError {
         source: sqlx::Error,
     },
 
-    /// A database URL that does not parse (given to [`connect`](crate::connect)). The
+    /// A database URL that does not parse (given to [`connect`](crate::connect())). The
     /// URL is not repeated: it may hold a password.
     #[error(
         "invalid database URL (expected postgres://user:password@host:port/database): {source}"

@@ -16,7 +16,7 @@ use outbox_internals::Status;
 impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// Records the `pending` outcomes and, with `claim_next`, claims the next batch in
     /// one transaction, recording first: [`record::record_and_claim`] says why that order.
-    /// The claim starts at the relay's [`Frontier`], or sweeps.
+    /// The claim starts at the relay's [`Frontier`](crate::relay::frontier::Frontier), or sweeps.
     pub(super) async fn record_and_claim(
         &self,
         conn: &mut Connection<'_>,
