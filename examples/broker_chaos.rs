@@ -120,11 +120,12 @@ impl Broker {
     /// In a relay or consumer child: runs it through the broker its parent named, until
     /// SIGTERM. Returns at once in any other process.
     fn child_main_if_requested() {
-        match child::param("BROKER").as_deref() {
-            Some("nats") => broker::child_main_if_requested::<Nats>(),
-            Some("rabbitmq") => broker::child_main_if_requested::<RabbitMq>(),
-            Some("kafka") => broker::child_main_if_requested::<Kafka>(),
-            _ => {}
+        let named = child::param("BROKER").and_then(|name| Self::from_str(&name, false).ok());
+        match named {
+            Some(Self::Nats) => broker::child_main_if_requested::<Nats>(),
+            Some(Self::RabbitMq) => broker::child_main_if_requested::<RabbitMq>(),
+            Some(Self::Kafka) => broker::child_main_if_requested::<Kafka>(),
+            None => {}
         }
     }
 
