@@ -105,11 +105,6 @@ impl NatsServer {
         self.args = args.iter().map(|&a| a.to_owned()).collect();
     }
 
-    /// Whether the server process is running.
-    pub fn is_up(&self) -> bool {
-        self.process.is_some()
-    }
-
     /// Stops the server as `how` says and waits until it is gone.
     pub fn down(&mut self, how: Stop) -> Result<(), String> {
         let Some(mut process) = self.process.take() else {
