@@ -191,8 +191,13 @@ pub mod ops {
 pub mod table {
     //! The generic forms of the methods `#[derive(Outbox)]` gives each event type
     //! (`OrderPlaced::enqueue`, `OrderPlaced::claim`, ...), for code generic over
-    //! `T: Outbox`: [`enqueue`], [`enqueue_all`], [`claim`], [`claim_batch`].
-    pub use outbox_runtime::{claim, claim_batch, enqueue, enqueue_all};
+    //! `T: Outbox`: [`enqueue`], [`enqueue_all`], [`claim`], [`claim_batch`]; and the
+    //! scheduled forms behind `enqueue_at` and `enqueue_after`: [`enqueue_scheduled`],
+    //! [`enqueue_all_scheduled`], at a [`Schedule`].
+    pub use outbox_runtime::{
+        Schedule, claim, claim_batch, enqueue, enqueue_all, enqueue_all_scheduled,
+        enqueue_scheduled,
+    };
 }
 
 pub mod inbox {

@@ -146,6 +146,12 @@ fn checked(model: &Model, definitions: &[Definition]) -> TokenStream {
 /// not import a trait to call them.
 pub(crate) fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
     let (ident, table) = (&model.ident, &model.table);
+    let scheduled = if model.key().is_none() {
+        scheduled_methods(p, table)
+    } else {
+        // A key's events go out in order, not at times of their own.
+        TokenStream::new()
+    };
     quote! {
         #[automatically_derived]
         impl #ident {
@@ -164,6 +170,8 @@ pub(crate) fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
             ) -> ::core::result::Result<::std::vec::Vec<#p::Enqueued>, #p::OutboxError> {
                 #p::enqueue_all(events, conn).await
             }
+
+            #scheduled
 
             #[doc = ::core::concat!("Claims the next due event of `", #table, "`, if any, under a fresh lease and generation.")]
             pub async fn claim<'c>(
@@ -184,6 +192,47 @@ pub(crate) fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
             pub fn migrations() -> #p::TableMigrations {
                 #p::TableMigrations::of::<Self>()
             }
+        }
+    }
+}
+
+/// `enqueue_at`, `enqueue_after` and their batch forms, on a type without an ordering key.
+fn scheduled_methods(p: &TokenStream, table: &str) -> TokenStream {
+    quote! {
+        #[doc = ::core::concat!("[`enqueue`](Self::enqueue) into `", #table, "`, due at `at`: the relay does not claim the event before (a time in the past means now; at most `outbox::ops::MAX_INTERVAL` ahead).")]
+        pub async fn enqueue_at<'e>(
+            &self,
+            at: #p::DateTime<#p::Utc>,
+            executor: impl #p::PgExecutor<'e>,
+        ) -> ::core::result::Result<#p::Enqueued, #p::OutboxError> {
+            #p::enqueue_scheduled(self, #p::Schedule::At(at), executor).await
+        }
+
+        #[doc = ::core::concat!("[`enqueue`](Self::enqueue) into `", #table, "`, due `delay` after the enqueue on the database's clock (at most `outbox::ops::MAX_INTERVAL`).")]
+        pub async fn enqueue_after<'e>(
+            &self,
+            delay: #p::Duration,
+            executor: impl #p::PgExecutor<'e>,
+        ) -> ::core::result::Result<#p::Enqueued, #p::OutboxError> {
+            #p::enqueue_scheduled(self, #p::Schedule::After(delay), executor).await
+        }
+
+        #[doc = ::core::concat!("[`enqueue_all`](Self::enqueue_all) into `", #table, "`, every event due at `at`.")]
+        pub async fn enqueue_all_at<'c>(
+            events: &[Self],
+            at: #p::DateTime<#p::Utc>,
+            conn: impl #p::Acquire<'c, Database = #p::Postgres>,
+        ) -> ::core::result::Result<::std::vec::Vec<#p::Enqueued>, #p::OutboxError> {
+            #p::enqueue_all_scheduled(events, #p::Schedule::At(at), conn).await
+        }
+
+        #[doc = ::core::concat!("[`enqueue_all`](Self::enqueue_all) into `", #table, "`, every event due `delay` after the enqueue.")]
+        pub async fn enqueue_all_after<'c>(
+            events: &[Self],
+            delay: #p::Duration,
+            conn: impl #p::Acquire<'c, Database = #p::Postgres>,
+        ) -> ::core::result::Result<::std::vec::Vec<#p::Enqueued>, #p::OutboxError> {
+            #p::enqueue_all_scheduled(events, #p::Schedule::After(delay), conn).await
         }
     }
 }

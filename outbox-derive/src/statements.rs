@@ -117,23 +117,26 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
     // The `checked` calls bind one value of each parameter's type; `pool` and `event`
     // are the arguments of the function they are emitted in.
     let (ids, texts, delays) = (quote!(ids), quote!(texts), quote!(delays));
+    let none = no_time();
     match statement {
         Statement::Enqueue => {
-            let columns = insert_columns(table);
-            let params = (1..=table.payload.len() + 1)
+            let n = table.payload.len() + 1;
+            let params = (1..=n)
                 .map(|i| format!("${i}"))
                 .collect::<Vec<_>>()
                 .join(", ");
             let sql = format!(
                 "WITH enqueued AS (\n\
-                 \x20   INSERT INTO {t} ({columns}) VALUES ({params})\n\
+                 \x20   INSERT INTO {t} ({}) VALUES ({params}, {})\n\
                  \x20   ON CONFLICT (event_id) DO NOTHING RETURNING id)\n\
                  SELECT id FROM enqueued, {}",
+                insert_columns(table),
+                not_before(n),
                 notify(table)
             );
             let fields = checked_fields(table.model);
-            let checked =
-                quote!(::sqlx::query!(#sql, "event id" #(, #fields)*).fetch_optional(pool).await?;);
+            let checked = quote!(::sqlx::query!(#sql, "event id" #(, #fields)*, #none, #none)
+                .fetch_optional(pool).await?;);
             Definition { sql, checked }
         }
         Statement::EnqueueAll => {
@@ -142,30 +145,32 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             // for 10,000 rows; the runtime tries this one in a savepoint first.
             let sql = format!(
                 "WITH enqueued AS (\n\
-                 \x20   INSERT INTO {t} ({}) SELECT * FROM unnest({}) RETURNING id)\n\
+                 \x20   INSERT INTO {t} ({}) SELECT *, {} FROM unnest({}) RETURNING id)\n\
                  SELECT pg_notify('{}', '') FROM enqueued LIMIT 1",
                 insert_columns(table),
+                not_before(table.model.fields.len() + 1),
                 insert_arrays(table),
                 table.model.table,
             );
             let arrays = table.model.fields.iter().map(|_| quote!(#texts as _));
-            let checked =
-                quote!(::sqlx::query!(#sql, #texts #(, #arrays)*).fetch_all(pool).await?;);
+            let checked = quote!(::sqlx::query!(#sql, #texts #(, #arrays)*, #none, #none)
+                .fetch_all(pool).await?;);
             Definition { sql, checked }
         }
         Statement::EnqueueAllSkipping => {
             let sql = format!(
                 "WITH enqueued AS (\n\
-                 \x20   INSERT INTO {t} ({}) SELECT * FROM unnest({})\n\
+                 \x20   INSERT INTO {t} ({}) SELECT *, {} FROM unnest({})\n\
                  \x20   ON CONFLICT (event_id) DO NOTHING RETURNING event_id)\n\
                  SELECT event_id FROM enqueued, {}",
                 insert_columns(table),
+                not_before(table.model.fields.len() + 1),
                 insert_arrays(table),
                 notify(table)
             );
             let arrays = table.model.fields.iter().map(|_| quote!(#texts as _));
-            let checked =
-                quote!(::sqlx::query!(#sql, #texts #(, #arrays)*).fetch_all(pool).await?;);
+            let checked = quote!(::sqlx::query!(#sql, #texts #(, #arrays)*, #none, #none)
+                .fetch_all(pool).await?;);
             Definition { sql, checked }
         }
         Statement::Claim => {
@@ -393,7 +398,24 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             // a median of 357 ms with two parallel workers (609 ms without), as the
             // statement before this figure (348 ms, 707 ms) within the noise; the
             // probe 0.04 ms.
-            let waiting = format!("status IN ('{ready}', '{in_progress}')");
+            // A scheduled event is not waiting for the relay until its time: it is counted
+            // apart, and is not the oldest waiting one. Only an enqueue schedules an event
+            // that no claim has taken yet (`attempts = 0`) for later: a retry has spent an
+            // attempt, a hand-back or requeue makes it due now. A keyed table sets held
+            // events aside for later too, and takes no schedule.
+            let (scheduled, waiting) = if table.model.key().is_none() {
+                let scheduled = format!(
+                    "status = '{ready}' AND attempts = 0 AND next_attempt_at > statement_timestamp()"
+                );
+                let waiting =
+                    format!("status IN ('{ready}', '{in_progress}') AND NOT ({scheduled})");
+                (format!("count(*) FILTER (WHERE {scheduled})"), waiting)
+            } else {
+                (
+                    "0::bigint".to_owned(),
+                    format!("status IN ('{ready}', '{in_progress}')"),
+                )
+            };
             let sql = format!(
                 "SELECT s.*, w.oldest_waiting_age, w.oldest_waiting_error\n\
                  FROM (SELECT\n\
@@ -405,7 +427,8 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                  \x20   min(id) FILTER (WHERE {waiting}) AS first_waiting,\n\
                  \x20   {held},\n\
                  \x20   {recent} AS sent_last_minute,\n\
-                 \x20   count(*) FILTER (WHERE status = '{ready}' AND next_attempt_at <= statement_timestamp()) AS due\n\
+                 \x20   count(*) FILTER (WHERE status = '{ready}' AND next_attempt_at <= statement_timestamp()) AS due,\n\
+                 \x20   {scheduled} AS scheduled\n\
                  \x20   FROM {t}) AS s\n\
                  LEFT JOIN LATERAL (SELECT\n\
                  \x20   statement_timestamp() - greatest(created_at, {oldest}) AS oldest_waiting_age,\n\
@@ -618,8 +641,28 @@ fn requeue() -> String {
 fn insert_columns(table: &Table<'_>) -> String {
     std::iter::once("event_id")
         .chain(table.payload.iter().map(String::as_str))
+        .chain(std::iter::once("next_attempt_at"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// When an enqueued event is due, from the two parameters after the `columns` before
+/// it: a time (`timestamptz`) and a delay (`interval`), either or both NULL. The latest
+/// of now, the time and now plus the delay: a time in the past means now, and the delay
+/// counts on the database's clock. (`greatest` skips NULLs.)
+fn not_before(columns: usize) -> String {
+    format!(
+        "greatest(statement_timestamp(), ${}::timestamptz, statement_timestamp() + ${}::interval)",
+        columns + 1,
+        columns + 2
+    )
+}
+
+/// The `checked` argument of a schedule's parameter, which the runtime binds as an
+/// `Option` of chrono's or std's type: unchecked (`as _`), as the user's sqlx.toml
+/// chooses between chrono and time for `timestamptz`.
+fn no_time() -> TokenStream {
+    quote!(::core::option::Option::<::core::primitive::i64>::None as _)
 }
 
 /// One array parameter per column, so the text stays the same whatever the number of

@@ -216,6 +216,19 @@ pub enum OutboxError {
         max: Duration,
     },
 
+    /// An event of a table with an ordering key was given a later time
+    /// ([`Schedule`](crate::Schedule)): scheduled publish is for tables without one. A
+    /// key's events go out in order, so a scheduled event would hold its key's later
+    /// events until its time. Nothing was written.
+    #[error(
+        "`{table}` has an ordering key (`#[outbox(key)]`): its events are published in order, \
+         not at a time of their own; enqueue without a schedule"
+    )]
+    ScheduledWithKey {
+        /// The outbox table.
+        table: &'static str,
+    },
+
     /// An event could not be encoded for the database (e.g. a `#[outbox(json)]` field
     /// whose `Serialize` implementation failed).
     #[error("cannot encode an event for `{table}`: {source}")]

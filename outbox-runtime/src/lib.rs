@@ -51,7 +51,9 @@ pub use sink::message;
 pub use spec::{Column, MigrationStep, Outbox, PgQuery, TableSpec};
 pub use table::claim::Claim;
 pub use table::claiming::{claim, claim_batch};
-pub use table::enqueue::{Enqueued, enqueue, enqueue_all};
+pub use table::enqueue::{
+    Enqueued, Schedule, enqueue, enqueue_all, enqueue_all_scheduled, enqueue_scheduled,
+};
 pub use table::operations::{discard_dead, prune_sent, requeue_all_dead, requeue_dead, stats};
 pub use table::operator::Stats;
 pub use table::row::Retried;
@@ -67,8 +69,10 @@ pub mod __private {
     pub use crate::spec::{Statements, derive_only_statements, derive_only_table_spec};
     pub use crate::{
         Claim, Column, Enqueued, EventId, EventIdField, MigrationStep, Outbox, OutboxError,
-        PgQuery, TableMigrations, TableSpec, claim, claim_batch, enqueue, enqueue_all,
+        PgQuery, Schedule, TableMigrations, TableSpec, claim, claim_batch, enqueue, enqueue_all,
+        enqueue_all_scheduled, enqueue_scheduled,
     };
+    pub use chrono::{DateTime, Utc};
     pub use core::time::Duration;
     pub use outbox_internals::{STATEMENT_STEPS, Statement};
     pub use sqlx::postgres::PgRow;

@@ -23,6 +23,9 @@ pub mod metric {
     pub const READY: &str = "outbox_ready";
     /// Gauge: `READY` rows that are due: the backlog the relays should be draining.
     pub const DUE: &str = "outbox_due";
+    /// Gauge, tables without an ordering key: `READY` rows enqueued for a later time
+    /// that has not come (`enqueue_at`, `enqueue_after`): neither backlog nor lag.
+    pub const SCHEDULED: &str = "outbox_scheduled";
     /// Gauge: rows claimed by a publisher, live or expired.
     pub const IN_PROGRESS: &str = "outbox_in_progress";
     /// Gauge: claims whose lease expired: a publisher died or stalled holding them. A
@@ -209,6 +212,8 @@ impl Monitor {
 struct TableGauges {
     ready: Gauge,
     due: Gauge,
+    /// Only for a table without an ordering key: the others take no schedule.
+    scheduled: Option<Gauge>,
     in_progress: Gauge,
     expired_claims: Gauge,
     dead: Gauge,
@@ -226,6 +231,7 @@ impl TableGauges {
         Self {
             ready: gauge(metric::READY),
             due: gauge(metric::DUE),
+            scheduled: spec.key.is_none().then(|| gauge(metric::SCHEDULED)),
             in_progress: gauge(metric::IN_PROGRESS),
             expired_claims: gauge(metric::EXPIRED_CLAIMS),
             dead: gauge(metric::DEAD),
@@ -244,6 +250,9 @@ impl TableGauges {
     fn set(&self, stats: &Stats) {
         self.ready.set(rows(stats.ready));
         self.due.set(rows(stats.due));
+        if let Some(scheduled) = &self.scheduled {
+            scheduled.set(rows(stats.scheduled));
+        }
         self.in_progress.set(rows(stats.in_progress));
         self.expired_claims.set(rows(stats.expired_claims));
         self.dead.set(rows(stats.dead));

@@ -1,17 +1,17 @@
 -- enqueue
 WITH enqueued AS (
-    INSERT INTO "shipment_events" (event_id, "parcel") VALUES ($1, $2)
+    INSERT INTO "shipment_events" (event_id, "parcel", next_attempt_at) VALUES ($1, $2, greatest(statement_timestamp(), $3::timestamptz, statement_timestamp() + $4::interval))
     ON CONFLICT (event_id) DO NOTHING RETURNING id)
 SELECT id FROM enqueued, (SELECT pg_notify('shipment_events', '') FROM enqueued LIMIT 1) AS notified;
 
 -- enqueue_all
 WITH enqueued AS (
-    INSERT INTO "shipment_events" (event_id, "parcel") SELECT * FROM unnest($1::text[], $2::text[]) RETURNING id)
+    INSERT INTO "shipment_events" (event_id, "parcel", next_attempt_at) SELECT *, greatest(statement_timestamp(), $3::timestamptz, statement_timestamp() + $4::interval) FROM unnest($1::text[], $2::text[]) RETURNING id)
 SELECT pg_notify('shipment_events', '') FROM enqueued LIMIT 1;
 
 -- enqueue_all_skipping
 WITH enqueued AS (
-    INSERT INTO "shipment_events" (event_id, "parcel") SELECT * FROM unnest($1::text[], $2::text[])
+    INSERT INTO "shipment_events" (event_id, "parcel", next_attempt_at) SELECT *, greatest(statement_timestamp(), $3::timestamptz, statement_timestamp() + $4::interval) FROM unnest($1::text[], $2::text[])
     ON CONFLICT (event_id) DO NOTHING RETURNING event_id)
 SELECT event_id FROM enqueued, (SELECT pg_notify('shipment_events', '') FROM enqueued LIMIT 1) AS notified;
 
@@ -225,7 +225,8 @@ FROM (SELECT
     count(DISTINCT "parcel") FILTER (WHERE status = 'DEAD') AS held_keys,
     statement_timestamp() - min(greatest(created_at, statement_timestamp() - interval '31557600000 seconds')) FILTER (WHERE status = 'DEAD' AND "parcel" IS NOT NULL) AS oldest_held_age,
     count(*) FILTER (WHERE status = 'SENT' AND next_attempt_at > statement_timestamp() - interval '1 minute') AS sent_last_minute,
-    count(*) FILTER (WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()) AS due
+    count(*) FILTER (WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()) AS due,
+    0::bigint AS scheduled
     FROM "shipment_events") AS s
 LEFT JOIN LATERAL (SELECT
     statement_timestamp() - greatest(created_at, statement_timestamp() - interval '31557600000 seconds') AS oldest_waiting_age,

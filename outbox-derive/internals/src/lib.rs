@@ -215,11 +215,14 @@ macro_rules! statements {
 
 statements! {
     /// `INSERT` of one event, skipping an event id already there. `$1` the event id
-    /// (`text`), then one parameter per payload column. Returns the row's `id`, or no
-    /// row for a duplicate; notifies the table's channel on commit.
+    /// (`text`), then one parameter per payload column, then when it is due: a time
+    /// (`timestamptz`) and a delay (`interval`), either NULL; the latest of now, the time
+    /// and now plus the delay (`enqueue_at`, `enqueue_after`). Returns the row's `id`, or
+    /// no row for a duplicate; notifies the table's channel on commit.
     Enqueue => "enqueue",
     /// `INSERT` of many events, one array per column: `$1` the event ids (`text[]`), then
-    /// one array per payload column. Returns nothing; raises a unique violation on a
+    /// one array per payload column, then when they are all due, as for
+    /// [`Enqueue`](Self::Enqueue). Returns nothing; raises a unique violation on a
     /// duplicate. Notifies once on commit.
     EnqueueAll => "enqueue_all",
     /// [`EnqueueAll`](Self::EnqueueAll) that skips event ids already there (or earlier

@@ -1,11 +1,73 @@
 //! Writing events into their outbox table, in the caller's transaction.
 
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 use sqlx::{Acquire, PgExecutor, Postgres};
 
 use super::statements;
 use crate::error::{OnTable as _, OutboxError};
 use crate::id::EventId;
+use crate::interval;
 use crate::spec::Outbox;
+
+/// When an enqueued event becomes due: the relay does not claim it before.
+///
+/// A scheduled event is published within the relay's
+/// [`poll_interval`](crate::relay::Relay::poll_interval) after its time, as a retry
+/// after its delay: no notification wakes the relay for it. Until then it counts in
+/// [`Stats::scheduled`](crate::Stats::scheduled), not in the backlog (`due`) nor in the
+/// lag (`oldest_waiting_age`). Only a table without an ordering key takes a schedule
+/// ([`OutboxError::ScheduledWithKey`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Schedule {
+    /// Due at once.
+    #[default]
+    Now,
+    /// Due at this time; a time in the past means now. At most
+    /// [`MAX_INTERVAL`](crate::MAX_INTERVAL) ahead.
+    At(DateTime<Utc>),
+    /// Due this long after the enqueue, on the database's clock. At most
+    /// [`MAX_INTERVAL`](crate::MAX_INTERVAL).
+    After(Duration),
+}
+
+/// A [`Schedule`] checked for `T`'s table, as the enqueue statements take it: a time
+/// and a delay, the later of which (and now) is when the event is due.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Due {
+    pub(crate) at: Option<DateTime<Utc>>,
+    pub(crate) after: Option<Duration>,
+}
+
+impl Schedule {
+    fn due<T: Outbox>(self) -> Result<Due, OutboxError> {
+        let table = T::SPEC.table;
+        let later = |due: Due| {
+            if T::SPEC.key.is_some() {
+                Err(OutboxError::ScheduledWithKey { table })
+            } else {
+                Ok(due)
+            }
+        };
+        match self {
+            Self::Now => Ok(Due::default()),
+            Self::After(delay) => later(Due {
+                at: None,
+                after: Some(interval::checked(table, "enqueue delay", delay)?),
+            }),
+            Self::At(at) => {
+                let ahead = (at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+                interval::checked(table, "enqueue time, from now,", ahead)?;
+                // A time in the past (on this clock) is now, whatever its distance.
+                later(Due {
+                    at: (!ahead.is_zero()).then_some(at),
+                    after: None,
+                })
+            }
+        }
+    }
+}
 
 /// What [`enqueue`] did with one event.
 ///
@@ -71,12 +133,28 @@ pub async fn enqueue<'e, T: Outbox>(
     event: &T,
     executor: impl PgExecutor<'e>,
 ) -> Result<Enqueued, OutboxError> {
+    enqueue_scheduled(event, Schedule::Now, executor).await
+}
+
+/// [`enqueue`], due at `schedule`: the relay does not claim the event before.
+///
+/// A schedule beyond [`MAX_INTERVAL`](crate::MAX_INTERVAL) is
+/// [`OutboxError::IntervalOutOfRange`], and one on a table with an ordering key
+/// [`OutboxError::ScheduledWithKey`]; nothing is written then.
+pub async fn enqueue_scheduled<'e, T: Outbox>(
+    event: &T,
+    schedule: Schedule,
+    executor: impl PgExecutor<'e>,
+) -> Result<Enqueued, OutboxError> {
+    let due = schedule.due::<T>()?;
     let event_id = event_id_of(event)?;
-    Ok(if statements::enqueue(executor, &event_id, event).await? {
-        Enqueued::New(event_id)
-    } else {
-        Enqueued::Duplicate(event_id)
-    })
+    Ok(
+        if statements::enqueue(executor, &event_id, event, due).await? {
+            Enqueued::New(event_id)
+        } else {
+            Enqueued::Duplicate(event_id)
+        },
+    )
 }
 
 /// Writes all `events` into their outbox table in one statement (one array parameter
@@ -95,7 +173,17 @@ pub async fn enqueue_all<'c, T: Outbox>(
     events: &[T],
     conn: impl Acquire<'c, Database = Postgres>,
 ) -> Result<Vec<Enqueued>, OutboxError> {
+    enqueue_all_scheduled(events, Schedule::Now, conn).await
+}
+
+/// [`enqueue_all`], every event due at `schedule`, checked as by [`enqueue_scheduled`].
+pub async fn enqueue_all_scheduled<'c, T: Outbox>(
+    events: &[T],
+    schedule: Schedule,
+    conn: impl Acquire<'c, Database = Postgres>,
+) -> Result<Vec<Enqueued>, OutboxError> {
     let table = T::SPEC.table;
+    let due = schedule.due::<T>()?;
     let ids = events
         .iter()
         .map(event_id_of)
@@ -107,7 +195,7 @@ pub async fn enqueue_all<'c, T: Outbox>(
     let mut conn = conn.acquire().await.on_table(table)?;
 
     let mut attempt = sqlx::Connection::begin(&mut *conn).await.on_table(table)?;
-    if statements::enqueue_all(&mut *attempt, &texts, events).await? {
+    if statements::enqueue_all(&mut *attempt, &texts, events, due).await? {
         attempt.commit().await.on_table(table)?;
         return Ok(ids.into_iter().map(Enqueued::New).collect());
     }
@@ -115,7 +203,7 @@ pub async fn enqueue_all<'c, T: Outbox>(
 
     // Rows are inserted in the order given, so the first of repeated ids is the one
     // written; each written id answers for one event.
-    let mut written = statements::enqueue_all_skipping(&mut *conn, &texts, events).await?;
+    let mut written = statements::enqueue_all_skipping(&mut *conn, &texts, events, due).await?;
     Ok(ids
         .into_iter()
         .map(|id| {

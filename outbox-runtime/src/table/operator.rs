@@ -70,6 +70,11 @@ pub struct Stats {
     pub ready: i64,
     /// The `READY` rows that are due: the backlog a relay should be draining.
     pub due: i64,
+    /// The `READY` rows enqueued for a later time ([`Schedule`](crate::Schedule)) that
+    /// has not come: not in [`due`](Self::due), nor the oldest waiting event. Once due,
+    /// such an event's age counts from its enqueue, as every waiting event's. Always 0
+    /// on a table with an ordering key.
+    pub scheduled: i64,
     /// Rows claimed by a publisher, live or expired.
     pub in_progress: i64,
     /// Rows whose publication was recorded.

@@ -44,6 +44,8 @@ pub(crate) struct TableStatus {
     pub(crate) key: Option<String>,
     pub(crate) ready: i64,
     pub(crate) due: i64,
+    /// Enqueued for a later time that has not come: neither backlog nor lag.
+    pub(crate) scheduled: i64,
     pub(crate) in_progress: i64,
     pub(crate) expired_claims: i64,
     pub(crate) dead: i64,
@@ -98,6 +100,7 @@ impl TableStatus {
             key: entry.key().map(str::to_owned),
             ready: stats.ready,
             due: stats.due,
+            scheduled: stats.scheduled,
             in_progress: stats.in_progress,
             expired_claims: stats.expired_claims,
             dead: stats.dead,
@@ -249,6 +252,7 @@ fn print(tables: &[TableStatus], json: bool) -> Result<(), Failure> {
         "TYPE",
         "READY",
         "DUE",
+        "SCHEDULED",
         "IN PROGRESS",
         "EXPIRED",
         "DEAD",
@@ -271,6 +275,11 @@ fn print(tables: &[TableStatus], json: bool) -> Result<(), Failure> {
             short_type(&t.type_name),
             t.ready.to_string(),
             t.due.to_string(),
+            if t.key.is_some() {
+                "-".to_owned()
+            } else {
+                t.scheduled.to_string()
+            },
             t.in_progress.to_string(),
             t.expired_claims.to_string(),
             t.dead.to_string(),

@@ -423,36 +423,7 @@ async fn audit(pool: &PgPool, report: &mut BrokerReport) -> Result<(), String> {
         );
     }
     if lost_events > 0 {
-        // Where the consumers read them, and what the read-back holds there.
-        let seen: Vec<(String, i64, Option<String>)> = sqlx::query_as(
-            "SELECT DISTINCT ON (e.event_id) e.event_id, c.broker_position, k.event_id \
-             FROM chaos_events e JOIN chaos_consumed c USING (event_id) \
-             LEFT JOIN chaos_copies k ON k.broker_position = c.broker_position \
-             WHERE NOT EXISTS (SELECT FROM chaos_copies x WHERE x.event_id = e.event_id) \
-             ORDER BY e.event_id, c.consumed_at LIMIT 3",
-        )
-        .fetch_all(pool)
-        .await
-        .map_err(db)?;
-        let seen: Vec<String> = seen
-            .into_iter()
-            .map(|(event, at, found)| {
-                let (partition, offset) = split(at);
-                format!(
-                    "{event} consumed at partition {partition} offset {offset}, where the \
-                     read-back holds {}",
-                    found.as_deref().unwrap_or("nothing")
-                )
-            })
-            .collect();
-        report.failures.push(format!(
-            "{lost_events} events have no record in the topic read back ({})",
-            if seen.is_empty() {
-                "no consumer read them either".to_owned()
-            } else {
-                seen.join("; ")
-            }
-        ));
+        report.failures.push(lost(pool, lost_events).await?);
     }
     // Every event acknowledged to a relay has a record (the delivery reports' offsets
     // aside, above).
@@ -469,6 +440,40 @@ async fn audit(pool: &PgPool, report: &mut BrokerReport) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// The failure of `count` events with no record in the topic read back: where the
+/// consumers read them, and what the read-back holds there.
+async fn lost(pool: &PgPool, count: i64) -> Result<String, String> {
+    let seen: Vec<(String, i64, Option<String>)> = sqlx::query_as(
+        "SELECT DISTINCT ON (e.event_id) e.event_id, c.broker_position, k.event_id \
+         FROM chaos_events e JOIN chaos_consumed c USING (event_id) \
+         LEFT JOIN chaos_copies k ON k.broker_position = c.broker_position \
+         WHERE NOT EXISTS (SELECT FROM chaos_copies x WHERE x.event_id = e.event_id) \
+         ORDER BY e.event_id, c.consumed_at LIMIT 3",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(|e| format!("auditing the copies: {e}"))?;
+    let seen: Vec<String> = seen
+        .into_iter()
+        .map(|(event, at, found)| {
+            let (partition, offset) = split(at);
+            format!(
+                "{event} consumed at partition {partition} offset {offset}, where the \
+                 read-back holds {}",
+                found.as_deref().unwrap_or("nothing")
+            )
+        })
+        .collect();
+    Ok(format!(
+        "{count} events have no record in the topic read back ({})",
+        if seen.is_empty() {
+            "no consumer read them either".to_owned()
+        } else {
+            seen.join("; ")
+        }
+    ))
 }
 
 async fn session(

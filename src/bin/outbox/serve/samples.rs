@@ -171,6 +171,7 @@ mod tests {
             key: None,
             ready: due,
             due,
+            scheduled: 0,
             in_progress: 0,
             expired_claims: 0,
             dead: 0,
