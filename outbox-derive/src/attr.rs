@@ -39,6 +39,7 @@ pub(crate) const CONTAINER_KEYS: &[&str] = &[
     "max_attempts",
     "delete_sent",
     "dead_releases_key",
+    "scheduled",
     "crate",
 ];
 pub(crate) const FIELD_KEYS: &[&str] = &["event_id", "key", "json", "column", "since"];
@@ -52,8 +53,16 @@ pub(crate) struct ContainerAttrs {
     pub(crate) max_attempts: Option<LitInt>,
     pub(crate) delete_sent: Option<Ident>,
     pub(crate) dead_releases_key: Option<Ident>,
+    /// `scheduled`, or `scheduled(since = N)`.
+    pub(crate) scheduled: Option<Scheduled>,
     /// The path to the `outbox` crate, for a renamed or re-exported dependency.
     pub(crate) krate: Option<LitStr>,
+}
+
+/// `scheduled` on the struct, with the `since` of a table that gets its column by a
+/// later migration version.
+pub(crate) struct Scheduled {
+    pub(crate) since: Option<LitInt>,
 }
 
 /// `#[outbox(..)]` on a field.
@@ -146,6 +155,37 @@ fn flag(meta: &ParseNestedMeta<'_>, errors: &mut Errors) -> syn::Result<Option<I
     Ok(meta.path.get_ident().cloned())
 }
 
+/// `scheduled`, or `scheduled(since = N)`: a flag with one optional key. Anything else
+/// is recorded and skipped; the flag still counts.
+fn scheduled(meta: &ParseNestedMeta<'_>, errors: &mut Errors) -> syn::Result<Option<Scheduled>> {
+    const FORMS: &str = "write `#[outbox(scheduled)]`, or `#[outbox(scheduled(since = 2))]` on a table created without it";
+    let mut since = None;
+    if meta.input.peek(syn::token::Paren) {
+        meta.parse_nested_meta(|inner| {
+            if inner.path.is_ident("since") {
+                let v = value(&inner, "an integer", "2", errors)?;
+                set_once(&mut since, v, &inner.path, errors);
+            } else {
+                errors.push(syn::Error::new_spanned(
+                    &inner.path,
+                    format!("`scheduled` takes only `since`: {FORMS}"),
+                ));
+                skip_value(inner.input)?;
+            }
+            Ok(())
+        })?;
+    } else {
+        let found = skip_value(meta.input)?;
+        if !found.is_empty() {
+            errors.push(syn::Error::new_spanned(
+                found,
+                format!("`scheduled` takes no value: {FORMS}"),
+            ));
+        }
+    }
+    Ok(Some(Scheduled { since }))
+}
+
 /// An unknown key: recorded with the valid ones, and skipped with its value. A key of
 /// the other kind (a field key on the struct, or the reverse) says where it goes.
 fn unknown(
@@ -224,6 +264,9 @@ pub(crate) fn parse_container(attrs: &[Attribute], errors: &mut Errors) -> Conta
             } else if key.is_ident("dead_releases_key") {
                 let v = flag(&meta, errors)?;
                 set_once(&mut out.dead_releases_key, v, key, errors);
+            } else if key.is_ident("scheduled") {
+                let v = scheduled(&meta, errors)?;
+                set_once(&mut out.scheduled, v, key, errors);
             } else if key.is_ident("crate") {
                 let v = value(&meta, "a string", "\"::outbox\"", errors)?;
                 set_once(&mut out.krate, v, key, errors);

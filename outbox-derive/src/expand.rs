@@ -2,7 +2,7 @@
 //! `::outbox::__private` (or the path `crate = ".."` gives), so users need not depend
 //! on sqlx themselves.
 
-use outbox_internals::{BOOKKEEPING, Statement};
+use outbox_internals::{BOOKKEEPING, PUBLISH_AT, Statement};
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned as _;
@@ -27,6 +27,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
     let lease = micros(model.lease);
     let retry_delay = micros(model.retry_delay);
     let deletes_sent = model.sent == crate::model::Sent::Delete;
+    let scheduled = model.scheduled.is_some();
     let key = model.key().map_or_else(
         || quote!(::core::option::Option::None),
         |f| {
@@ -35,16 +36,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
         },
     );
 
-    let columns = BOOKKEEPING
-        .iter()
-        .map(|c| {
-            let (name, ty, nullable) = (c.name, c.catalog_type, c.nullable);
-            quote!(#p::Column { name: #name, sql_type: #ty, nullable: #nullable })
-        })
-        .chain(model.fields.iter().map(|f| {
-            let (name, ty, nullable) = (&f.column, f.sql_type.catalog, f.nullable());
-            quote!(#p::Column { name: #name, sql_type: #ty, nullable: #nullable })
-        }));
+    let columns = columns(&p, model);
     let steps = migrations
         .iter()
         .map(|(version, name, sql)| quote!(#p::MigrationStep { version: #version, name: #name, sql: #sql }));
@@ -86,6 +78,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
                 #max_attempts,
                 #key,
                 #deletes_sent,
+                #scheduled,
                 #statements,
                 &[#(#columns),*],
                 &[#(#steps),*],
@@ -142,14 +135,34 @@ fn checked(model: &Model, definitions: &[Definition]) -> TokenStream {
     }
 }
 
+/// Every column the table must have: the bookkeeping ones, a scheduled table's
+/// `publish_at`, then the event's.
+fn columns(p: &TokenStream, model: &Model) -> Vec<TokenStream> {
+    let column = |name: &str, ty: &str, nullable: bool| quote!(#p::Column { name: #name, sql_type: #ty, nullable: #nullable });
+    BOOKKEEPING
+        .iter()
+        .map(|c| column(c.name, c.catalog_type, c.nullable))
+        .chain(
+            model
+                .scheduled
+                .map(|_| column(PUBLISH_AT.name, PUBLISH_AT.catalog_type, true)),
+        )
+        .chain(
+            model
+                .fields
+                .iter()
+                .map(|f| column(&f.column, f.sql_type.catalog, f.nullable())),
+        )
+        .collect()
+}
+
 /// `T::enqueue`, `T::claim`, `T::claim_batch`, `T::migrations`: inherent, so users need
 /// not import a trait to call them.
 pub(crate) fn inherent_methods(p: &TokenStream, model: &Model) -> TokenStream {
     let (ident, table) = (&model.ident, &model.table);
-    let scheduled = if model.key().is_none() {
+    let scheduled = if model.scheduled.is_some() {
         scheduled_methods(p, table)
     } else {
-        // A key's events go out in order, not at times of their own.
         TokenStream::new()
     };
     quote! {

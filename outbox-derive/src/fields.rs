@@ -65,10 +65,13 @@ pub(crate) fn named_fields<'a>(
 
 /// The event id field, if any, the payload fields that are valid, after reporting every
 /// error of the others, and whether a field is marked `key` (valid or not: a key with
-/// a wrong type is that field's error, not a missing key).
+/// a wrong type is that field's error, not a missing key). `versions` holds the later
+/// migration versions the struct's attributes add (`scheduled(since = N)`), checked
+/// with the fields' own.
 pub(crate) fn fields(
     named: Option<&syn::FieldsNamed>,
     generics: &syn::Generics,
+    mut versions: Vec<(u32, Span)>,
     errors: &mut Errors,
 ) -> (Option<EventIdField>, Vec<Field>, bool) {
     let mut event_id: Option<EventIdField> = None;
@@ -76,7 +79,6 @@ pub(crate) fn fields(
     let mut fields = Vec::new();
     let mut column_spans = Vec::new();
     let mut first_key: Option<Ident> = None;
-    let mut versions = Vec::new();
     for field in named.into_iter().flat_map(|n| &n.named) {
         let Some(ident) = field.ident.clone() else {
             continue;

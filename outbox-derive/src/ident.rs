@@ -6,8 +6,8 @@ use syn::ext::IdentExt;
 use syn::{Ident, LitStr};
 
 use outbox_internals::{
-    BOOKKEEPING, HISTORY_PREFIX, MAX_IDENTIFIER, OWN_TABLES, REFINERY_HISTORY, STATEMENT_STEPS,
-    claim_header, is_plain_identifier,
+    BOOKKEEPING, HISTORY_PREFIX, MAX_IDENTIFIER, OWN_TABLES, PUBLISH_AT, REFINERY_HISTORY,
+    STATEMENT_STEPS, claim_header, is_plain_identifier,
 };
 
 use crate::attr::{self, Errors};
@@ -113,6 +113,8 @@ fn taken(column: &str) -> Option<String> {
             "is reserved for the outbox's own bookkeeping ({})",
             names.join(", ")
         )
+    } else if column == PUBLISH_AT.name {
+        "is reserved for the time a scheduled event is due (`#[outbox(scheduled)]`)".to_owned()
     } else if RESERVED_RESULTS.contains(&column) {
         format!("is reserved: the claim statement returns `{column}` beside the payload")
     } else if SYSTEM_COLUMNS.contains(&column) {

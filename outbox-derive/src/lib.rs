@@ -71,6 +71,7 @@ use syn::{DeriveInput, parse_macro_input};
 /// | `max_attempts = 10` | How many claims an event may use before it moves to `DEAD` (an integer from 1 to 2147483647). | `10` |
 /// | `delete_sent` | A flag: the guarded outcome that records an event as published deletes its row instead of keeping it as `SENT` (the same guards: a stale owner deletes nothing). The table then holds only work not yet done and `DEAD` rows, with no `SENT` row versions to write, vacuum or prune. The price: once its row is gone an event id is forgotten, so enqueueing the same id again enqueues it again. | off: `SENT` rows are kept until `prune_sent` |
 /// | `dead_releases_key` | A flag, with an ordering `key`: a `DEAD` event no longer holds back the later events of its key. | off: a `DEAD` event holds its key until it is requeued or discarded |
+/// | `scheduled` | A flag: events may be enqueued for a later time (`enqueue_at`, `enqueue_after`, `enqueue_all_at`, `enqueue_all_after`), kept in a `publish_at` column. `scheduled(since = N)` adds the column to an existing table by migration version `N`, as `since` does a field's. | off: no such methods, no column |
 /// | `crate = "::my_deps::outbox"` | The path the generated code names the `outbox` crate by: for a dependency renamed in `Cargo.toml`, or re-exported by another crate. | `"::outbox"` |
 ///
 /// Durations are strings in [humantime](https://docs.rs/humantime) syntax (`"500ms"`,

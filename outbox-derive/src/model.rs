@@ -26,6 +26,9 @@ pub(crate) struct Model {
     pub(crate) dead: Dead,
     pub(crate) event_id: Option<EventIdField>,
     pub(crate) fields: Vec<Field>,
+    /// `#[outbox(scheduled)]`: the migration version that adds the `publish_at` column
+    /// (1: the `CREATE TABLE`), and with it `enqueue_at` and `enqueue_after`.
+    pub(crate) scheduled: Option<u32>,
 }
 
 /// What recording an event as published does to its row.
@@ -59,7 +62,19 @@ impl Model {
         let lease = duration::lease(attrs.lease.as_ref(), &mut errors);
         let retry_delay = duration::retry_delay(attrs.retry_delay.as_ref(), &mut errors);
         let max_attempts = parse_max_attempts(attrs.max_attempts.as_ref(), &mut errors);
-        let (event_id, fields, keyed) = fields::fields(named, &input.generics, &mut errors);
+        let scheduled = attrs
+            .scheduled
+            .as_ref()
+            .map(|s| scheduled_since(s.since.as_ref(), &mut errors));
+        let added = attrs
+            .scheduled
+            .iter()
+            .filter_map(|s| s.since.as_ref())
+            .zip(scheduled.iter().flatten())
+            .filter(|&(_, &v)| v > 1)
+            .map(|(lit, &v)| (v, lit.span()))
+            .collect();
+        let (event_id, fields, keyed) = fields::fields(named, &input.generics, added, &mut errors);
         let dead = match &attrs.dead_releases_key {
             Some(flag) if !keyed => {
                 errors.push(syn::Error::new(
@@ -88,6 +103,7 @@ impl Model {
             dead,
             event_id,
             fields,
+            scheduled: scheduled.flatten(),
         })
     }
 
@@ -102,11 +118,27 @@ impl Model {
             .fields
             .iter()
             .map(|f| f.since)
+            .chain(self.scheduled)
             .filter(|&v| v > 1)
             .collect();
         versions.sort_unstable();
         versions.dedup();
         versions
+    }
+}
+
+/// The version that adds `publish_at`: `since = N` (2 or more), or 1 without `since`.
+fn scheduled_since(lit: Option<&LitInt>, errors: &mut Errors) -> Option<u32> {
+    let Some(lit) = lit else { return Some(1) };
+    match lit.base10_parse::<i32>() {
+        Ok(v) if v >= 2 => Some(v.unsigned_abs()),
+        _ => {
+            errors.push(syn::Error::new(
+                lit.span(),
+                "`since` is the migration version that adds the scheduled events' column: from 2 to 2147483647, as version 1 creates the table; write `#[outbox(scheduled)]` for a table created with it",
+            ));
+            None
+        }
     }
 }
 

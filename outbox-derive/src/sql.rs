@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use outbox_internals::BOOKKEEPING;
+use outbox_internals::{BOOKKEEPING, PUBLISH_AT};
 
 use crate::fields::Field;
 use crate::model::Model;
@@ -19,12 +19,22 @@ pub(crate) fn migrations(model: &Model) -> Vec<(u32, String, String)> {
     )];
     for version in model.later_versions() {
         let added: Vec<&Field> = model.fields.iter().filter(|f| f.since == version).collect();
+        let scheduled = model.scheduled == Some(version);
         // refinery keeps names in a varchar(255): name one column, or count them.
-        let names = match added.as_slice() {
-            [one] => one.column.clone(),
-            many => format!("{}_columns", many.len()),
+        let names = match (added.as_slice(), scheduled) {
+            ([one], false) => one.column.clone(),
+            ([], true) => PUBLISH_AT.name.to_owned(),
+            (many, scheduled) => format!("{}_columns", many.len() + usize::from(scheduled)),
         };
         let mut sql = String::new();
+        if scheduled {
+            let _ = writeln!(
+                sql,
+                "-- Events enqueued before this version were due at their enqueue (NULL).\n\
+                 ALTER TABLE {t} ADD COLUMN {} {};",
+                PUBLISH_AT.name, PUBLISH_AT.definition
+            );
+        }
         for f in &added {
             let _ = writeln!(
                 sql,
@@ -57,6 +67,13 @@ fn create_table(model: &Model) -> String {
     );
     for column in BOOKKEEPING {
         let _ = writeln!(sql, "    {} {},", column.name, column.definition);
+    }
+    if model.scheduled == Some(1) {
+        let _ = writeln!(
+            sql,
+            "    -- The time an event was enqueued for; NULL: due at its enqueue.\n    {} {},",
+            PUBLISH_AT.name, PUBLISH_AT.definition
+        );
     }
     for f in model.fields.iter().filter(|f| f.since == 1) {
         let null = if f.nullable() { "" } else { " NOT NULL" };

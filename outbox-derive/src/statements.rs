@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use outbox_internals::{Outcome, Statement, Status, claim_header};
+use outbox_internals::{Outcome, PUBLISH_AT, Statement, Status, claim_header};
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
@@ -117,25 +117,33 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
     // The `checked` calls bind one value of each parameter's type; `pool` and `event`
     // are the arguments of the function they are emitted in.
     let (ids, texts, delays) = (quote!(ids), quote!(texts), quote!(delays));
-    let none = no_time();
+    // A scheduled table's enqueues take a time and a delay after the payload: unchecked
+    // (`as _`), as the user's sqlx.toml chooses between chrono and time for
+    // `timestamptz`; the runtime binds `Option`s of chrono's and std's types.
+    let schedule = if table.model.scheduled.is_some() {
+        quote!(, ::core::option::Option::<::core::primitive::i64>::None as _,
+                 ::core::option::Option::<::core::primitive::i64>::None as _)
+    } else {
+        TokenStream::new()
+    };
     match statement {
         Statement::Enqueue => {
             let n = table.payload.len() + 1;
-            let params = (1..=n)
+            let values = (1..=n)
                 .map(|i| format!("${i}"))
+                .chain(schedule_values(table, n))
                 .collect::<Vec<_>>()
                 .join(", ");
             let sql = format!(
                 "WITH enqueued AS (\n\
-                 \x20   INSERT INTO {t} ({}) VALUES ({params}, {})\n\
+                 \x20   INSERT INTO {t} ({}) VALUES ({values})\n\
                  \x20   ON CONFLICT (event_id) DO NOTHING RETURNING id)\n\
                  SELECT id FROM enqueued, {}",
                 insert_columns(table),
-                not_before(n),
                 notify(table)
             );
             let fields = checked_fields(table.model);
-            let checked = quote!(::sqlx::query!(#sql, "event id" #(, #fields)*, #none, #none)
+            let checked = quote!(::sqlx::query!(#sql, "event id" #(, #fields)* #schedule)
                 .fetch_optional(pool).await?;);
             Definition { sql, checked }
         }
@@ -145,31 +153,29 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             // for 10,000 rows; the runtime tries this one in a savepoint first.
             let sql = format!(
                 "WITH enqueued AS (\n\
-                 \x20   INSERT INTO {t} ({}) SELECT *, {} FROM unnest({}) RETURNING id)\n\
+                 \x20   INSERT INTO {t} ({}) {} RETURNING id)\n\
                  SELECT pg_notify('{}', '') FROM enqueued LIMIT 1",
                 insert_columns(table),
-                not_before(table.model.fields.len() + 1),
-                insert_arrays(table),
+                insert_rows(table),
                 table.model.table,
             );
             let arrays = table.model.fields.iter().map(|_| quote!(#texts as _));
-            let checked = quote!(::sqlx::query!(#sql, #texts #(, #arrays)*, #none, #none)
+            let checked = quote!(::sqlx::query!(#sql, #texts #(, #arrays)* #schedule)
                 .fetch_all(pool).await?;);
             Definition { sql, checked }
         }
         Statement::EnqueueAllSkipping => {
             let sql = format!(
                 "WITH enqueued AS (\n\
-                 \x20   INSERT INTO {t} ({}) SELECT *, {} FROM unnest({})\n\
+                 \x20   INSERT INTO {t} ({}) {}\n\
                  \x20   ON CONFLICT (event_id) DO NOTHING RETURNING event_id)\n\
                  SELECT event_id FROM enqueued, {}",
                 insert_columns(table),
-                not_before(table.model.fields.len() + 1),
-                insert_arrays(table),
+                insert_rows(table),
                 notify(table)
             );
             let arrays = table.model.fields.iter().map(|_| quote!(#texts as _));
-            let checked = quote!(::sqlx::query!(#sql, #texts #(, #arrays)*, #none, #none)
+            let checked = quote!(::sqlx::query!(#sql, #texts #(, #arrays)* #schedule)
                 .fetch_all(pool).await?;);
             Definition { sql, checked }
         }
@@ -398,22 +404,27 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             // a median of 357 ms with two parallel workers (609 ms without), as the
             // statement before this figure (348 ms, 707 ms) within the noise; the
             // probe 0.04 ms.
-            // A scheduled event is not waiting for the relay until its time: it is counted
-            // apart, and is not the oldest waiting one. Only an enqueue schedules an event
-            // that no claim has taken yet (`attempts = 0`) for later: a retry has spent an
-            // attempt, a hand-back or requeue makes it due now. A keyed table sets held
-            // events aside for later too, and takes no schedule.
-            let (scheduled, waiting) = if table.model.key().is_none() {
-                let scheduled = format!(
-                    "status = '{ready}' AND attempts = 0 AND next_attempt_at > statement_timestamp()"
-                );
-                let waiting =
-                    format!("status IN ('{ready}', '{in_progress}') AND NOT ({scheduled})");
-                (format!("count(*) FILTER (WHERE {scheduled})"), waiting)
+            // A scheduled table's event enqueued for later is not waiting for the relay
+            // until its time: it is counted apart, and its lag counts from that time. So
+            // the oldest waiting event is the one due first, not the lowest id (the id
+            // of the least (due time, id) pair, in the same scan).
+            let (scheduled, first_waiting, since) = if table.model.scheduled.is_some() {
+                let p = PUBLISH_AT.name;
+                let since = format!("greatest(created_at, {p}, {})", oldest());
+                (
+                    format!(
+                        "count(*) FILTER (WHERE status = '{ready}' AND {p} > statement_timestamp())"
+                    ),
+                    format!(
+                        "(min(ARRAY[extract(epoch FROM {since}), id]) FILTER (WHERE status IN ('{ready}', '{in_progress}') AND ({p} IS NULL OR {p} <= statement_timestamp())))[2]::bigint"
+                    ),
+                    since,
+                )
             } else {
                 (
                     "0::bigint".to_owned(),
-                    format!("status IN ('{ready}', '{in_progress}')"),
+                    format!("min(id) FILTER (WHERE status IN ('{ready}', '{in_progress}'))"),
+                    format!("greatest(created_at, {})", oldest()),
                 )
             };
             let sql = format!(
@@ -424,18 +435,17 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                  \x20   count(*) FILTER (WHERE status = '{sent}') AS sent,\n\
                  \x20   count(*) FILTER (WHERE status = '{dead}') AS dead,\n\
                  \x20   count(*) FILTER (WHERE status = '{in_progress}' AND lease_until <= statement_timestamp()) AS expired_claims,\n\
-                 \x20   min(id) FILTER (WHERE {waiting}) AS first_waiting,\n\
+                 \x20   {first_waiting} AS first_waiting,\n\
                  \x20   {held},\n\
                  \x20   {recent} AS sent_last_minute,\n\
                  \x20   count(*) FILTER (WHERE status = '{ready}' AND next_attempt_at <= statement_timestamp()) AS due,\n\
                  \x20   {scheduled} AS scheduled\n\
                  \x20   FROM {t}) AS s\n\
                  LEFT JOIN LATERAL (SELECT\n\
-                 \x20   statement_timestamp() - greatest(created_at, {oldest}) AS oldest_waiting_age,\n\
+                 \x20   statement_timestamp() - {since} AS oldest_waiting_age,\n\
                  \x20   last_error AS oldest_waiting_error\n\
                  \x20   FROM {t} WHERE id = s.first_waiting) AS w ON true",
                 held = held_keys(table.model),
-                oldest = oldest(),
                 recent = match table.model.sent {
                     Sent::Keep => format!(
                         "count(*) FILTER (WHERE status = '{sent}' AND next_attempt_at > statement_timestamp() - interval '1 minute')"
@@ -602,6 +612,12 @@ fn wake(table: &Table<'_>, finished: (&str, &str), released: &str, successor: Su
             "",
         ),
     };
+    // A scheduled successor is not due before its time, whatever held it.
+    let due = if table.model.scheduled.is_some() {
+        format!("greatest({due}, w.{})", PUBLISH_AT.name)
+    } else {
+        due.to_owned()
+    };
     format!(
         ",\nnext AS (\n\
          \x20   SELECT q.id FROM done AS f CROSS JOIN LATERAL (\n\
@@ -639,30 +655,41 @@ fn requeue() -> String {
 }
 
 fn insert_columns(table: &Table<'_>) -> String {
+    let scheduled = table
+        .model
+        .scheduled
+        .map(|_| [PUBLISH_AT.name, "next_attempt_at"]);
     std::iter::once("event_id")
         .chain(table.payload.iter().map(String::as_str))
-        .chain(std::iter::once("next_attempt_at"))
+        .chain(scheduled.into_iter().flatten())
         .collect::<Vec<_>>()
         .join(", ")
 }
 
-/// When an enqueued event is due, from the two parameters after the `columns` before
-/// it: a time (`timestamptz`) and a delay (`interval`), either or both NULL. The latest
-/// of now, the time and now plus the delay: a time in the past means now, and the delay
-/// counts on the database's clock. (`greatest` skips NULLs.)
-fn not_before(columns: usize) -> String {
-    format!(
+/// A scheduled table's `publish_at` and `next_attempt_at` at enqueue, from the two
+/// parameters after the `columns` before them: a time (`timestamptz`) and a delay
+/// (`interval`), either or both NULL. Due at the latest of now, the time and now plus
+/// the delay (`greatest` skips NULLs): a time in the past means now, and the delay
+/// counts on the database's clock. `publish_at` is that time when it is later than
+/// now, NULL otherwise.
+fn schedule_values(table: &Table<'_>, columns: usize) -> Option<String> {
+    table.model.scheduled?;
+    let due = format!(
         "greatest(statement_timestamp(), ${}::timestamptz, statement_timestamp() + ${}::interval)",
         columns + 1,
         columns + 2
-    )
+    );
+    Some(format!("nullif({due}, statement_timestamp()), {due}"))
 }
 
-/// The `checked` argument of a schedule's parameter, which the runtime binds as an
-/// `Option` of chrono's or std's type: unchecked (`as _`), as the user's sqlx.toml
-/// chooses between chrono and time for `timestamptz`.
-fn no_time() -> TokenStream {
-    quote!(::core::option::Option::<::core::primitive::i64>::None as _)
+/// The rows of a many-event insert: the arrays, unnested, and a scheduled table's
+/// times after them.
+fn insert_rows(table: &Table<'_>) -> String {
+    let columns = table.model.fields.len() + 1;
+    match schedule_values(table, columns) {
+        Some(values) => format!("SELECT *, {values} FROM unnest({})", insert_arrays(table)),
+        None => format!("SELECT * FROM unnest({})", insert_arrays(table)),
+    }
 }
 
 /// One array parameter per column, so the text stays the same whatever the number of

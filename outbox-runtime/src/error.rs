@@ -216,15 +216,14 @@ pub enum OutboxError {
         max: Duration,
     },
 
-    /// An event of a table with an ordering key was given a later time
-    /// ([`Schedule`](crate::Schedule)): scheduled publish is for tables without one. A
-    /// key's events go out in order, so a scheduled event would hold its key's later
-    /// events until its time. Nothing was written.
+    /// An event was given a later time ([`Schedule`](crate::Schedule)) on a table not
+    /// declared `#[outbox(scheduled)]`, which has no column to keep it. Nothing was
+    /// written.
     #[error(
-        "`{table}` has an ordering key (`#[outbox(key)]`): its events are published in order, \
-         not at a time of their own; enqueue without a schedule"
+        "`{table}` takes no schedule: declare its event type `#[outbox(scheduled)]` (or \
+         `#[outbox(scheduled(since = N))]` on an existing table) to enqueue events for later"
     )]
-    ScheduledWithKey {
+    NotScheduled {
         /// The outbox table.
         table: &'static str,
     },

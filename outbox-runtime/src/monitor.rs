@@ -23,8 +23,8 @@ pub mod metric {
     pub const READY: &str = "outbox_ready";
     /// Gauge: `READY` rows that are due: the backlog the relays should be draining.
     pub const DUE: &str = "outbox_due";
-    /// Gauge, tables without an ordering key: `READY` rows enqueued for a later time
-    /// that has not come (`enqueue_at`, `enqueue_after`): neither backlog nor lag.
+    /// Gauge, tables declared `#[outbox(scheduled)]`: `READY` rows enqueued for a later
+    /// time that has not come (`enqueue_at`, `enqueue_after`): neither backlog nor lag.
     pub const SCHEDULED: &str = "outbox_scheduled";
     /// Gauge: rows claimed by a publisher, live or expired.
     pub const IN_PROGRESS: &str = "outbox_in_progress";
@@ -212,7 +212,7 @@ impl Monitor {
 struct TableGauges {
     ready: Gauge,
     due: Gauge,
-    /// Only for a table without an ordering key: the others take no schedule.
+    /// Only for a table declared `#[outbox(scheduled)]`: the others take no schedule.
     scheduled: Option<Gauge>,
     in_progress: Gauge,
     expired_claims: Gauge,
@@ -231,7 +231,7 @@ impl TableGauges {
         Self {
             ready: gauge(metric::READY),
             due: gauge(metric::DUE),
-            scheduled: spec.key.is_none().then(|| gauge(metric::SCHEDULED)),
+            scheduled: spec.scheduled.then(|| gauge(metric::SCHEDULED)),
             in_progress: gauge(metric::IN_PROGRESS),
             expired_claims: gauge(metric::EXPIRED_CLAIMS),
             dead: gauge(metric::DEAD),

@@ -119,6 +119,8 @@ pub struct TableSpec {
     pub(crate) key: Option<&'static str>,
     /// Whether recording `SENT` deletes the row (`#[outbox(delete_sent)]`).
     pub(crate) deletes_sent: bool,
+    /// Whether its events may be enqueued for a later time (`#[outbox(scheduled)]`).
+    pub(crate) scheduled: bool,
     /// The statements.
     pub(crate) sql: Statements,
     /// Every column the table must have, bookkeeping columns included.
@@ -142,6 +144,7 @@ pub const fn derive_only_table_spec(
     max_attempts: i32,
     key: Option<&'static str>,
     deletes_sent: bool,
+    scheduled: bool,
     sql: Statements,
     columns: &'static [Column],
     migrations: &'static [MigrationStep],
@@ -154,6 +157,7 @@ pub const fn derive_only_table_spec(
         max_attempts,
         key,
         deletes_sent,
+        scheduled,
         sql,
         columns,
         migrations,
@@ -198,6 +202,11 @@ impl TableSpec {
     /// keeping it as history.
     pub const fn deletes_sent(&self) -> bool {
         self.deletes_sent
+    }
+
+    /// Whether its events may be enqueued for a later time (`#[outbox(scheduled)]`).
+    pub const fn scheduled(&self) -> bool {
+        self.scheduled
     }
 
     /// Every column the table must have, bookkeeping columns included.

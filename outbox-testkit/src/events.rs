@@ -197,3 +197,39 @@ pub struct ParcelSentChanged {
     pub name: String,
     pub grams: i64,
 }
+
+/// Scheduled publish: a reminder enqueued for later.
+#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+#[outbox(table = "reminder_events", lease = "30s", scheduled)]
+pub struct Reminder {
+    #[outbox(event_id)]
+    pub name: String,
+}
+
+/// Scheduled publish with an ordering key: a scheduled event holds its key's later ones.
+#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+#[outbox(table = "keyed_reminder_events", lease = "30s", scheduled)]
+pub struct KeyedReminder {
+    #[outbox(event_id)]
+    pub name: String,
+    #[outbox(key)]
+    pub account: i64,
+}
+
+/// A table created without a schedule ([`Notice`] as it was first released)...
+#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+#[outbox(table = "notice_events")]
+pub struct NoticeBeforeSchedule {
+    #[outbox(event_id)]
+    pub name: String,
+}
+
+/// ...and the same table once a later version makes it scheduled, beside a new field.
+#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+#[outbox(table = "notice_events", scheduled(since = 2))]
+pub struct Notice {
+    #[outbox(event_id)]
+    pub name: String,
+    #[outbox(since = 2)]
+    pub audience: Option<String>,
+}

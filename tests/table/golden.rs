@@ -65,7 +65,7 @@ fn check(tables: &[TableMigrations]) {
 
 /// Every event type in this repository: the `checked` build applies their files to
 /// the schema it compiles against.
-fn every_table() -> [TableMigrations; 19] {
+fn every_table() -> [TableMigrations; 22] {
     [
         outbox_testkit::app::OrderPlaced::migrations(),
         outbox_testkit::app::EmailChanged::migrations(),
@@ -86,6 +86,9 @@ fn every_table() -> [TableMigrations; 19] {
         outbox_testkit::events::OrderedChaosEvent::migrations(),
         outbox_testkit::events::ParcelSentChanged::migrations(),
         outbox_testkit::events::LongSend::migrations(),
+        outbox_testkit::events::Reminder::migrations(),
+        outbox_testkit::events::KeyedReminder::migrations(),
+        outbox_testkit::events::Notice::migrations(),
     ]
 }
 

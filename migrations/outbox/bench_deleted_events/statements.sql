@@ -1,17 +1,17 @@
 -- enqueue
 WITH enqueued AS (
-    INSERT INTO "bench_deleted_events" (event_id, "payload", next_attempt_at) VALUES ($1, $2, greatest(statement_timestamp(), $3::timestamptz, statement_timestamp() + $4::interval))
+    INSERT INTO "bench_deleted_events" (event_id, "payload") VALUES ($1, $2)
     ON CONFLICT (event_id) DO NOTHING RETURNING id)
 SELECT id FROM enqueued, (SELECT pg_notify('bench_deleted_events', '') FROM enqueued LIMIT 1) AS notified;
 
 -- enqueue_all
 WITH enqueued AS (
-    INSERT INTO "bench_deleted_events" (event_id, "payload", next_attempt_at) SELECT *, greatest(statement_timestamp(), $3::timestamptz, statement_timestamp() + $4::interval) FROM unnest($1::text[], $2::text[]) RETURNING id)
+    INSERT INTO "bench_deleted_events" (event_id, "payload") SELECT * FROM unnest($1::text[], $2::text[]) RETURNING id)
 SELECT pg_notify('bench_deleted_events', '') FROM enqueued LIMIT 1;
 
 -- enqueue_all_skipping
 WITH enqueued AS (
-    INSERT INTO "bench_deleted_events" (event_id, "payload", next_attempt_at) SELECT *, greatest(statement_timestamp(), $3::timestamptz, statement_timestamp() + $4::interval) FROM unnest($1::text[], $2::text[])
+    INSERT INTO "bench_deleted_events" (event_id, "payload") SELECT * FROM unnest($1::text[], $2::text[])
     ON CONFLICT (event_id) DO NOTHING RETURNING event_id)
 SELECT event_id FROM enqueued, (SELECT pg_notify('bench_deleted_events', '') FROM enqueued LIMIT 1) AS notified;
 
@@ -149,11 +149,11 @@ FROM (SELECT
     count(*) FILTER (WHERE status = 'SENT') AS sent,
     count(*) FILTER (WHERE status = 'DEAD') AS dead,
     count(*) FILTER (WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()) AS expired_claims,
-    min(id) FILTER (WHERE status IN ('READY', 'INPROGRESS') AND NOT (status = 'READY' AND attempts = 0 AND next_attempt_at > statement_timestamp())) AS first_waiting,
+    min(id) FILTER (WHERE status IN ('READY', 'INPROGRESS')) AS first_waiting,
     0::bigint AS held_keys, NULL::interval AS oldest_held_age,
     NULL::bigint AS sent_last_minute,
     count(*) FILTER (WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()) AS due,
-    count(*) FILTER (WHERE status = 'READY' AND attempts = 0 AND next_attempt_at > statement_timestamp()) AS scheduled
+    0::bigint AS scheduled
     FROM "bench_deleted_events") AS s
 LEFT JOIN LATERAL (SELECT
     statement_timestamp() - greatest(created_at, statement_timestamp() - interval '31557600000 seconds') AS oldest_waiting_age,

@@ -1,17 +1,17 @@
 -- enqueue
 WITH enqueued AS (
-    INSERT INTO "bench_ordered_events" (event_id, "key", "payload", next_attempt_at) VALUES ($1, $2, $3, greatest(statement_timestamp(), $4::timestamptz, statement_timestamp() + $5::interval))
+    INSERT INTO "bench_ordered_events" (event_id, "key", "payload") VALUES ($1, $2, $3)
     ON CONFLICT (event_id) DO NOTHING RETURNING id)
 SELECT id FROM enqueued, (SELECT pg_notify('bench_ordered_events', '') FROM enqueued LIMIT 1) AS notified;
 
 -- enqueue_all
 WITH enqueued AS (
-    INSERT INTO "bench_ordered_events" (event_id, "key", "payload", next_attempt_at) SELECT *, greatest(statement_timestamp(), $4::timestamptz, statement_timestamp() + $5::interval) FROM unnest($1::text[], $2::bigint[], $3::text[]) RETURNING id)
+    INSERT INTO "bench_ordered_events" (event_id, "key", "payload") SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[]) RETURNING id)
 SELECT pg_notify('bench_ordered_events', '') FROM enqueued LIMIT 1;
 
 -- enqueue_all_skipping
 WITH enqueued AS (
-    INSERT INTO "bench_ordered_events" (event_id, "key", "payload", next_attempt_at) SELECT *, greatest(statement_timestamp(), $4::timestamptz, statement_timestamp() + $5::interval) FROM unnest($1::text[], $2::bigint[], $3::text[])
+    INSERT INTO "bench_ordered_events" (event_id, "key", "payload") SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[])
     ON CONFLICT (event_id) DO NOTHING RETURNING event_id)
 SELECT event_id FROM enqueued, (SELECT pg_notify('bench_ordered_events', '') FROM enqueued LIMIT 1) AS notified;
 

@@ -1,17 +1,17 @@
 -- enqueue
 WITH enqueued AS (
-    INSERT INTO "every_type_events" (event_id, "small", "int", "big", "single", "double", "flag", "text", "bytes", "uuid", "chrono_date", "chrono_time", "chrono_naive", "chrono_utc", "time_date", "time_time", "time_primitive", "time_offset", "value", "maybe_int", "maybe_uuid", "maybe_utc", "address", "maybe_address", "type", next_attempt_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, greatest(statement_timestamp(), $26::timestamptz, statement_timestamp() + $27::interval))
+    INSERT INTO "every_type_events" (event_id, "small", "int", "big", "single", "double", "flag", "text", "bytes", "uuid", "chrono_date", "chrono_time", "chrono_naive", "chrono_utc", "time_date", "time_time", "time_primitive", "time_offset", "value", "maybe_int", "maybe_uuid", "maybe_utc", "address", "maybe_address", "type") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25)
     ON CONFLICT (event_id) DO NOTHING RETURNING id)
 SELECT id FROM enqueued, (SELECT pg_notify('every_type_events', '') FROM enqueued LIMIT 1) AS notified;
 
 -- enqueue_all
 WITH enqueued AS (
-    INSERT INTO "every_type_events" (event_id, "small", "int", "big", "single", "double", "flag", "text", "bytes", "uuid", "chrono_date", "chrono_time", "chrono_naive", "chrono_utc", "time_date", "time_time", "time_primitive", "time_offset", "value", "maybe_int", "maybe_uuid", "maybe_utc", "address", "maybe_address", "type", next_attempt_at) SELECT *, greatest(statement_timestamp(), $26::timestamptz, statement_timestamp() + $27::interval) FROM unnest($1::text[], $2::smallint[], $3::integer[], $4::bigint[], $5::real[], $6::double precision[], $7::boolean[], $8::text[], $9::bytea[], $10::uuid[], $11::date[], $12::time[], $13::timestamp[], $14::timestamptz[], $15::date[], $16::time[], $17::timestamp[], $18::timestamptz[], $19::jsonb[], $20::integer[], $21::uuid[], $22::timestamptz[], $23::jsonb[], $24::jsonb[], $25::text[]) RETURNING id)
+    INSERT INTO "every_type_events" (event_id, "small", "int", "big", "single", "double", "flag", "text", "bytes", "uuid", "chrono_date", "chrono_time", "chrono_naive", "chrono_utc", "time_date", "time_time", "time_primitive", "time_offset", "value", "maybe_int", "maybe_uuid", "maybe_utc", "address", "maybe_address", "type") SELECT * FROM unnest($1::text[], $2::smallint[], $3::integer[], $4::bigint[], $5::real[], $6::double precision[], $7::boolean[], $8::text[], $9::bytea[], $10::uuid[], $11::date[], $12::time[], $13::timestamp[], $14::timestamptz[], $15::date[], $16::time[], $17::timestamp[], $18::timestamptz[], $19::jsonb[], $20::integer[], $21::uuid[], $22::timestamptz[], $23::jsonb[], $24::jsonb[], $25::text[]) RETURNING id)
 SELECT pg_notify('every_type_events', '') FROM enqueued LIMIT 1;
 
 -- enqueue_all_skipping
 WITH enqueued AS (
-    INSERT INTO "every_type_events" (event_id, "small", "int", "big", "single", "double", "flag", "text", "bytes", "uuid", "chrono_date", "chrono_time", "chrono_naive", "chrono_utc", "time_date", "time_time", "time_primitive", "time_offset", "value", "maybe_int", "maybe_uuid", "maybe_utc", "address", "maybe_address", "type", next_attempt_at) SELECT *, greatest(statement_timestamp(), $26::timestamptz, statement_timestamp() + $27::interval) FROM unnest($1::text[], $2::smallint[], $3::integer[], $4::bigint[], $5::real[], $6::double precision[], $7::boolean[], $8::text[], $9::bytea[], $10::uuid[], $11::date[], $12::time[], $13::timestamp[], $14::timestamptz[], $15::date[], $16::time[], $17::timestamp[], $18::timestamptz[], $19::jsonb[], $20::integer[], $21::uuid[], $22::timestamptz[], $23::jsonb[], $24::jsonb[], $25::text[])
+    INSERT INTO "every_type_events" (event_id, "small", "int", "big", "single", "double", "flag", "text", "bytes", "uuid", "chrono_date", "chrono_time", "chrono_naive", "chrono_utc", "time_date", "time_time", "time_primitive", "time_offset", "value", "maybe_int", "maybe_uuid", "maybe_utc", "address", "maybe_address", "type") SELECT * FROM unnest($1::text[], $2::smallint[], $3::integer[], $4::bigint[], $5::real[], $6::double precision[], $7::boolean[], $8::text[], $9::bytea[], $10::uuid[], $11::date[], $12::time[], $13::timestamp[], $14::timestamptz[], $15::date[], $16::time[], $17::timestamp[], $18::timestamptz[], $19::jsonb[], $20::integer[], $21::uuid[], $22::timestamptz[], $23::jsonb[], $24::jsonb[], $25::text[])
     ON CONFLICT (event_id) DO NOTHING RETURNING event_id)
 SELECT event_id FROM enqueued, (SELECT pg_notify('every_type_events', '') FROM enqueued LIMIT 1) AS notified;
 
@@ -142,11 +142,11 @@ FROM (SELECT
     count(*) FILTER (WHERE status = 'SENT') AS sent,
     count(*) FILTER (WHERE status = 'DEAD') AS dead,
     count(*) FILTER (WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()) AS expired_claims,
-    min(id) FILTER (WHERE status IN ('READY', 'INPROGRESS') AND NOT (status = 'READY' AND attempts = 0 AND next_attempt_at > statement_timestamp())) AS first_waiting,
+    min(id) FILTER (WHERE status IN ('READY', 'INPROGRESS')) AS first_waiting,
     0::bigint AS held_keys, NULL::interval AS oldest_held_age,
     count(*) FILTER (WHERE status = 'SENT' AND next_attempt_at > statement_timestamp() - interval '1 minute') AS sent_last_minute,
     count(*) FILTER (WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()) AS due,
-    count(*) FILTER (WHERE status = 'READY' AND attempts = 0 AND next_attempt_at > statement_timestamp()) AS scheduled
+    0::bigint AS scheduled
     FROM "every_type_events") AS s
 LEFT JOIN LATERAL (SELECT
     statement_timestamp() - greatest(created_at, statement_timestamp() - interval '31557600000 seconds') AS oldest_waiting_age,

@@ -1,17 +1,17 @@
 -- enqueue
 WITH enqueued AS (
-    INSERT INTO "order_step_events" (event_id, "order_id", next_attempt_at) VALUES ($1, $2, greatest(statement_timestamp(), $3::timestamptz, statement_timestamp() + $4::interval))
+    INSERT INTO "order_step_events" (event_id, "order_id") VALUES ($1, $2)
     ON CONFLICT (event_id) DO NOTHING RETURNING id)
 SELECT id FROM enqueued, (SELECT pg_notify('order_step_events', '') FROM enqueued LIMIT 1) AS notified;
 
 -- enqueue_all
 WITH enqueued AS (
-    INSERT INTO "order_step_events" (event_id, "order_id", next_attempt_at) SELECT *, greatest(statement_timestamp(), $3::timestamptz, statement_timestamp() + $4::interval) FROM unnest($1::text[], $2::bigint[]) RETURNING id)
+    INSERT INTO "order_step_events" (event_id, "order_id") SELECT * FROM unnest($1::text[], $2::bigint[]) RETURNING id)
 SELECT pg_notify('order_step_events', '') FROM enqueued LIMIT 1;
 
 -- enqueue_all_skipping
 WITH enqueued AS (
-    INSERT INTO "order_step_events" (event_id, "order_id", next_attempt_at) SELECT *, greatest(statement_timestamp(), $3::timestamptz, statement_timestamp() + $4::interval) FROM unnest($1::text[], $2::bigint[])
+    INSERT INTO "order_step_events" (event_id, "order_id") SELECT * FROM unnest($1::text[], $2::bigint[])
     ON CONFLICT (event_id) DO NOTHING RETURNING event_id)
 SELECT event_id FROM enqueued, (SELECT pg_notify('order_step_events', '') FROM enqueued LIMIT 1) AS notified;
 

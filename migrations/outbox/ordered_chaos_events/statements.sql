@@ -1,17 +1,17 @@
 -- enqueue
 WITH enqueued AS (
-    INSERT INTO "ordered_chaos_events" (event_id, "order_id", "seq", next_attempt_at) VALUES ($1, $2, $3, greatest(statement_timestamp(), $4::timestamptz, statement_timestamp() + $5::interval))
+    INSERT INTO "ordered_chaos_events" (event_id, "order_id", "seq") VALUES ($1, $2, $3)
     ON CONFLICT (event_id) DO NOTHING RETURNING id)
 SELECT id FROM enqueued, (SELECT pg_notify('ordered_chaos_events', '') FROM enqueued LIMIT 1) AS notified;
 
 -- enqueue_all
 WITH enqueued AS (
-    INSERT INTO "ordered_chaos_events" (event_id, "order_id", "seq", next_attempt_at) SELECT *, greatest(statement_timestamp(), $4::timestamptz, statement_timestamp() + $5::interval) FROM unnest($1::text[], $2::bigint[], $3::integer[]) RETURNING id)
+    INSERT INTO "ordered_chaos_events" (event_id, "order_id", "seq") SELECT * FROM unnest($1::text[], $2::bigint[], $3::integer[]) RETURNING id)
 SELECT pg_notify('ordered_chaos_events', '') FROM enqueued LIMIT 1;
 
 -- enqueue_all_skipping
 WITH enqueued AS (
-    INSERT INTO "ordered_chaos_events" (event_id, "order_id", "seq", next_attempt_at) SELECT *, greatest(statement_timestamp(), $4::timestamptz, statement_timestamp() + $5::interval) FROM unnest($1::text[], $2::bigint[], $3::integer[])
+    INSERT INTO "ordered_chaos_events" (event_id, "order_id", "seq") SELECT * FROM unnest($1::text[], $2::bigint[], $3::integer[])
     ON CONFLICT (event_id) DO NOTHING RETURNING event_id)
 SELECT event_id FROM enqueued, (SELECT pg_notify('ordered_chaos_events', '') FROM enqueued LIMIT 1) AS notified;
 

@@ -147,6 +147,18 @@ pub const BOOKKEEPING: [Bookkeeping; 9] = [
     ),
 ];
 
+/// The column of a table declared `#[outbox(scheduled)]`: the time its event was
+/// enqueued for (`enqueue_at`, `enqueue_after`), NULL for one due at its enqueue. Its
+/// `next_attempt_at` starts there, and moves with claims, retries and hand-backs; this
+/// stays, so that the wake-up of a key's held events never makes a scheduled one due
+/// early, and the lag counts from the time an event was due, not from its enqueue.
+pub const PUBLISH_AT: Bookkeeping = column(
+    "publish_at",
+    "timestamptz",
+    "timestamp with time zone",
+    true,
+);
+
 /// The columns the claim statements return before the payload, in order: what a
 /// [`Claim`](https://docs.rs/outbox) is made of.
 pub mod claim_header {

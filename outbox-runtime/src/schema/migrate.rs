@@ -309,6 +309,7 @@ mod tests {
             max_attempts: 5,
             key: None,
             deletes_sent: false,
+            scheduled: false,
             sql: crate::spec::derive_only_statements([""; Statement::COUNT], &[], &[]),
             columns,
             migrations,

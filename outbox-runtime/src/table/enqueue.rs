@@ -9,16 +9,17 @@ use super::statements;
 use crate::error::{OnTable as _, OutboxError};
 use crate::id::EventId;
 use crate::interval;
-use crate::spec::Outbox;
+use crate::spec::{Outbox, PgQuery};
 
-/// When an enqueued event becomes due: the relay does not claim it before.
+/// When an enqueued event becomes due: the relay does not claim it before. For an event
+/// type declared `#[outbox(scheduled)]`.
 ///
 /// A scheduled event is published within the relay's
 /// [`poll_interval`](crate::relay::Relay::poll_interval) after its time, as a retry
 /// after its delay: no notification wakes the relay for it. Until then it counts in
 /// [`Stats::scheduled`](crate::Stats::scheduled), not in the backlog (`due`) nor in the
-/// lag (`oldest_waiting_age`). Only a table without an ordering key takes a schedule
-/// ([`OutboxError::ScheduledWithKey`]).
+/// lag, which counts from its time. On a type with an ordering key it holds its key's
+/// later events until it is published, as a retry delay does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Schedule {
     /// Due at once.
@@ -33,38 +34,48 @@ pub enum Schedule {
 }
 
 /// A [`Schedule`] checked for `T`'s table, as the enqueue statements take it: a time
-/// and a delay, the later of which (and now) is when the event is due.
+/// and a delay, the latest of which (and now) is when the event is due.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Due {
-    pub(crate) at: Option<DateTime<Utc>>,
-    pub(crate) after: Option<Duration>,
+    at: Option<DateTime<Utc>>,
+    after: Option<Duration>,
+}
+
+impl Due {
+    /// Binds the two parameters a scheduled table's enqueue statements take after the
+    /// payload; the others take none.
+    pub(crate) fn bind<T: Outbox>(self, query: PgQuery<'_>) -> PgQuery<'_> {
+        if T::SPEC.scheduled {
+            query.bind(self.at).bind(self.after)
+        } else {
+            query
+        }
+    }
 }
 
 impl Schedule {
     fn due<T: Outbox>(self) -> Result<Due, OutboxError> {
         let table = T::SPEC.table;
-        let later = |due: Due| {
-            if T::SPEC.key.is_some() {
-                Err(OutboxError::ScheduledWithKey { table })
-            } else {
-                Ok(due)
-            }
-        };
-        match self {
-            Self::Now => Ok(Due::default()),
-            Self::After(delay) => later(Due {
+        let due = match self {
+            Self::Now => return Ok(Due::default()),
+            Self::After(delay) => Due {
                 at: None,
                 after: Some(interval::checked(table, "enqueue delay", delay)?),
-            }),
+            },
             Self::At(at) => {
                 let ahead = (at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
                 interval::checked(table, "enqueue time, from now,", ahead)?;
-                // A time in the past (on this clock) is now, whatever its distance.
-                later(Due {
+                // A time in the past (on this clock) is now, however far back.
+                Due {
                     at: (!ahead.is_zero()).then_some(at),
                     after: None,
-                })
+                }
             }
+        };
+        if T::SPEC.scheduled {
+            Ok(due)
+        } else {
+            Err(OutboxError::NotScheduled { table })
         }
     }
 }
@@ -139,8 +150,8 @@ pub async fn enqueue<'e, T: Outbox>(
 /// [`enqueue`], due at `schedule`: the relay does not claim the event before.
 ///
 /// A schedule beyond [`MAX_INTERVAL`](crate::MAX_INTERVAL) is
-/// [`OutboxError::IntervalOutOfRange`], and one on a table with an ordering key
-/// [`OutboxError::ScheduledWithKey`]; nothing is written then.
+/// [`OutboxError::IntervalOutOfRange`], and a later time on a type not declared
+/// `#[outbox(scheduled)]` [`OutboxError::NotScheduled`]; nothing is written then.
 pub async fn enqueue_scheduled<'e, T: Outbox>(
     event: &T,
     schedule: Schedule,

@@ -71,9 +71,9 @@ pub struct Stats {
     /// The `READY` rows that are due: the backlog a relay should be draining.
     pub due: i64,
     /// The `READY` rows enqueued for a later time ([`Schedule`](crate::Schedule)) that
-    /// has not come: not in [`due`](Self::due), nor the oldest waiting event. Once due,
-    /// such an event's age counts from its enqueue, as every waiting event's. Always 0
-    /// on a table with an ordering key.
+    /// has not come: not in [`due`](Self::due), and not waiting yet (once due, an
+    /// event's age counts from its time). Always 0 on a table not declared
+    /// `#[outbox(scheduled)]`.
     pub scheduled: i64,
     /// Rows claimed by a publisher, live or expired.
     pub in_progress: i64,
@@ -84,7 +84,8 @@ pub struct Stats {
     /// Claims whose lease expired: a publisher died or stalled holding them.
     pub expired_claims: i64,
     /// How long ago the oldest event still to be published (`READY` or `INPROGRESS`, the
-    /// one with the lowest id) was enqueued; `None` when none is. The lag to alert on:
+    /// one with the lowest id; on a scheduled table, the one due first) was enqueued, or
+    /// became due if it was enqueued for later; `None` when none is. The lag to alert on:
     /// it grows through an outage, whatever the relay retries or hands back meanwhile.
     /// `DEAD` events are not waiting for the relay but for an operator: they have their
     /// own figures ([`dead`](Self::dead), [`oldest_held_age`](Self::oldest_held_age)).

@@ -275,11 +275,7 @@ fn print(tables: &[TableStatus], json: bool) -> Result<(), Failure> {
             short_type(&t.type_name),
             t.ready.to_string(),
             t.due.to_string(),
-            if t.key.is_some() {
-                "-".to_owned()
-            } else {
-                t.scheduled.to_string()
-            },
+            t.scheduled.to_string(),
             t.in_progress.to_string(),
             t.expired_claims.to_string(),
             t.dead.to_string(),

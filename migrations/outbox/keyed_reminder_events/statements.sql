@@ -1,0 +1,234 @@
+-- enqueue
+WITH enqueued AS (
+    INSERT INTO "keyed_reminder_events" (event_id, "account", publish_at, next_attempt_at) VALUES ($1, $2, nullif(greatest(statement_timestamp(), $3::timestamptz, statement_timestamp() + $4::interval), statement_timestamp()), greatest(statement_timestamp(), $3::timestamptz, statement_timestamp() + $4::interval))
+    ON CONFLICT (event_id) DO NOTHING RETURNING id)
+SELECT id FROM enqueued, (SELECT pg_notify('keyed_reminder_events', '') FROM enqueued LIMIT 1) AS notified;
+
+-- enqueue_all
+WITH enqueued AS (
+    INSERT INTO "keyed_reminder_events" (event_id, "account", publish_at, next_attempt_at) SELECT *, nullif(greatest(statement_timestamp(), $3::timestamptz, statement_timestamp() + $4::interval), statement_timestamp()), greatest(statement_timestamp(), $3::timestamptz, statement_timestamp() + $4::interval) FROM unnest($1::text[], $2::bigint[]) RETURNING id)
+SELECT pg_notify('keyed_reminder_events', '') FROM enqueued LIMIT 1;
+
+-- enqueue_all_skipping
+WITH enqueued AS (
+    INSERT INTO "keyed_reminder_events" (event_id, "account", publish_at, next_attempt_at) SELECT *, nullif(greatest(statement_timestamp(), $3::timestamptz, statement_timestamp() + $4::interval), statement_timestamp()), greatest(statement_timestamp(), $3::timestamptz, statement_timestamp() + $4::interval) FROM unnest($1::text[], $2::bigint[])
+    ON CONFLICT (event_id) DO NOTHING RETURNING event_id)
+SELECT event_id FROM enqueued, (SELECT pg_notify('keyed_reminder_events', '') FROM enqueued LIMIT 1) AS notified;
+
+-- claim
+WITH expired AS (
+    SELECT id, ctid FROM "keyed_reminder_events" AS c
+    WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()
+        AND NOT EXISTS (SELECT FROM "keyed_reminder_events" AS p
+            WHERE p."account" = c."account" AND p.id < c.id AND p.status <> 'SENT')
+    ORDER BY lease_until, id LIMIT 100 FOR UPDATE SKIP LOCKED
+), ready AS (
+    SELECT ctid, next_attempt_at, id FROM "keyed_reminder_events" AS c
+    WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()
+        AND NOT EXISTS (SELECT FROM "keyed_reminder_events" AS p
+            WHERE p."account" = c."account" AND p.id < c.id AND p.status <> 'SENT')
+    ORDER BY next_attempt_at, id LIMIT 100 - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED
+), reach AS (
+    SELECT at, id FROM (
+        SELECT next_attempt_at AS at, id, 0 AS last FROM ready
+        WHERE (SELECT count(*) FROM ready) = 100 - (SELECT count(*) FROM expired)
+        UNION ALL SELECT timestamptz 'infinity', 0, 1
+        WHERE (SELECT count(*) FROM expired) < 100) AS walked
+    ORDER BY last, at DESC, id DESC LIMIT 1
+), parked AS (
+    UPDATE "keyed_reminder_events" AS w
+    SET next_attempt_at = statement_timestamp() + greatest(interval '30 seconds', statement_timestamp() - w.created_at)
+    WHERE w.ctid = ANY(ARRAY(SELECT ctid FROM (
+        SELECT c.ctid, pg_notify('keyed_reminder_events', '') FROM "keyed_reminder_events" AS c
+        WHERE c.status = 'READY' AND c.next_attempt_at <= statement_timestamp()
+            AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
+            AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready))
+            AND EXISTS (SELECT FROM "keyed_reminder_events" AS p
+                WHERE p."account" = c."account" AND p.id < c.id AND p.status IN ('READY', 'DEAD')
+                    AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready))
+                FOR SHARE SKIP LOCKED)
+        ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED) AS waiting)))
+UPDATE "keyed_reminder_events" AS o SET
+    status = CASE WHEN o.attempts >= 10 THEN 'DEAD' ELSE 'INPROGRESS' END,
+    generation = CASE WHEN o.attempts >= 10 THEN o.generation ELSE o.generation + 1 END,
+    attempts = CASE WHEN o.attempts >= 10 THEN o.attempts ELSE o.attempts + 1 END,
+    lease_until = CASE WHEN o.attempts >= 10 THEN NULL ELSE statement_timestamp() + interval '30 seconds' END,
+    last_error = CASE
+        WHEN o.attempts < 10 THEN o.last_error
+        WHEN o.status = 'INPROGRESS'
+            THEN 'lease expired on claim ' || o.attempts || ' of 10: attempt budget exhausted'
+        ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 10'
+            || coalesce('; the last error: ' || o.last_error, '') END
+WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready))
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."account", o."account"::text AS outbox_key;
+
+-- claim_from
+WITH ready AS (
+    SELECT ctid FROM "keyed_reminder_events" AS c
+    WHERE status = 'READY'
+        AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'
+        AND next_attempt_at <= statement_timestamp()
+        AND NOT EXISTS (SELECT FROM "keyed_reminder_events" AS p
+            WHERE p."account" = c."account" AND p.id < c.id AND p.status <> 'SENT')
+    ORDER BY next_attempt_at, id LIMIT 100 FOR UPDATE SKIP LOCKED
+)
+UPDATE "keyed_reminder_events" AS o SET
+    status = CASE WHEN o.attempts >= 10 THEN 'DEAD' ELSE 'INPROGRESS' END,
+    generation = CASE WHEN o.attempts >= 10 THEN o.generation ELSE o.generation + 1 END,
+    attempts = CASE WHEN o.attempts >= 10 THEN o.attempts ELSE o.attempts + 1 END,
+    lease_until = CASE WHEN o.attempts >= 10 THEN NULL ELSE statement_timestamp() + interval '30 seconds' END,
+    last_error = CASE
+        WHEN o.attempts < 10 THEN o.last_error
+        WHEN o.status = 'INPROGRESS'
+            THEN 'lease expired on claim ' || o.attempts || ' of 10: attempt budget exhausted'
+        ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 10'
+            || coalesce('; the last error: ' || o.last_error, '') END
+WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready))
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed, o."account", o."account"::text AS outbox_key;
+
+-- complete
+WITH done AS (
+UPDATE "keyed_reminder_events" SET status = 'SENT', lease_until = NULL, next_attempt_at = statement_timestamp() WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()
+    RETURNING id, id AS outbox_id, "account" AS outbox_key),
+next AS (
+    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
+        SELECT q.id, q.status, q.next_attempt_at FROM "keyed_reminder_events" AS q
+        WHERE (q."account", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."account", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT'
+        ORDER BY q."account", q.id LIMIT 1) AS q
+    WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
+), woken AS (
+    UPDATE "keyed_reminder_events" AS w SET next_attempt_at = greatest(statement_timestamp(), w.publish_at)
+    WHERE w.id = ANY(ARRAY(SELECT id FROM next))
+        AND w.status || '' = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT id FROM done;
+
+-- retry
+UPDATE "keyed_reminder_events" SET
+    status = CASE WHEN attempts >= 10 THEN 'DEAD' ELSE 'READY' END,
+    lease_until = NULL,
+    next_attempt_at = statement_timestamp() + $3::interval,
+    last_error = CASE WHEN attempts >= 10
+        THEN 'attempt budget exhausted after ' || attempts || ' of 10 claims' || coalesce(': ' || $4::text, '')
+        ELSE coalesce($4::text, last_error) END
+WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()
+RETURNING status;
+
+-- renew
+UPDATE "keyed_reminder_events" SET lease_until = statement_timestamp() + interval '30 seconds' WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp() RETURNING lease_until;
+
+-- fail
+UPDATE "keyed_reminder_events" SET status = 'DEAD', lease_until = NULL, last_error = $3 WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp() RETURNING id;
+
+-- complete_batch
+WITH done AS (
+UPDATE "keyed_reminder_events" AS o SET status = 'SENT', lease_until = NULL, next_attempt_at = statement_timestamp()
+FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)
+WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation AND o.lease_until > clock_timestamp()
+    RETURNING o.id, o.id AS outbox_id, o."account" AS outbox_key),
+next AS (
+    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
+        SELECT q.id, q.status, q.next_attempt_at FROM "keyed_reminder_events" AS q
+        WHERE (q."account", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."account", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT'
+        ORDER BY q."account", q.id LIMIT 1) AS q
+    WHERE true AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
+), woken AS (
+    UPDATE "keyed_reminder_events" AS w SET next_attempt_at = greatest(statement_timestamp(), w.publish_at)
+    WHERE w.id = ANY(ARRAY(SELECT id FROM next))
+        AND w.status || '' = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT id FROM done;
+
+-- record
+WITH done AS (
+UPDATE "keyed_reminder_events" AS o SET
+    status = CASE u.outcome
+        WHEN 'SENT' THEN 'SENT'
+        WHEN 'RELEASE' THEN 'READY'
+        WHEN 'RETRY' THEN CASE WHEN o.attempts >= 10 THEN 'DEAD' ELSE 'READY' END
+        ELSE 'DEAD' END,
+    lease_until = NULL,
+    attempts = CASE u.outcome WHEN 'RELEASE' THEN o.attempts - 1 ELSE o.attempts END,
+    next_attempt_at = CASE u.outcome
+        WHEN 'RETRY' THEN statement_timestamp() + u.delay
+        WHEN 'RELEASE' THEN statement_timestamp()
+        WHEN 'SENT' THEN statement_timestamp()
+        ELSE o.next_attempt_at END,
+    last_error = CASE
+        WHEN u.outcome = 'RETRY' AND o.attempts >= 10
+            THEN 'attempt budget exhausted after ' || o.attempts || ' of 10 claims' || coalesce(': ' || u.error, '')
+        WHEN u.outcome IN ('RETRY', 'DEAD', 'RELEASE') THEN coalesce(u.error, o.last_error)
+        ELSE o.last_error END
+FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[])
+    AS u(id, generation, outcome, delay, error)
+WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation AND o.lease_until > clock_timestamp()
+    RETURNING o.id, o.status, o.id AS outbox_id, o."account" AS outbox_key),
+next AS (
+    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
+        SELECT q.id, q.status, q.next_attempt_at FROM "keyed_reminder_events" AS q
+        WHERE (q."account", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."account", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT'
+        ORDER BY q."account", q.id LIMIT 1) AS q
+    WHERE f.status = 'SENT' AND q.status = 'READY' AND q.next_attempt_at > statement_timestamp()
+), woken AS (
+    UPDATE "keyed_reminder_events" AS w SET next_attempt_at = greatest(statement_timestamp(), w.publish_at)
+    WHERE w.id = ANY(ARRAY(SELECT id FROM next))
+        AND w.status || '' = 'READY' AND w.next_attempt_at > statement_timestamp())
+SELECT id, status FROM done;
+
+-- renew_batch
+UPDATE "keyed_reminder_events" AS o SET lease_until = statement_timestamp() + interval '30 seconds'
+FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)
+WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation AND o.lease_until > clock_timestamp()
+RETURNING o.id, o.lease_until;
+
+-- requeue_dead
+UPDATE "keyed_reminder_events" SET status = 'READY', attempts = 0, next_attempt_at = statement_timestamp() WHERE status = 'DEAD' AND event_id = ANY($1::text[]) RETURNING event_id;
+
+-- requeue_all_dead
+WITH requeued AS (UPDATE "keyed_reminder_events" SET status = 'READY', attempts = 0, next_attempt_at = statement_timestamp() WHERE status = 'DEAD' RETURNING 1)
+SELECT count(*) AS requeued FROM requeued;
+
+-- discard_dead
+WITH done AS (
+DELETE FROM "keyed_reminder_events" WHERE status = 'DEAD' AND event_id = ANY($1::text[])
+    RETURNING event_id, id AS outbox_id, "account" AS outbox_key),
+next AS (
+    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
+        SELECT q.id, q.status, q.next_attempt_at FROM "keyed_reminder_events" AS q
+        WHERE (q."account", q.id) > (f.outbox_key, f.outbox_id)
+            AND (q."account", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT'
+        ORDER BY q."account", q.id LIMIT 1) AS q
+    WHERE true
+), woken AS (
+    UPDATE "keyed_reminder_events" AS w SET next_attempt_at = greatest(least(w.next_attempt_at, statement_timestamp()), w.publish_at)
+    WHERE w.id = ANY(ARRAY(SELECT id FROM next))
+        AND w.status || '' = 'READY')
+SELECT event_id FROM done;
+
+-- prune_sent
+WITH doomed AS (
+    SELECT id FROM "keyed_reminder_events"
+    WHERE status = 'SENT' AND next_attempt_at < statement_timestamp() - $1::interval
+    ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+DELETE FROM "keyed_reminder_events" AS o USING doomed AS d WHERE o.id = d.id;
+
+-- stats
+SELECT s.*, w.oldest_waiting_age, w.oldest_waiting_error
+FROM (SELECT
+    count(*) FILTER (WHERE status = 'READY') AS ready,
+    count(*) FILTER (WHERE status = 'INPROGRESS') AS in_progress,
+    count(*) FILTER (WHERE status = 'SENT') AS sent,
+    count(*) FILTER (WHERE status = 'DEAD') AS dead,
+    count(*) FILTER (WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()) AS expired_claims,
+    (min(ARRAY[extract(epoch FROM greatest(created_at, publish_at, statement_timestamp() - interval '31557600000 seconds')), id]) FILTER (WHERE status IN ('READY', 'INPROGRESS') AND (publish_at IS NULL OR publish_at <= statement_timestamp())))[2]::bigint AS first_waiting,
+    count(DISTINCT "account") FILTER (WHERE status = 'DEAD') AS held_keys,
+    statement_timestamp() - min(greatest(created_at, statement_timestamp() - interval '31557600000 seconds')) FILTER (WHERE status = 'DEAD' AND "account" IS NOT NULL) AS oldest_held_age,
+    count(*) FILTER (WHERE status = 'SENT' AND next_attempt_at > statement_timestamp() - interval '1 minute') AS sent_last_minute,
+    count(*) FILTER (WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()) AS due,
+    count(*) FILTER (WHERE status = 'READY' AND publish_at > statement_timestamp()) AS scheduled
+    FROM "keyed_reminder_events") AS s
+LEFT JOIN LATERAL (SELECT
+    statement_timestamp() - greatest(created_at, publish_at, statement_timestamp() - interval '31557600000 seconds') AS oldest_waiting_age,
+    last_error AS oldest_waiting_error
+    FROM "keyed_reminder_events" WHERE id = s.first_waiting) AS w ON true;
