@@ -278,6 +278,24 @@ async fn an_older_builds_stats_statement_is_named_until_migrate_rewrites_it() ->
         "{}",
         stderr(&current)
     );
+
+    // A build from before scheduled publish: its statement has every column but
+    // `scheduled`, and its tables no schedule; it is read as none scheduled.
+    let updated = sqlx::query(
+        "UPDATE outbox_catalog SET statements = jsonb_set(statements, '{stats}', \
+             to_jsonb(replace(statements->>'stats', ',\n    0::bigint AS scheduled', ''))) \
+         WHERE table_name = 'budget_events' AND statements->>'stats' LIKE '%AS scheduled%'",
+    )
+    .execute(db.pool())
+    .await?;
+    assert_eq!(updated.rows_affected(), 1);
+    let before_scheduling = outbox(&db, &["status"]).await?;
+    assert_eq!(before_scheduling.status.code(), Some(3), "the dead event");
+    assert!(
+        !stderr(&before_scheduling).contains("cannot read its counts"),
+        "{}",
+        stderr(&before_scheduling)
+    );
     db.drop_schema().await?;
     Ok(())
 }

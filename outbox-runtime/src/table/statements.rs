@@ -401,7 +401,11 @@ fn decode_stats(row: &PgRow) -> Result<Stats, sqlx::Error> {
     Ok(Stats {
         ready: row.try_get("ready")?,
         due: row.try_get("due")?,
-        scheduled: row.try_get("scheduled")?,
+        // An older build's statement has no such column, and its tables no schedule.
+        scheduled: match row.try_get("scheduled") {
+            Err(sqlx::Error::ColumnNotFound(_)) => 0,
+            scheduled => scheduled?,
+        },
         in_progress: row.try_get("in_progress")?,
         sent: row.try_get("sent")?,
         dead: row.try_get("dead")?,
