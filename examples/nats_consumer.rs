@@ -1,5 +1,10 @@
-//! NATS JetStream end to end: the relay publishes orders through `JetStreamSink`, and a
-//! consumer applies each one exactly once with the inbox.
+//! NATS JetStream end to end: the relay publishes orders through `JetStreamSink`, as
+//! CloudEvents in binary mode, and a consumer applies each one exactly once with the
+//! inbox.
+//!
+//! The consumer reads what any CloudEvents consumer reads: the `ce-` headers, `ce-id`
+//! (the event id, which it deduplicates on) and `ce-type`, and the body, the order as
+//! JSON.
 //!
 //! The consumer takes each message, applies its effect (a customer's running total) and
 //! records its event id in the inbox **in one transaction**, commits, and only then
@@ -18,6 +23,7 @@ use std::time::Duration;
 use common::OrderPlaced;
 use common::billing;
 use futures_util::StreamExt as _;
+use outbox::message::CloudEvents;
 use outbox::nats::async_nats::jetstream::{self, consumer, stream};
 use outbox::nats::{JetStreamSink, async_nats};
 use outbox::{Inbox, Received, Relay};
@@ -59,7 +65,11 @@ async fn main() -> Result {
         billing::order("ada@example.com", 300),
     ];
     OrderPlaced::enqueue_all(&orders, pool).await?;
-    let sink = JetStreamSink::<OrderPlaced>::new(js.clone(), subject.clone());
+    let sink = JetStreamSink::<OrderPlaced>::new(js.clone(), subject.clone()).cloud_events(
+        CloudEvents::binary()
+            .source("https://shop.example.com/orders")
+            .event_type("com.example.order.placed"),
+    );
     common::publish_all(pool, Relay::<OrderPlaced, _>::new(pool.clone(), sink)).await?;
     println!("relay:    published {} orders to {subject}", orders.len());
 
@@ -93,7 +103,14 @@ async fn consume(pool: &sqlx::PgPool, stream: &stream::Stream, expected: usize) 
             .await?;
         while let Some(message) = messages.next().await {
             let message = message.map_err(|e| e.to_string())?;
-            let event_id = outbox::nats::event_id(&message).ok_or("no event id")?;
+            // The CloudEvent's attributes (its ids and types need no percent-decoding).
+            let attribute = |name: &str| {
+                let headers = message.headers.as_ref()?;
+                Some(headers.get(format!("ce-{name}").as_str())?.as_str())
+            };
+            let event_id = attribute("id").ok_or("not a CloudEvent: no ce-id")?;
+            let event_type = attribute("type").ok_or("not a CloudEvent: no ce-type")?;
+            assert_eq!(Some(event_id), outbox::nats::event_id(&message));
             let order: serde_json::Value = serde_json::from_slice(&message.payload)?;
             let (customer, cents) = (
                 order["customer"].as_str().ok_or("no customer")?,
@@ -117,7 +134,9 @@ async fn consume(pool: &sqlx::PgPool, stream: &stream::Stream, expected: usize) 
             }
             match received {
                 Received::New => {
-                    println!("consumer: applied {event_id} ({customer}, {cents} cents)");
+                    println!(
+                        "consumer: applied {event_type} {event_id} ({customer}, {cents} cents)"
+                    );
                 }
                 Received::Duplicate => {
                     println!("consumer: {event_id} again: already applied, acknowledged only");

@@ -39,7 +39,7 @@ use outbox::kafka::rdkafka::consumer::{Consumer as _, StreamConsumer};
 use outbox::kafka::rdkafka::message::{BorrowedMessage, Headers as _};
 use outbox::kafka::rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
 use outbox::kafka::{ConfigError, KafkaSink};
-use outbox::message::header;
+use outbox::message::{CloudEvents, header};
 use outbox::testing::TestSchema;
 use outbox::{Delivery, Relay, Sink, SinkError, relay::Backoff};
 use outbox::{Inbox, Received, inbox};
@@ -530,6 +530,56 @@ async fn kafka_the_ordering_key_is_the_record_key_and_a_header_and_each_key_keep
         "keyed by the order, in the outbox's order"
     );
     db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn kafka_cloud_events_binary_as_ce_headers_and_structured_as_the_value() -> TestResult {
+    let tansu = Tansu::start().await?;
+    for structured in [false, true] {
+        let db = schema_from_zero(&[OrderStep::migrations()]).await?;
+        let pool = db.pool();
+        let topic = format!("outbox.test.{}.steps", db.name());
+        create_topic(&tansu.bootstrap(), &topic).await?;
+        let cloud_events = if structured {
+            CloudEvents::structured()
+                .source("https://shop.example.com/orders")
+                .event_type("com.example.order.step")
+        } else {
+            CloudEvents::binary()
+        };
+        let sink =
+            KafkaSink::<OrderStep>::new(&producer_config(&tansu.bootstrap()), topic.clone())?
+                .cloud_events(cloud_events);
+        broker::publish_order_steps(pool, sink).await?;
+
+        for record in records(&tansu.bootstrap(), &topic, 6).await? {
+            assert_eq!(
+                record.header(header::CONTENT_TYPE),
+                None,
+                "`content-type` instead"
+            );
+            if structured {
+                assert_eq!(
+                    record.header("content-type"),
+                    Some("application/cloudevents+json; charset=utf-8")
+                );
+                broker::assert_structured_cloud_event(&record.event_id, &record.value)?;
+            } else {
+                assert_eq!(record.header("content-type"), Some("application/json"));
+                let attribute =
+                    |name: &str| record.header(&format!("ce_{name}")).map(str::to_owned);
+                broker::assert_binary_cloud_event(&record.event_id, attribute)?;
+                let event: serde_json::Value = serde_json::from_slice(&record.value)?;
+                assert_eq!(
+                    event["name"],
+                    record.event_id.as_str(),
+                    "the value is the event"
+                );
+            }
+        }
+        db.drop_schema().await?;
+    }
     Ok(())
 }
 

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox::message::header;
+use outbox::message::{CloudEvents, header};
 use outbox::rabbitmq::RabbitSink;
 use outbox::rabbitmq::lapin::options::{
     BasicAckOptions, BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
@@ -525,6 +525,58 @@ async fn the_ordering_key_is_a_header_and_each_keys_messages_are_queued_in_order
     );
     topology.delete().await?;
     db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn cloud_events_binary_as_cloud_events_headers_and_structured_as_the_body() -> TestResult {
+    let connection = connect_rabbitmq().await;
+    let channel = connection.create_channel().await?;
+    for structured in [false, true] {
+        let db = schema_from_zero(&[OrderStep::migrations()]).await?;
+        let pool = db.pool();
+        let topology = Topology::declare(&channel, &db).await?;
+        let cloud_events = if structured {
+            CloudEvents::structured()
+                .source("https://shop.example.com/orders")
+                .event_type("com.example.order.step")
+        } else {
+            CloudEvents::binary()
+        };
+        let sink = topology.sink(&connection).await?.cloud_events(cloud_events);
+        broker::publish_order_steps(pool, sink).await?;
+
+        let mut messages = 0;
+        while let Some(message) = channel
+            .basic_get(topology.queue.as_str().into(), BasicGetOptions::default())
+            .await?
+        {
+            let delivery = &message.delivery;
+            let event_id = outbox::rabbitmq::event_id(delivery).ok_or("no event id")?;
+            let content_type = delivery
+                .properties
+                .content_type()
+                .as_ref()
+                .map(ShortString::as_str);
+            if structured {
+                assert_eq!(
+                    content_type,
+                    Some("application/cloudevents+json; charset=utf-8")
+                );
+                broker::assert_structured_cloud_event(event_id, &delivery.data)?;
+            } else {
+                assert_eq!(content_type, Some("application/json"));
+                let attribute = |name: &str| header_of(delivery, &format!("cloudEvents_{name}"));
+                broker::assert_binary_cloud_event(event_id, attribute)?;
+                let event: serde_json::Value = serde_json::from_slice(&delivery.data)?;
+                assert_eq!(event["name"], event_id, "the body is the event");
+            }
+            messages += 1;
+        }
+        assert_eq!(messages, 6);
+        topology.delete().await?;
+        db.drop_schema().await?;
+    }
     Ok(())
 }
 

@@ -111,6 +111,49 @@ pub fn steps_by_order() -> BTreeMap<String, Vec<String>> {
         .collect()
 }
 
+/// Checks a binary CloudEvent of an [`order_steps`] event published with the default
+/// source and type: `attribute` reads one attribute from the broker's headers (by its
+/// CloudEvents name, which the caller prefixes as its binding does).
+pub fn assert_binary_cloud_event(
+    event_id: &str,
+    attribute: impl Fn(&str) -> Option<String>,
+) -> TestResult {
+    assert_eq!(attribute("specversion").as_deref(), Some("1.0"));
+    assert_eq!(
+        attribute("id").as_deref(),
+        Some(event_id),
+        "the id is the event id"
+    );
+    assert_eq!(
+        attribute("source").as_deref(),
+        Some("/outbox/order_step_events")
+    );
+    assert_eq!(attribute("type").as_deref(), Some("order_step_events"));
+    let time = attribute("time").ok_or("no time")?;
+    chrono::DateTime::parse_from_rfc3339(&time)?;
+    let order = event_id.split('-').nth(1).ok_or("not an order step")?;
+    assert_eq!(
+        attribute("subject").as_deref(),
+        Some(order),
+        "the key is the subject"
+    );
+    Ok(())
+}
+
+/// Checks a structured CloudEvent (`body`) of an [`order_steps`] event published with
+/// the source `https://shop.example.com/orders` and type `com.example.order.step`.
+pub fn assert_structured_cloud_event(event_id: &str, body: &[u8]) -> TestResult {
+    let event: serde_json::Value = serde_json::from_slice(body)?;
+    assert_eq!(event["specversion"], "1.0");
+    assert_eq!(event["id"], event_id);
+    assert_eq!(event["source"], "https://shop.example.com/orders");
+    assert_eq!(event["type"], "com.example.order.step");
+    assert_eq!(event["datacontenttype"], "application/json");
+    assert_eq!(event["data"]["name"], event_id, "the event, as JSON");
+    chrono::DateTime::parse_from_rfc3339(event["time"].as_str().ok_or("no time")?)?;
+    Ok(())
+}
+
 /// The consumer's handling of one message (`event_id`, and `body`, a `ChaosEvent` as
 /// JSON): the effect (a row in `shipments`) and the inbox row in one transaction.
 pub async fn apply(

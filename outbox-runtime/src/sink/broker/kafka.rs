@@ -24,7 +24,7 @@ use rdkafka::producer::future_producer::Delivery as Acked;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _, PurgeConfig};
 
 use crate::sink::broker::{self, Failed, Outgoing};
-use crate::sink::message::{Encoding, Json, header};
+use crate::sink::message::{CloudEvents, Encoding, Json, header};
 use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 
@@ -326,6 +326,17 @@ impl<T, E> KafkaSink<T, E> {
             client: self.client,
             outgoing: self.outgoing.encoding(encoding),
             key: self.key,
+        }
+    }
+
+    /// Publishes each event as a CloudEvent ([`CloudEvents`]): in binary mode, its
+    /// attributes as `ce_` headers (`ce_id`, `ce_source`, `ce_type`, ...) and its content
+    /// type as `content-type`, as the Kafka binding has them, beside the outbox's own.
+    #[must_use]
+    pub fn cloud_events(self, cloud_events: CloudEvents) -> Self {
+        Self {
+            outgoing: self.outgoing.cloud_events(cloud_events),
+            ..self
         }
     }
 }
@@ -711,12 +722,19 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
         producer: &Producer,
         delivery: &Delivery<'_, T>,
     ) -> Result<(String, DeliveryFuture), Failed<Failure>> {
+        let message = self.outgoing.message(delivery)?;
+        let cloud_event: Vec<(String, String)> = message
+            .cloud_event_headers("ce_")
+            .map(|(name, value)| (name, value.to_owned()))
+            .collect();
         let broker::Message {
             destination: topic,
             body,
             headers: outbox_headers,
             content_type,
-        } = self.outgoing.message(delivery)?;
+            is_cloud_event,
+            ..
+        } = message;
         let key = match &self.key {
             Some(key) => key(delivery),
             None => delivery
@@ -725,7 +743,7 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
                 .as_bytes()
                 .to_vec(),
         };
-        let mut headers = OwnedHeaders::new_with_capacity(7);
+        let mut headers = OwnedHeaders::new_with_capacity(7 + cloud_event.len());
         for (name, value) in outbox_headers {
             headers = headers.insert(Header {
                 key: name,
@@ -733,9 +751,24 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
             });
         }
         if let Some(content_type) = content_type {
+            // A CloudEvent's content type is `content-type`, as its Kafka binding names
+            // it (Kafka's header names are case-sensitive): a binary one's
+            // `datacontenttype`, or a structured one's media type, by which a consumer
+            // tells the modes apart.
+            let name = if is_cloud_event {
+                "content-type"
+            } else {
+                header::CONTENT_TYPE
+            };
             headers = headers.insert(Header {
-                key: header::CONTENT_TYPE,
+                key: name,
                 value: Some(content_type.as_bytes()),
+            });
+        }
+        for (name, value) in &cloud_event {
+            headers = headers.insert(Header {
+                key: name,
+                value: Some(value.as_bytes()),
             });
         }
         let record = FutureRecord::to(&topic)

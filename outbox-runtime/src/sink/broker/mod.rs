@@ -17,7 +17,7 @@ pub mod rabbitmq;
 
 use std::sync::Arc;
 
-use super::message::{Encoding, Json, header, timestamp};
+use super::message::{self, Attributes, CloudEvents, Encoding, Json, header, timestamp};
 use super::{Delivery, SinkError};
 use crate::spec::Outbox;
 
@@ -32,6 +32,8 @@ type Destination<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 pub(crate) struct Outgoing<T, E> {
     destination: Destination<T>,
     pub(crate) encoding: E,
+    /// Each event as a CloudEvent, when set.
+    cloud_events: Option<Arc<CloudEvents>>,
 }
 
 impl<T, E: Clone> Clone for Outgoing<T, E> {
@@ -39,6 +41,7 @@ impl<T, E: Clone> Clone for Outgoing<T, E> {
         Self {
             destination: Arc::clone(&self.destination),
             encoding: self.encoding.clone(),
+            cloud_events: self.cloud_events.clone(),
         }
     }
 }
@@ -49,6 +52,7 @@ impl<T> Outgoing<T, Json> {
         Self {
             destination: Arc::new(move |_: &T| destination.clone()),
             encoding: Json,
+            cloud_events: None,
         }
     }
 }
@@ -70,6 +74,15 @@ impl<T, E> Outgoing<T, E> {
         Outgoing {
             destination: self.destination,
             encoding,
+            cloud_events: self.cloud_events,
+        }
+    }
+
+    /// Each event as a CloudEvent.
+    pub(crate) fn cloud_events(self, cloud_events: CloudEvents) -> Self {
+        Self {
+            cloud_events: Some(Arc::new(cloud_events)),
+            ..self
         }
     }
 
@@ -91,12 +104,30 @@ impl<T: Outbox, E: Encoding<T>> Outgoing<T, E> {
             .encoding
             .encode(delivery.event())
             .map_err(|error| SinkError::permanent(format!("cannot encode the event: {error}")))?;
-        Ok(Message {
+        let content_type = self.encoding.content_type();
+        let mut message = Message {
             destination: self.destination(delivery.event()),
             body,
             headers: headers(delivery).collect(),
-            content_type: self.encoding.content_type(),
-        })
+            content_type,
+            cloud_event: Vec::new(),
+            is_cloud_event: self.cloud_events.is_some(),
+        };
+        if let Some(cloud_events) = &self.cloud_events {
+            let attributes = cloud_events.attributes(
+                T::SPEC.table,
+                delivery.event_id().as_str(),
+                delivery.created_at(),
+                delivery.key(),
+            );
+            if cloud_events.is_structured() {
+                message.body = message::structured(&attributes, content_type, &message.body);
+                message.content_type = Some(message::STRUCTURED);
+            } else {
+                message.cloud_event = attributes;
+            }
+        }
+        Ok(message)
     }
 }
 
@@ -107,8 +138,34 @@ pub(crate) struct Message<'a> {
     pub(crate) body: Vec<u8>,
     /// The outbox's headers, by name (the content type aside).
     pub(crate) headers: Vec<(&'static str, String)>,
-    /// The encoding's media type, a header or a property as the broker has it.
+    /// The encoding's media type, a header or a property as the broker has it (a
+    /// structured CloudEvent's, in that mode).
     pub(crate) content_type: Option<&'a str>,
+    /// A CloudEvent's attributes in binary mode, for headers named as the broker's
+    /// binding has them; empty otherwise.
+    pub(crate) cloud_event: Attributes,
+    /// Whether the message is a CloudEvent, in either mode.
+    #[cfg_attr(
+        not(feature = "kafka"),
+        expect(
+            dead_code,
+            reason = "only Kafka's binding renames the content type header"
+        )
+    )]
+    pub(crate) is_cloud_event: bool,
+}
+
+impl Message<'_> {
+    /// The CloudEvent attributes as headers, each name after `prefix` (`ce_`, `ce-`,
+    /// `cloudEvents_`).
+    pub(crate) fn cloud_event_headers<'m>(
+        &'m self,
+        prefix: &'m str,
+    ) -> impl Iterator<Item = (String, &'m str)> + 'm {
+        self.cloud_event
+            .iter()
+            .map(move |(name, value)| (format!("{prefix}{name}"), value.as_str()))
+    }
 }
 
 /// The outbox's headers of `delivery`'s message, by name (the content type aside).

@@ -21,7 +21,7 @@ use async_nats::jetstream::{Context, ErrorCode};
 use futures_util::future::join_all;
 
 use crate::sink::broker::{self, Failed, Outgoing};
-use crate::sink::message::{Encoding, Json, header};
+use crate::sink::message::{CloudEvents, Encoding, Json, header};
 use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 
@@ -124,6 +124,17 @@ impl<T, E> JetStreamSink<T, E> {
             outgoing: self.outgoing.encoding(encoding),
         }
     }
+
+    /// Publishes each event as a CloudEvent ([`CloudEvents`]): in binary mode, its
+    /// attributes as `ce-` headers (`ce-id`, `ce-source`, `ce-type`, ...,
+    /// percent-encoded as the NATS binding asks), beside the outbox's own.
+    #[must_use]
+    pub fn cloud_events(self, cloud_events: CloudEvents) -> Self {
+        Self {
+            outgoing: self.outgoing.cloud_events(cloud_events),
+            ..self
+        }
+    }
 }
 
 /// A message that did not reach the stream, and where it was headed.
@@ -219,12 +230,15 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
         &self,
         delivery: &Delivery<'_, T>,
     ) -> Result<(String, PublishAckFuture), Failed<Failure>> {
+        let outgoing = self.outgoing.message(delivery)?;
+        let cloud_event = cloud_event_headers(&outgoing);
         let broker::Message {
             destination: subject,
             body,
             headers,
             content_type,
-        } = self.outgoing.message(delivery)?;
+            ..
+        } = outgoing;
         // The client takes some invalid subjects, which the server then routes nowhere
         // (no responders, and the stream list refuses to say why: taken for an outage,
         // the event would be handed back forever), and panics on a header value with a
@@ -257,6 +271,9 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
         if let Some(content_type) = content_type {
             message = message.header(header::CONTENT_TYPE, content_type);
         }
+        for (name, value) in cloud_event {
+            message = message.header(name.as_str(), value);
+        }
         match self.jetstream.send_publish(subject.clone(), message).await {
             Ok(ack) => Ok((subject, ack)),
             Err(error) => Err(Failed::Client(Failure {
@@ -266,6 +283,31 @@ impl<T: Outbox, E: Encoding<T>> JetStreamSink<T, E> {
             })),
         }
     }
+}
+
+/// What the NATS binding of CloudEvents asks percent-encoded in a header value: space,
+/// double quote, percent, the control characters; and every byte of a character outside
+/// ASCII, always.
+const CLOUD_EVENT_VALUE: &percent_encoding::AsciiSet =
+    &percent_encoding::CONTROLS.add(b' ').add(b'"').add(b'%');
+
+/// A binary CloudEvent's headers as the NATS binding names them (`ce-id`, ...), values
+/// percent-encoded, `datacontenttype` among them; none for another message.
+fn cloud_event_headers(message: &broker::Message<'_>) -> Vec<(String, String)> {
+    if message.cloud_event.is_empty() {
+        return Vec::new();
+    }
+    let encode =
+        |value: &str| percent_encoding::utf8_percent_encode(value, CLOUD_EVENT_VALUE).to_string();
+    message
+        .cloud_event_headers("ce-")
+        .map(|(name, value)| (name, encode(value)))
+        .chain(
+            message
+                .content_type
+                .map(|media| ("ce-datacontenttype".to_owned(), encode(media))),
+        )
+        .collect()
 }
 
 /// Why one of `headers` cannot reach a consumer as it is, if one cannot: the client
@@ -453,6 +495,47 @@ mod tests {
 
     fn after(looked_up: Result<String, GetStreamByNameError>, connected: bool) -> SinkError {
         no_responders("orders.placed", responders_from(looked_up, connected))
+    }
+
+    /// The NATS binding's example, and the binding's names.
+    #[test]
+    fn cloud_event_headers_are_ce_prefixed_and_percent_encoded() {
+        let message = broker::Message {
+            destination: "orders".to_owned(),
+            body: Vec::new(),
+            headers: Vec::new(),
+            content_type: Some("application/json"),
+            cloud_event: vec![
+                ("id", "A234-1234-1234".to_owned()),
+                ("subject", "Euro \u{20AC} \u{1F600}".to_owned()),
+                ("source", "/a \"quoted\" 100%".to_owned()),
+            ],
+            is_cloud_event: true,
+        };
+        assert_eq!(
+            cloud_event_headers(&message),
+            [
+                ("ce-id".to_owned(), "A234-1234-1234".to_owned()),
+                (
+                    "ce-subject".to_owned(),
+                    "Euro%20%E2%82%AC%20%F0%9F%98%80".to_owned()
+                ),
+                (
+                    "ce-source".to_owned(),
+                    "/a%20%22quoted%22%20100%25".to_owned()
+                ),
+                (
+                    "ce-datacontenttype".to_owned(),
+                    "application/json".to_owned()
+                ),
+            ]
+        );
+        let plain = broker::Message {
+            cloud_event: Vec::new(),
+            is_cloud_event: false,
+            ..message
+        };
+        assert!(cloud_event_headers(&plain).is_empty(), "not a CloudEvent");
     }
 
     #[test]

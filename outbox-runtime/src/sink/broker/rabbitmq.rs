@@ -20,7 +20,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ErrorKind, PublisherConfirm};
 
 use crate::sink::broker::{self, Failed, Outgoing};
-use crate::sink::message::{Encoding, Json, header};
+use crate::sink::message::{CloudEvents, Encoding, Json, header};
 use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 
@@ -176,6 +176,19 @@ impl<T, E> RabbitSink<T, E> {
             exchange: self.exchange,
             outgoing: self.outgoing.encoding(encoding),
             confirm_timeout: self.confirm_timeout,
+        }
+    }
+
+    /// Publishes each event as a CloudEvent ([`CloudEvents`]): in binary mode, its
+    /// attributes in the headers table as `cloudEvents_id`, `cloudEvents_source`, ...
+    /// (AMQP 0-9-1 has no CloudEvents binding of its own: these are the AMQP 1.0
+    /// binding's names), its content type in the `content_type` property, beside the
+    /// outbox's own headers.
+    #[must_use]
+    pub fn cloud_events(self, cloud_events: CloudEvents) -> Self {
+        Self {
+            outgoing: self.outgoing.cloud_events(cloud_events),
+            ..self
         }
     }
 
@@ -391,12 +404,18 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         channel: &Channel,
         delivery: &Delivery<'_, T>,
     ) -> Result<(Sent, PublisherConfirm), Failed<(Sent, lapin::Error)>> {
+        let message = self.outgoing.message(delivery)?;
+        let cloud_event: Vec<(String, String)> = message
+            .cloud_event_headers("cloudEvents_")
+            .map(|(name, value)| (name, value.to_owned()))
+            .collect();
         let broker::Message {
             destination: routing_key,
             body,
             headers: outbox_headers,
             content_type,
-        } = self.outgoing.message(delivery)?;
+            ..
+        } = message;
         let too_long = |what: &str, error| {
             Failed::Answer(SinkError::permanent(format!(
                 "the {what} is not an AMQP short string: {error}"
@@ -410,6 +429,11 @@ impl<T: Outbox, E: Encoding<T>> RabbitSink<T, E> {
         let mut headers = FieldTable::default();
         for (name, value) in outbox_headers {
             headers.insert(name.into(), AMQPValue::LongString(LongString::from(value)));
+        }
+        for (name, value) in cloud_event {
+            let name =
+                ShortString::try_new(name).map_err(|error| too_long("header name", error))?;
+            headers.insert(name, AMQPValue::LongString(LongString::from(value)));
         }
         let mut properties = BasicProperties::default()
             .with_message_id(message_id)
