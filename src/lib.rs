@@ -135,7 +135,9 @@
 //!   and their names;
 //! - [`catalog`]: what `migrate` records of each table, for tools without the types;
 //! - [`export`]: the migrations as `.sql` files, for teams with their own tool;
-//! - [`message`]: what a broker sink puts into a message (encoding, headers);
+//! - [`message`]: what a broker sink puts into a message (encoding, headers, CloudEvents);
+//! - [`trace`]: one trace from the request to the consumer (`#[outbox(traced)]`; the
+//!   relay's and the consumer's spans with the cargo feature `otel`);
 //! - `nats`, `rabbitmq`, `kafka` (cargo features of the same names): the broker sinks;
 //! - `testing` (feature `testing`): a database and a fresh schema per test.
 
@@ -207,7 +209,7 @@ pub mod inbox {
     pub use outbox_runtime::inbox::{TABLE, migrate};
 }
 
-pub use outbox_runtime::{catalog, export, message, monitor};
+pub use outbox_runtime::{catalog, export, message, monitor, trace};
 
 #[cfg(feature = "kafka")]
 pub use outbox_runtime::kafka;
@@ -243,6 +245,9 @@ mod guide {
     struct Inbox;
     #[doc = include_str!("../docs/src/ordering.md")]
     struct Ordering;
+    #[cfg(feature = "otel")]
+    #[doc = include_str!("../docs/src/tracing.md")]
+    struct Tracing;
     #[doc = include_str!("../docs/src/operations.md")]
     struct Operations;
     #[doc = include_str!("../docs/src/monitoring.md")]

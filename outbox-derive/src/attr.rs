@@ -40,6 +40,7 @@ pub(crate) const CONTAINER_KEYS: &[&str] = &[
     "delete_sent",
     "dead_releases_key",
     "scheduled",
+    "traced",
     "crate",
 ];
 pub(crate) const FIELD_KEYS: &[&str] = &["event_id", "key", "json", "column", "since"];
@@ -54,14 +55,16 @@ pub(crate) struct ContainerAttrs {
     pub(crate) delete_sent: Option<Ident>,
     pub(crate) dead_releases_key: Option<Ident>,
     /// `scheduled`, or `scheduled(since = N)`.
-    pub(crate) scheduled: Option<Scheduled>,
+    pub(crate) scheduled: Option<OptIn>,
+    /// `traced`, or `traced(since = N)`.
+    pub(crate) traced: Option<OptIn>,
     /// The path to the `outbox` crate, for a renamed or re-exported dependency.
     pub(crate) krate: Option<LitStr>,
 }
 
-/// `scheduled` on the struct, with the `since` of a table that gets its column by a
-/// later migration version.
-pub(crate) struct Scheduled {
+/// A flag on the struct that adds bookkeeping columns (`scheduled`, `traced`), with the
+/// `since` of a table that gets them by a later migration version.
+pub(crate) struct OptIn {
     pub(crate) since: Option<LitInt>,
 }
 
@@ -155,10 +158,13 @@ fn flag(meta: &ParseNestedMeta<'_>, errors: &mut Errors) -> syn::Result<Option<I
     Ok(meta.path.get_ident().cloned())
 }
 
-/// `scheduled`, or `scheduled(since = N)`: a flag with one optional key. Anything else
-/// is recorded and skipped; the flag still counts.
-fn scheduled(meta: &ParseNestedMeta<'_>, errors: &mut Errors) -> syn::Result<Option<Scheduled>> {
-    const FORMS: &str = "write `#[outbox(scheduled)]`, or `#[outbox(scheduled(since = 2))]` on a table created without it";
+/// `scheduled` or `traced`, alone or with `(since = N)`: a flag with one optional key.
+/// Anything else is recorded and skipped; the flag still counts.
+fn opt_in(meta: &ParseNestedMeta<'_>, errors: &mut Errors) -> syn::Result<Option<OptIn>> {
+    let key = key_name(&meta.path);
+    let forms = format!(
+        "write `#[outbox({key})]`, or `#[outbox({key}(since = 2))]` on a table created without it"
+    );
     let mut since = None;
     if meta.input.peek(syn::token::Paren) {
         meta.parse_nested_meta(|inner| {
@@ -168,7 +174,7 @@ fn scheduled(meta: &ParseNestedMeta<'_>, errors: &mut Errors) -> syn::Result<Opt
             } else {
                 errors.push(syn::Error::new_spanned(
                     &inner.path,
-                    format!("`scheduled` takes only `since`: {FORMS}"),
+                    format!("`{key}` takes only `since`: {forms}"),
                 ));
                 skip_value(inner.input)?;
             }
@@ -179,11 +185,11 @@ fn scheduled(meta: &ParseNestedMeta<'_>, errors: &mut Errors) -> syn::Result<Opt
         if !found.is_empty() {
             errors.push(syn::Error::new_spanned(
                 found,
-                format!("`scheduled` takes no value: {FORMS}"),
+                format!("`{key}` takes no value: {forms}"),
             ));
         }
     }
-    Ok(Some(Scheduled { since }))
+    Ok(Some(OptIn { since }))
 }
 
 /// An unknown key: recorded with the valid ones, and skipped with its value. A key of
@@ -265,8 +271,11 @@ pub(crate) fn parse_container(attrs: &[Attribute], errors: &mut Errors) -> Conta
                 let v = flag(&meta, errors)?;
                 set_once(&mut out.dead_releases_key, v, key, errors);
             } else if key.is_ident("scheduled") {
-                let v = scheduled(&meta, errors)?;
+                let v = opt_in(&meta, errors)?;
                 set_once(&mut out.scheduled, v, key, errors);
+            } else if key.is_ident("traced") {
+                let v = opt_in(&meta, errors)?;
+                set_once(&mut out.traced, v, key, errors);
             } else if key.is_ident("crate") {
                 let v = value(&meta, "a string", "\"::outbox\"", errors)?;
                 set_once(&mut out.krate, v, key, errors);

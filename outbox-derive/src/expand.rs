@@ -2,7 +2,7 @@
 //! `::outbox::__private` (or the path `crate = ".."` gives), so users need not depend
 //! on sqlx themselves.
 
-use outbox_internals::{BOOKKEEPING, PUBLISH_AT, Statement};
+use outbox_internals::{BOOKKEEPING, Statement};
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned as _;
@@ -28,6 +28,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
     let retry_delay = micros(model.retry_delay);
     let deletes_sent = model.sent == crate::model::Sent::Delete;
     let scheduled = model.scheduled.is_some();
+    let traced = model.traced.is_some();
     let key = model.key().map_or_else(
         || quote!(::core::option::Option::None),
         |f| {
@@ -79,6 +80,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
                 #key,
                 #deletes_sent,
                 #scheduled,
+                #traced,
                 #statements,
                 &[#(#columns),*],
                 &[#(#steps),*],
@@ -135,8 +137,8 @@ fn checked(model: &Model, definitions: &[Definition]) -> TokenStream {
     }
 }
 
-/// Every column the table must have: the bookkeeping ones, a scheduled table's
-/// `publish_at`, then the event's.
+/// Every column the table must have: the bookkeeping ones, those the type's flags add,
+/// then the event's.
 fn columns(p: &TokenStream, model: &Model) -> Vec<TokenStream> {
     let column = |name: &str, ty: &str, nullable: bool| quote!(#p::Column { name: #name, sql_type: #ty, nullable: #nullable });
     BOOKKEEPING
@@ -144,8 +146,9 @@ fn columns(p: &TokenStream, model: &Model) -> Vec<TokenStream> {
         .map(|c| column(c.name, c.catalog_type, c.nullable))
         .chain(
             model
-                .scheduled
-                .map(|_| column(PUBLISH_AT.name, PUBLISH_AT.catalog_type, true)),
+                .optional_columns()
+                .into_iter()
+                .map(|(_, c)| column(c.name, c.catalog_type, c.nullable)),
         )
         .chain(
             model

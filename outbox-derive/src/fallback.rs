@@ -48,6 +48,7 @@ fn stand_in(input: &DeriveInput) -> TokenStream {
         fields: Vec::new(),
         // The methods a scheduled type has, so that calls of them report nothing more.
         scheduled: attrs.scheduled.as_ref().map(|_| 1),
+        traced: None,
     };
     let inherent = expand::inherent_methods(&p, &model);
     // A value, not a panic: a constant that reads `T::SPEC` is evaluated even in a crate
@@ -63,6 +64,7 @@ fn stand_in(input: &DeriveInput) -> TokenStream {
                 #p::Duration::ZERO,
                 0,
                 ::core::option::Option::None,
+                false,
                 false,
                 false,
                 #p::derive_only_statements([#(#statements),*], &[], &[]),

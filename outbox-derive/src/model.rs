@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use outbox_internals::{Bookkeeping, PUBLISH_AT, TRACE_PARENT, TRACE_STATE};
 use syn::{DeriveInput, Ident, LitInt};
 
 use crate::attr::{self, Errors};
@@ -29,6 +30,9 @@ pub(crate) struct Model {
     /// `#[outbox(scheduled)]`: the migration version that adds the `publish_at` column
     /// (1: the `CREATE TABLE`), and with it `enqueue_at` and `enqueue_after`.
     pub(crate) scheduled: Option<u32>,
+    /// `#[outbox(traced)]`: the migration version that adds the `trace_parent` and
+    /// `trace_state` columns, where enqueue keeps the current trace context.
+    pub(crate) traced: Option<u32>,
 }
 
 /// What recording an event as published does to its row.
@@ -62,18 +66,21 @@ impl Model {
         let lease = duration::lease(attrs.lease.as_ref(), &mut errors);
         let retry_delay = duration::retry_delay(attrs.retry_delay.as_ref(), &mut errors);
         let max_attempts = parse_max_attempts(attrs.max_attempts.as_ref(), &mut errors);
-        let scheduled = attrs
-            .scheduled
-            .as_ref()
-            .map(|s| scheduled_since(s.since.as_ref(), &mut errors));
-        let added = attrs
-            .scheduled
-            .iter()
-            .filter_map(|s| s.since.as_ref())
-            .zip(scheduled.iter().flatten())
-            .filter(|&(_, &v)| v > 1)
-            .map(|(lit, &v)| (v, lit.span()))
-            .collect();
+        let mut added = Vec::new();
+        let scheduled = opted_in(
+            attrs.scheduled.as_ref(),
+            "scheduled",
+            "the scheduled events' column",
+            &mut added,
+            &mut errors,
+        );
+        let traced = opted_in(
+            attrs.traced.as_ref(),
+            "traced",
+            "the trace context's columns",
+            &mut added,
+            &mut errors,
+        );
         let (event_id, fields, keyed) = fields::fields(named, &input.generics, added, &mut errors);
         let dead = match &attrs.dead_releases_key {
             Some(flag) if !keyed => {
@@ -103,13 +110,25 @@ impl Model {
             dead,
             event_id,
             fields,
-            scheduled: scheduled.flatten(),
+            scheduled,
+            traced,
         })
     }
 
     /// The ordering key's field, if the type has one.
     pub(crate) fn key(&self) -> Option<&Field> {
         self.fields.iter().find(|f| f.key)
+    }
+
+    /// The bookkeeping columns the type's flags add (`scheduled`, `traced`), each with
+    /// the migration version that adds it.
+    pub(crate) fn optional_columns(&self) -> Vec<(u32, &'static Bookkeeping)> {
+        let scheduled = self.scheduled.map(|v| (v, &PUBLISH_AT));
+        let traced = self
+            .traced
+            .into_iter()
+            .flat_map(|v| [(v, &TRACE_PARENT), (v, &TRACE_STATE)]);
+        scheduled.into_iter().chain(traced).collect()
     }
 
     /// Migration versions beyond 1, in order.
@@ -119,6 +138,7 @@ impl Model {
             .iter()
             .map(|f| f.since)
             .chain(self.scheduled)
+            .chain(self.traced)
             .filter(|&v| v > 1)
             .collect();
         versions.sort_unstable();
@@ -127,15 +147,30 @@ impl Model {
     }
 }
 
-/// The version that adds `publish_at`: `since = N` (2 or more), or 1 without `since`.
-fn scheduled_since(lit: Option<&LitInt>, errors: &mut Errors) -> Option<u32> {
-    let Some(lit) = lit else { return Some(1) };
+/// The version that adds the columns of an opt-in flag (`key`, which adds `what`):
+/// `since = N` (2 or more, also recorded in `added` for the version check), or 1 without
+/// `since`; `None` without the flag, or with a `since` in error.
+fn opted_in(
+    flag: Option<&attr::OptIn>,
+    key: &str,
+    what: &str,
+    added: &mut Vec<(u32, proc_macro2::Span)>,
+    errors: &mut Errors,
+) -> Option<u32> {
+    let Some(lit) = flag?.since.as_ref() else {
+        return Some(1);
+    };
     match lit.base10_parse::<i32>() {
-        Ok(v) if v >= 2 => Some(v.unsigned_abs()),
+        Ok(v) if v >= 2 => {
+            added.push((v.unsigned_abs(), lit.span()));
+            Some(v.unsigned_abs())
+        }
         _ => {
             errors.push(syn::Error::new(
                 lit.span(),
-                "`since` is the migration version that adds the scheduled events' column: from 2 to 2147483647, as version 1 creates the table; write `#[outbox(scheduled)]` for a table created with it",
+                format!(
+                    "`since` is the migration version that adds {what}: from 2 to 2147483647, as version 1 creates the table; write `#[outbox({key})]` for a table created with it"
+                ),
             ));
             None
         }

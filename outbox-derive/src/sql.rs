@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use outbox_internals::{BOOKKEEPING, PUBLISH_AT};
+use outbox_internals::{BOOKKEEPING, Bookkeeping, PUBLISH_AT, TRACE_PARENT};
 
 use crate::fields::Field;
 use crate::model::Model;
@@ -19,20 +19,26 @@ pub(crate) fn migrations(model: &Model) -> Vec<(u32, String, String)> {
     )];
     for version in model.later_versions() {
         let added: Vec<&Field> = model.fields.iter().filter(|f| f.since == version).collect();
-        let scheduled = model.scheduled == Some(version);
+        let own: Vec<&Bookkeeping> = model
+            .optional_columns()
+            .into_iter()
+            .filter(|&(v, _)| v == version)
+            .map(|(_, column)| column)
+            .collect();
         // refinery keeps names in a varchar(255): name one column, or count them.
-        let names = match (added.as_slice(), scheduled) {
-            ([one], false) => one.column.clone(),
-            ([], true) => PUBLISH_AT.name.to_owned(),
-            (many, scheduled) => format!("{}_columns", many.len() + usize::from(scheduled)),
+        let names = match (added.as_slice(), own.as_slice()) {
+            ([one], []) => one.column.clone(),
+            ([], [one]) => one.name.to_owned(),
+            (fields, own) => format!("{}_columns", fields.len() + own.len()),
         };
         let mut sql = String::new();
-        if scheduled {
+        for column in own {
             let _ = writeln!(
                 sql,
-                "-- Events enqueued before this version were due at their enqueue (NULL).\n\
-                 ALTER TABLE {t} ADD COLUMN {} {};",
-                PUBLISH_AT.name, PUBLISH_AT.definition
+                "-- {}\nALTER TABLE {t} ADD COLUMN {} {};",
+                before_this_version(column),
+                column.name,
+                column.definition
             );
         }
         for f in &added {
@@ -68,11 +74,17 @@ fn create_table(model: &Model) -> String {
     for column in BOOKKEEPING {
         let _ = writeln!(sql, "    {} {},", column.name, column.definition);
     }
-    if model.scheduled == Some(1) {
+    for (_, column) in model
+        .optional_columns()
+        .into_iter()
+        .filter(|&(v, _)| v == 1)
+    {
         let _ = writeln!(
             sql,
-            "    -- The time an event was enqueued for; NULL: due at its enqueue.\n    {} {},",
-            PUBLISH_AT.name, PUBLISH_AT.definition
+            "    -- {}\n    {} {},",
+            what_it_holds(column),
+            column.name,
+            column.definition
         );
     }
     for f in model.fields.iter().filter(|f| f.since == 1) {
@@ -113,4 +125,26 @@ fn key_index(sql: &mut String, t: &str, key: &Field) {
          CREATE INDEX ON {t} ({}, id) WHERE status <> 'SENT';\n",
         quoted(&key.column)
     );
+}
+
+/// The comment on an optional bookkeeping column in `CREATE TABLE`.
+fn what_it_holds(column: &Bookkeeping) -> &'static str {
+    match column.name {
+        name if name == PUBLISH_AT.name => {
+            "The time an event was enqueued for; NULL: due at its enqueue."
+        }
+        name if name == TRACE_PARENT.name => {
+            "The trace context the event was enqueued in (W3C traceparent)."
+        }
+        _ => "The trace context's vendor entries (W3C tracestate).",
+    }
+}
+
+/// The comment on an optional bookkeeping column added by a later version.
+fn before_this_version(column: &Bookkeeping) -> &'static str {
+    if column.name == PUBLISH_AT.name {
+        "Events enqueued before this version were due at their enqueue (NULL)."
+    } else {
+        "Events enqueued before this version carry no trace context (NULL)."
+    }
 }

@@ -9,7 +9,9 @@
 
 use std::time::Duration;
 
-use outbox_internals::{Outcome, PUBLISH_AT, Statement, Status, claim_header};
+use outbox_internals::{
+    Outcome, PUBLISH_AT, Statement, Status, TRACE_PARENT, TRACE_STATE, claim_header,
+};
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
@@ -117,21 +119,17 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
     // The `checked` calls bind one value of each parameter's type; `pool` and `event`
     // are the arguments of the function they are emitted in.
     let (ids, texts, delays) = (quote!(ids), quote!(texts), quote!(delays));
-    // A scheduled table's enqueues take a time and a delay after the payload: unchecked
-    // (`as _`), as the user's sqlx.toml chooses between chrono and time for
-    // `timestamptz`; the runtime binds `Option`s of chrono's and std's types.
-    let schedule = if table.model.scheduled.is_some() {
-        quote!(, ::core::option::Option::<::core::primitive::i64>::None as _,
-                 ::core::option::Option::<::core::primitive::i64>::None as _)
-    } else {
-        TokenStream::new()
-    };
+    // The parameters a table's flags add to its enqueues, after the payload: unchecked
+    // (`as _`), as the user's sqlx.toml chooses between chrono and time for a
+    // `timestamptz`; the runtime binds `Option`s of chrono's, std's and `String`.
+    let none = quote!(, ::core::option::Option::<::core::primitive::i64>::None as _);
+    let extra_params: TokenStream = extras(table, 0).iter().map(|_| none.clone()).collect();
     match statement {
         Statement::Enqueue => {
             let n = table.payload.len() + 1;
             let values = (1..=n)
                 .map(|i| format!("${i}"))
-                .chain(schedule_values(table, n))
+                .chain(extra_values(table, n))
                 .collect::<Vec<_>>()
                 .join(", ");
             let sql = format!(
@@ -143,7 +141,7 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                 notify(table)
             );
             let fields = checked_fields(table.model);
-            let checked = quote!(::sqlx::query!(#sql, "event id" #(, #fields)* #schedule)
+            let checked = quote!(::sqlx::query!(#sql, "event id" #(, #fields)* #extra_params)
                 .fetch_optional(pool).await?;);
             Definition { sql, checked }
         }
@@ -160,7 +158,7 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                 table.model.table,
             );
             let arrays = table.model.fields.iter().map(|_| quote!(#texts as _));
-            let checked = quote!(::sqlx::query!(#sql, #texts #(, #arrays)* #schedule)
+            let checked = quote!(::sqlx::query!(#sql, #texts #(, #arrays)* #extra_params)
                 .fetch_all(pool).await?;);
             Definition { sql, checked }
         }
@@ -175,7 +173,7 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                 notify(table)
             );
             let arrays = table.model.fields.iter().map(|_| quote!(#texts as _));
-            let checked = quote!(::sqlx::query!(#sql, #texts #(, #arrays)* #schedule)
+            let checked = quote!(::sqlx::query!(#sql, #texts #(, #arrays)* #extra_params)
                 .fetch_all(pool).await?;);
             Definition { sql, checked }
         }
@@ -655,38 +653,60 @@ fn requeue() -> String {
 }
 
 fn insert_columns(table: &Table<'_>) -> String {
-    let scheduled = table
-        .model
-        .scheduled
-        .map(|_| [PUBLISH_AT.name, "next_attempt_at"]);
     std::iter::once("event_id")
         .chain(table.payload.iter().map(String::as_str))
-        .chain(scheduled.into_iter().flatten())
+        .chain(extras(table, 0).into_iter().map(|(column, _)| column))
         .collect::<Vec<_>>()
         .join(", ")
 }
 
-/// A scheduled table's `publish_at` and `next_attempt_at` at enqueue, from the two
-/// parameters after the `columns` before them: a time (`timestamptz`) and a delay
-/// (`interval`), either or both NULL. Due at the latest of now, the time and now plus
-/// the delay (`greatest` skips NULLs): a time in the past means now, and the delay
-/// counts on the database's clock. `publish_at` is that time when it is later than
-/// now, NULL otherwise.
-fn schedule_values(table: &Table<'_>, columns: usize) -> Option<String> {
-    table.model.scheduled?;
-    let due = format!(
-        "greatest(statement_timestamp(), ${}::timestamptz, statement_timestamp() + ${}::interval)",
-        columns + 1,
-        columns + 2
-    );
-    Some(format!("nullif({due}, statement_timestamp()), {due}"))
+/// The columns a table's flags add to an enqueue, and their values, from the parameters
+/// after the `columns` before them (the event id and the payload):
+/// - `scheduled`: a time (`timestamptz`) and a delay (`interval`), either or both NULL.
+///   Due at the latest of now, the time and now plus the delay (`greatest` skips NULLs):
+///   a time in the past means now, and the delay counts on the database's clock.
+///   `publish_at` is that time when it is later than now, NULL otherwise.
+/// - `traced`: the W3C `traceparent` and `tracestate` (`text`, NULL without a trace).
+fn extras(table: &Table<'_>, columns: usize) -> Vec<(&'static str, String)> {
+    let mut param = columns;
+    let mut next = || {
+        param += 1;
+        param
+    };
+    let mut extras = Vec::new();
+    if table.model.scheduled.is_some() {
+        let due = format!(
+            "greatest(statement_timestamp(), ${}::timestamptz, statement_timestamp() + ${}::interval)",
+            next(),
+            next()
+        );
+        extras.push((
+            PUBLISH_AT.name,
+            format!("nullif({due}, statement_timestamp())"),
+        ));
+        extras.push(("next_attempt_at", due));
+    }
+    if table.model.traced.is_some() {
+        extras.push((TRACE_PARENT.name, format!("${}::text", next())));
+        extras.push((TRACE_STATE.name, format!("${}::text", next())));
+    }
+    extras
 }
 
-/// The rows of a many-event insert: the arrays, unnested, and a scheduled table's
-/// times after them.
+/// The values of [`extras`], joined.
+fn extra_values(table: &Table<'_>, columns: usize) -> Option<String> {
+    let values: Vec<String> = extras(table, columns)
+        .into_iter()
+        .map(|(_, value)| value)
+        .collect();
+    (!values.is_empty()).then(|| values.join(", "))
+}
+
+/// The rows of a many-event insert: the arrays, unnested, and the values the table's
+/// flags add after them.
 fn insert_rows(table: &Table<'_>) -> String {
     let columns = table.model.fields.len() + 1;
-    match schedule_values(table, columns) {
+    match extra_values(table, columns) {
         Some(values) => format!("SELECT *, {values} FROM unnest({})", insert_arrays(table)),
         None => format!("SELECT * FROM unnest({})", insert_arrays(table)),
     }
@@ -917,6 +937,14 @@ fn take(table: &Table<'_>, candidates: &str, reclaimed: &str) -> String {
                 claim_header::KEY_NAME
             )
         }))
+        .chain(
+            table
+                .model
+                .traced
+                .into_iter()
+                .flat_map(|_| [TRACE_PARENT.name, TRACE_STATE.name])
+                .map(|column| format!("o.{column}")),
+        )
         .collect::<Vec<_>>()
         .join(", ");
     let update = format!(

@@ -31,6 +31,7 @@ pub mod monitor;
 pub mod relay;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod trace;
 
 pub use connect::{connect, connect_with};
 pub use error::OutboxError;

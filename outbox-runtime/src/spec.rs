@@ -121,6 +121,9 @@ pub struct TableSpec {
     pub(crate) deletes_sent: bool,
     /// Whether its events may be enqueued for a later time (`#[outbox(scheduled)]`).
     pub(crate) scheduled: bool,
+    /// Whether its events keep the trace context they were enqueued in
+    /// (`#[outbox(traced)]`).
+    pub(crate) traced: bool,
     /// The statements.
     pub(crate) sql: Statements,
     /// Every column the table must have, bookkeeping columns included.
@@ -145,6 +148,7 @@ pub const fn derive_only_table_spec(
     key: Option<&'static str>,
     deletes_sent: bool,
     scheduled: bool,
+    traced: bool,
     sql: Statements,
     columns: &'static [Column],
     migrations: &'static [MigrationStep],
@@ -158,6 +162,7 @@ pub const fn derive_only_table_spec(
         key,
         deletes_sent,
         scheduled,
+        traced,
         sql,
         columns,
         migrations,
@@ -207,6 +212,12 @@ impl TableSpec {
     /// Whether its events may be enqueued for a later time (`#[outbox(scheduled)]`).
     pub const fn scheduled(&self) -> bool {
         self.scheduled
+    }
+
+    /// Whether its events keep the trace context they were enqueued in
+    /// (`#[outbox(traced)]`).
+    pub const fn traced(&self) -> bool {
+        self.traced
     }
 
     /// Every column the table must have, bookkeeping columns included.

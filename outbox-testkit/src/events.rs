@@ -233,3 +233,17 @@ pub struct Notice {
     #[outbox(since = 2)]
     pub audience: Option<String>,
 }
+
+/// Trace context: an order enqueued inside a request's span, published in its trace.
+#[derive(outbox::Outbox, Serialize, Debug, Clone, PartialEq)]
+#[outbox(
+    table = "traced_order_events",
+    lease = "1s",
+    retry_delay = "10ms",
+    traced
+)]
+pub struct TracedOrder {
+    #[outbox(event_id)]
+    pub name: String,
+    pub customer: String,
+}

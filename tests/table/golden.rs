@@ -65,7 +65,7 @@ fn check(tables: &[TableMigrations]) {
 
 /// Every event type in this repository: the `checked` build applies their files to
 /// the schema it compiles against.
-fn every_table() -> [TableMigrations; 22] {
+fn every_table() -> [TableMigrations; 23] {
     [
         outbox_testkit::app::OrderPlaced::migrations(),
         outbox_testkit::app::EmailChanged::migrations(),
@@ -89,6 +89,7 @@ fn every_table() -> [TableMigrations; 22] {
         outbox_testkit::events::Reminder::migrations(),
         outbox_testkit::events::KeyedReminder::migrations(),
         outbox_testkit::events::Notice::migrations(),
+        outbox_testkit::events::TracedOrder::migrations(),
     ]
 }
 

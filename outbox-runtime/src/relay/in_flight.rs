@@ -29,6 +29,7 @@ impl<'a, T: Outbox> InFlight<'a, T> {
             attempt: claim.attempt(),
             created_at: claim.created_at(),
             key: claim.key(),
+            trace: claim.trace().cloned(),
             event: claim.event(),
             lost: CancellationToken::new(),
         }

@@ -310,6 +310,7 @@ mod tests {
             key: None,
             deletes_sent: false,
             scheduled: false,
+            traced: false,
             sql: crate::spec::derive_only_statements([""; Statement::COUNT], &[], &[]),
             columns,
             migrations,

@@ -5,6 +5,7 @@ use std::time::SystemTime;
 use tokio_util::sync::CancellationToken;
 
 use crate::id::{EventId, Generation};
+use crate::trace::TraceContext;
 
 /// One event handed to a [`Sink`](super::Sink), with the identities a consumer needs.
 #[derive(Debug)]
@@ -14,6 +15,7 @@ pub struct Delivery<'a, T> {
     pub(crate) attempt: u32,
     pub(crate) created_at: SystemTime,
     pub(crate) key: Option<&'a str>,
+    pub(crate) trace: Option<TraceContext>,
     pub(crate) event: &'a T,
     pub(crate) lost: CancellationToken,
 }
@@ -44,6 +46,13 @@ impl<T> Delivery<'_, T> {
     /// `None` for a type without a key, or an event enqueued before the key.
     pub fn key(&self) -> Option<&str> {
         self.key
+    }
+
+    /// The trace context to publish the event in (`traceparent`, `tracestate` headers),
+    /// for a type with `#[outbox(traced)]`: the relay's span for this publication (feature
+    /// `otel`), or the context the event was enqueued in. The broker sinks send it.
+    pub fn trace(&self) -> Option<&TraceContext> {
+        self.trace.as_ref()
     }
 
     /// The event.

@@ -241,6 +241,12 @@ pub mod header {
     pub const KEY: &str = "Outbox-Key";
     /// The body's media type, when the [`Encoding`](super::Encoding) names one.
     pub const CONTENT_TYPE: &str = "Content-Type";
+    /// The W3C trace context to continue (a type with `#[outbox(traced)]`, an event
+    /// enqueued in a trace): what OpenTelemetry's propagators read, so an instrumented
+    /// consumer joins the trace. See [`crate::trace`].
+    pub const TRACEPARENT: &str = "traceparent";
+    /// Its vendor entries, when there are any.
+    pub const TRACESTATE: &str = "tracestate";
 }
 
 #[cfg(all(test, any_broker))]

@@ -14,7 +14,9 @@ use super::{metric, statements};
 use crate::error::OutboxError;
 use crate::id::{EventId, Generation};
 use crate::spec::Outbox;
+use crate::trace::TraceContext;
 use outbox_internals::claim_header as header;
+use outbox_internals::{TRACE_PARENT, TRACE_STATE};
 
 /// Ownership of one outbox row for the duration of a lease.
 ///
@@ -38,6 +40,8 @@ pub struct Claim<T: Outbox> {
     reclaimed: bool,
     /// The ordering key as text, for a type with `#[outbox(key)]` (NULL keys are `None`).
     key: Option<String>,
+    /// The trace context it was enqueued in, for a type with `#[outbox(traced)]`.
+    trace: Option<TraceContext>,
     event: T,
 }
 
@@ -101,6 +105,13 @@ impl<T: Outbox> Claim<T> {
     /// kept. `None` for a type without a key, or an event enqueued before the key.
     pub fn key(&self) -> Option<&str> {
         self.key.as_deref()
+    }
+
+    /// The trace context the event was enqueued in (`#[outbox(traced)]`): publish it
+    /// with the event (`traceparent`, `tracestate`) so its consumer joins that trace.
+    /// `None` for a type that is not traced, or an event enqueued outside a trace.
+    pub fn trace(&self) -> Option<&TraceContext> {
+        self.trace.as_ref()
     }
 
     /// The event.
@@ -262,6 +273,13 @@ pub(crate) fn decode_claim<T: Outbox>(
         Some(_) => row.try_get::<Option<String>, _>(header::KEY_NAME)?,
         None => None,
     };
+    let trace = if T::SPEC.traced {
+        let parent: Option<String> = row.try_get(TRACE_PARENT.name)?;
+        let state: Option<String> = row.try_get(TRACE_STATE.name)?;
+        parent.and_then(|parent| TraceContext::parse(&parent, state.as_deref()))
+    } else {
+        None
+    };
     let due = (!reclaimed)
         .then(|| unix_micros(row, header::NEXT_ATTEMPT_AT))
         .transpose()?;
@@ -275,6 +293,7 @@ pub(crate) fn decode_claim<T: Outbox>(
             created_at,
             reclaimed,
             key,
+            trace,
             event,
         }),
         Err(source) => Claimed::Undecodable(Undecodable {

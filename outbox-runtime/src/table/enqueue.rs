@@ -10,6 +10,7 @@ use crate::error::{OnTable as _, OutboxError};
 use crate::id::EventId;
 use crate::interval;
 use crate::spec::{Outbox, PgQuery};
+use crate::trace::TraceContext;
 
 /// When an enqueued event becomes due: the relay does not claim it before. For an event
 /// type declared `#[outbox(scheduled)]`.
@@ -33,50 +34,57 @@ pub enum Schedule {
     After(Duration),
 }
 
-/// A [`Schedule`] checked for `T`'s table, as the enqueue statements take it: a time
-/// and a delay, the latest of which (and now) is when the event is due.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Due {
+/// What a table's flags add to its enqueue statements' parameters, after the payload: a
+/// scheduled table's time and delay, the latest of which (and now) is when the event is
+/// due ([`Schedule`], checked); a traced table's current trace context.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Extras {
     at: Option<DateTime<Utc>>,
     after: Option<Duration>,
+    trace: Option<TraceContext>,
 }
 
-impl Due {
-    /// Binds the two parameters a scheduled table's enqueue statements take after the
-    /// payload; the others take none.
-    pub(crate) fn bind<T: Outbox>(self, query: PgQuery<'_>) -> PgQuery<'_> {
-        if T::SPEC.scheduled {
-            query.bind(self.at).bind(self.after)
-        } else {
-            query
-        }
-    }
-}
-
-impl Schedule {
-    fn due<T: Outbox>(self) -> Result<Due, OutboxError> {
+impl Extras {
+    /// `schedule` checked for `T`'s table, and the trace context to keep, if `T` is
+    /// traced.
+    fn of<T: Outbox>(schedule: Schedule) -> Result<Self, OutboxError> {
         let table = T::SPEC.table;
-        let due = match self {
-            Self::Now => return Ok(Due::default()),
-            Self::After(delay) => Due {
-                at: None,
-                after: Some(interval::checked(table, "enqueue delay", delay)?),
-            },
-            Self::At(at) => {
+        let (at, after) = match schedule {
+            Schedule::Now => (None, None),
+            Schedule::After(delay) => (
+                None,
+                Some(interval::checked(table, "enqueue delay", delay)?),
+            ),
+            Schedule::At(at) => {
                 let ahead = (at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
                 interval::checked(table, "enqueue time, from now,", ahead)?;
                 // A time in the past (on this clock) is now, however far back.
-                Due {
-                    at: (!ahead.is_zero()).then_some(at),
-                    after: None,
-                }
+                ((!ahead.is_zero()).then_some(at), None)
             }
         };
-        if T::SPEC.scheduled {
-            Ok(due)
-        } else {
-            Err(OutboxError::NotScheduled { table })
+        if schedule != Schedule::Now && !T::SPEC.scheduled {
+            return Err(OutboxError::NotScheduled { table });
         }
+        let trace = if T::SPEC.traced {
+            TraceContext::current()
+        } else {
+            None
+        };
+        Ok(Self { at, after, trace })
+    }
+
+    /// Binds the parameters `T`'s enqueue statements take after the payload.
+    pub(crate) fn bind<'q, T: Outbox>(&self, mut query: PgQuery<'q>) -> PgQuery<'q> {
+        if T::SPEC.scheduled {
+            query = query.bind(self.at).bind(self.after);
+        }
+        if T::SPEC.traced {
+            let trace = self.trace.as_ref();
+            query = query
+                .bind(trace.map(|t| t.traceparent().to_owned()))
+                .bind(trace.and_then(|t| t.tracestate().map(str::to_owned)));
+        }
+        query
     }
 }
 
@@ -157,10 +165,10 @@ pub async fn enqueue_scheduled<'e, T: Outbox>(
     schedule: Schedule,
     executor: impl PgExecutor<'e>,
 ) -> Result<Enqueued, OutboxError> {
-    let due = schedule.due::<T>()?;
+    let extras = Extras::of::<T>(schedule)?;
     let event_id = event_id_of(event)?;
     Ok(
-        if statements::enqueue(executor, &event_id, event, due).await? {
+        if statements::enqueue(executor, &event_id, event, &extras).await? {
             Enqueued::New(event_id)
         } else {
             Enqueued::Duplicate(event_id)
@@ -194,7 +202,7 @@ pub async fn enqueue_all_scheduled<'c, T: Outbox>(
     conn: impl Acquire<'c, Database = Postgres>,
 ) -> Result<Vec<Enqueued>, OutboxError> {
     let table = T::SPEC.table;
-    let due = schedule.due::<T>()?;
+    let extras = Extras::of::<T>(schedule)?;
     let ids = events
         .iter()
         .map(event_id_of)
@@ -206,7 +214,7 @@ pub async fn enqueue_all_scheduled<'c, T: Outbox>(
     let mut conn = conn.acquire().await.on_table(table)?;
 
     let mut attempt = sqlx::Connection::begin(&mut *conn).await.on_table(table)?;
-    if statements::enqueue_all(&mut *attempt, &texts, events, due).await? {
+    if statements::enqueue_all(&mut *attempt, &texts, events, &extras).await? {
         attempt.commit().await.on_table(table)?;
         return Ok(ids.into_iter().map(Enqueued::New).collect());
     }
@@ -214,7 +222,7 @@ pub async fn enqueue_all_scheduled<'c, T: Outbox>(
 
     // Rows are inserted in the order given, so the first of repeated ids is the one
     // written; each written id answers for one event.
-    let mut written = statements::enqueue_all_skipping(&mut *conn, &texts, events, due).await?;
+    let mut written = statements::enqueue_all_skipping(&mut *conn, &texts, events, &extras).await?;
     Ok(ids
         .into_iter()
         .map(|id| {

@@ -23,7 +23,7 @@ use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, PgExecutor, Postgres, Row as _};
 use tokio::time::Instant;
 
-use super::enqueue::Due;
+use super::enqueue::Extras;
 use super::operator::{Operations, Stats, interval_to_duration};
 use super::row::{Lease, Outcome, Owned, Retried};
 use crate::error::{OnTable as _, OutboxError, storable_reason};
@@ -38,11 +38,11 @@ pub(crate) async fn enqueue<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     event_id: &EventId,
     event: &T,
-    due: Due,
+    extras: &Extras,
 ) -> Result<bool, OutboxError> {
     let spec = T::SPEC;
     let query = sqlx::query(spec.sql.get(Statement::Enqueue)).bind(event_id.as_str());
-    let written = due
+    let written = extras
         .bind::<T>(event.bind(query))
         .fetch_optional(executor)
         .await
@@ -57,9 +57,9 @@ pub(crate) async fn enqueue_all<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     event_ids: &[&str],
     events: &[T],
-    due: Due,
+    extras: &Extras,
 ) -> Result<bool, OutboxError> {
-    let inserted = insert(Statement::EnqueueAll, event_ids, events, due)
+    let inserted = insert(Statement::EnqueueAll, event_ids, events, extras)
         .execute(executor)
         .await;
     match inserted {
@@ -73,9 +73,9 @@ pub(crate) async fn enqueue_all_skipping<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     event_ids: &[&str],
     events: &[T],
-    due: Due,
+    extras: &Extras,
 ) -> Result<HashSet<String>, OutboxError> {
-    let written: Vec<String> = insert(Statement::EnqueueAllSkipping, event_ids, events, due)
+    let written: Vec<String> = insert(Statement::EnqueueAllSkipping, event_ids, events, extras)
         .try_map(|row: PgRow| row.try_get(0))
         .fetch_all(executor)
         .await
@@ -84,14 +84,14 @@ pub(crate) async fn enqueue_all_skipping<'e, T: Outbox>(
 }
 
 /// `statement`, an insert of many events: the event ids, then one array per payload
-/// column, then when they are due.
+/// column, then what the table's flags add.
 fn insert<'q, T: Outbox>(
     statement: Statement,
     event_ids: &'q [&'q str],
     events: &'q [T],
-    due: Due,
+    extras: &Extras,
 ) -> Query<'q, Postgres, PgArguments> {
-    due.bind::<T>(T::bind_all(
+    extras.bind::<T>(T::bind_all(
         events,
         sqlx::query(T::SPEC.sql.get(statement)).bind(event_ids),
     ))

@@ -12,6 +12,7 @@ use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 use crate::table::claim::Claim;
 use crate::table::metric;
+use crate::trace;
 
 impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// Publishes one claimed batch; returns the outcomes to record. Meanwhile, on the
@@ -33,7 +34,9 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         );
         async {
             count_claimed(&claims);
-            let deliveries: Vec<Delivery<'_, T>> = claims.iter().map(InFlight::delivery).collect();
+            let mut deliveries: Vec<Delivery<'_, T>> =
+                claims.iter().map(InFlight::delivery).collect();
+            let sends = trace::send_spans(&mut deliveries);
             let rows = InFlight::pair(&claims, &deliveries);
             let claim_next = full && !self.stop.is_cancelled();
             let beside = (claim_next || !earlier.outcomes.is_empty()).then(|| {
@@ -60,12 +63,10 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             if found_nothing {
                 metrics::counter!(metric::IDLE_CLAIMS, "table" => table).increment(1);
             }
-            let mut outcomes = in_flight::outcomes(
-                &rows,
-                answer.results(),
-                &self.relay.retry,
-                &self.relay.failures,
-            );
+            let results = answer.results();
+            trace::end_sends(sends, results.as_deref());
+            let mut outcomes =
+                in_flight::outcomes(&rows, results, &self.relay.retry, &self.relay.failures);
             if self.relay.ascii_reasons {
                 outcomes = outcomes
                     .into_iter()

@@ -181,6 +181,17 @@ fn headers<T: Outbox>(
     ]
     .into_iter()
     .chain(delivery.key().map(|key| (header::KEY, key.to_owned())))
+    .chain(
+        delivery
+            .trace()
+            .map(|trace| (header::TRACEPARENT, trace.traceparent().to_owned())),
+    )
+    .chain(
+        delivery
+            .trace()
+            .and_then(|trace| trace.tracestate())
+            .map(|state| (header::TRACESTATE, state.to_owned())),
+    )
 }
 
 /// A message that will not be acknowledged: the sink's own answer, or the client's error
