@@ -39,7 +39,7 @@ use outbox::kafka::rdkafka::consumer::{Consumer as _, StreamConsumer};
 use outbox::kafka::rdkafka::message::{BorrowedMessage, Headers as _};
 use outbox::kafka::rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
 use outbox::kafka::{ConfigError, KafkaSink};
-use outbox::message::{CloudEvents, header};
+use outbox::message::header;
 use outbox::testing::TestSchema;
 use outbox::{Delivery, Relay, Sink, SinkError, relay::Backoff};
 use outbox::{Inbox, Received, inbox};
@@ -541,16 +541,9 @@ async fn kafka_cloud_events_binary_as_ce_headers_and_structured_as_the_value() -
         let pool = db.pool();
         let topic = format!("outbox.test.{}.steps", db.name());
         create_topic(&tansu.bootstrap(), &topic).await?;
-        let cloud_events = if structured {
-            CloudEvents::structured()
-                .source("https://shop.example.com/orders")
-                .event_type("com.example.order.step")
-        } else {
-            CloudEvents::binary()
-        };
         let sink =
             KafkaSink::<OrderStep>::new(&producer_config(&tansu.bootstrap()), topic.clone())?
-                .cloud_events(cloud_events);
+                .cloud_events(broker::cloud_events(structured));
         broker::publish_order_steps(pool, sink).await?;
 
         for record in records(&tansu.bootstrap(), &topic, 6).await? {

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use outbox::Outbox;
-use outbox::message::{CloudEvents, header};
+use outbox::message::header;
 use outbox::nats::async_nats::jetstream::context::GetStreamErrorKind;
 use outbox::nats::async_nats::jetstream::{self, consumer, stream};
 use outbox::nats::{JetStreamSink, async_nats};
@@ -754,65 +754,43 @@ async fn the_ordering_key_is_a_header_and_each_keys_messages_are_stored_in_order
 }
 
 #[tokio::test]
-async fn cloud_events_in_binary_mode_are_ce_headers_beside_the_event() -> TestResult {
+async fn cloud_events_binary_as_ce_headers_and_structured_as_the_json_body() -> TestResult {
     let js = jetstream::new(connect_nats().await);
-    let db = schema_from_zero(&[OrderStep::migrations()]).await?;
-    let pool = db.pool();
-    let subject = format!("outbox.test.{}.steps", db.name());
-    let stream = SharedStream::create(&js, &db, &subject, |_| {}).await?;
-    let sink = JetStreamSink::new(js.clone(), subject.clone()).cloud_events(CloudEvents::binary());
-    broker::publish_order_steps(pool, sink).await?;
+    for structured in [false, true] {
+        // A schema, and so a stream, of each mode's own: the events' ids are the same.
+        let db = schema_from_zero(&[OrderStep::migrations()]).await?;
+        let pool = db.pool();
+        let subject = format!("outbox.test.{}.steps", db.name());
+        let stream = SharedStream::create(&js, &db, &subject, |_| {}).await?;
+        let sink =
+            JetStreamSink::new(js.clone(), subject).cloud_events(broker::cloud_events(structured));
+        broker::publish_order_steps(pool, sink).await?;
 
-    for sequence in 1..=6 {
-        let message = stream.get_raw_message(sequence).await?;
-        let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
-        let event_id = header(header::EVENT_ID).ok_or("no event id")?;
-        let event: serde_json::Value = serde_json::from_slice(&message.payload)?;
-        assert_eq!(event["name"], event_id.as_str(), "the body is the event");
-        broker::assert_binary_cloud_event(&event_id, |attribute| {
-            header(&format!("ce-{attribute}"))
-        })?;
-        assert_eq!(
-            header("ce-datacontenttype").as_deref(),
-            Some("application/json")
-        );
-        assert_eq!(
-            header("ce-subject"),
-            header(header::KEY),
-            "the key is the subject"
-        );
+        for sequence in 1..=6 {
+            let message = stream.get_raw_message(sequence).await?;
+            let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
+            let event_id = header(header::EVENT_ID).ok_or("no event id")?;
+            if structured {
+                assert_eq!(
+                    header(header::CONTENT_TYPE).as_deref(),
+                    Some("application/cloudevents+json; charset=utf-8")
+                );
+                broker::assert_structured_cloud_event(&event_id, &message.payload)?;
+                continue;
+            }
+            let event: serde_json::Value = serde_json::from_slice(&message.payload)?;
+            assert_eq!(event["name"], event_id.as_str(), "the body is the event");
+            broker::assert_binary_cloud_event(&event_id, |attribute| {
+                header(&format!("ce-{attribute}"))
+            })?;
+            assert_eq!(
+                header("ce-datacontenttype").as_deref(),
+                Some("application/json")
+            );
+        }
+        stream.delete().await?;
+        db.drop_schema().await?;
     }
-
-    stream.delete().await?;
-    db.drop_schema().await?;
-    Ok(())
-}
-
-#[tokio::test]
-async fn cloud_events_in_structured_mode_are_the_json_body() -> TestResult {
-    let js = jetstream::new(connect_nats().await);
-    let db = schema_from_zero(&[OrderStep::migrations()]).await?;
-    let pool = db.pool();
-    let subject = format!("outbox.test.{}.steps", db.name());
-    let stream = SharedStream::create(&js, &db, &subject, |_| {}).await?;
-    let sink = JetStreamSink::new(js.clone(), subject).cloud_events(
-        CloudEvents::structured()
-            .source("https://shop.example.com/orders")
-            .event_type("com.example.order.step"),
-    );
-    broker::publish_order_steps(pool, sink).await?;
-    let message = stream.get_raw_message(1).await?;
-    assert_eq!(
-        message
-            .headers
-            .get(header::CONTENT_TYPE)
-            .map(async_nats::HeaderValue::as_str),
-        Some("application/cloudevents+json; charset=utf-8")
-    );
-    let event_id = message.headers.get(header::EVENT_ID).ok_or("no event id")?;
-    broker::assert_structured_cloud_event(event_id.as_str(), &message.payload)?;
-    stream.delete().await?;
-    db.drop_schema().await?;
     Ok(())
 }
 

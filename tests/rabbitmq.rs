@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox::message::{CloudEvents, header};
+use outbox::message::header;
 use outbox::rabbitmq::RabbitSink;
 use outbox::rabbitmq::lapin::options::{
     BasicAckOptions, BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
@@ -536,14 +536,10 @@ async fn cloud_events_binary_as_cloud_events_headers_and_structured_as_the_body(
         let db = schema_from_zero(&[OrderStep::migrations()]).await?;
         let pool = db.pool();
         let topology = Topology::declare(&channel, &db).await?;
-        let cloud_events = if structured {
-            CloudEvents::structured()
-                .source("https://shop.example.com/orders")
-                .event_type("com.example.order.step")
-        } else {
-            CloudEvents::binary()
-        };
-        let sink = topology.sink(&connection).await?.cloud_events(cloud_events);
+        let sink = topology
+            .sink(&connection)
+            .await?
+            .cloud_events(broker::cloud_events(structured));
         broker::publish_order_steps(pool, sink).await?;
 
         let mut messages = 0;

@@ -104,21 +104,15 @@ async fn enqueue_in_a_request(
     ))
 }
 
-#[tokio::test]
-async fn the_relays_send_is_a_producer_span_in_the_trace_that_enqueued_the_event() -> TestResult {
-    let exported = Exported::install();
-    let db = schema_from_zero(&[TracedOrder::migrations()]).await?;
-    let pool = db.pool();
-    let (trace_id, request) = enqueue_in_a_request(pool, &exported, &[order("o-1")]).await?;
-    let stored: (Option<String>,) = sqlx::query_as("SELECT trace_parent FROM traced_order_events")
+/// The `trace_parent` of the table's one row.
+async fn stored_trace_parent(pool: &sqlx::PgPool) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar("SELECT trace_parent FROM traced_order_events")
         .fetch_one(pool)
-        .await?;
-    let stored = stored.0.ok_or("no trace context stored")?;
-    assert!(
-        stored.starts_with(&format!("00-{trace_id}-{request}-")),
-        "the request's context, in the same INSERT: {stored}"
-    );
+        .await
+}
 
+/// Runs a relay until it has published the table's one order.
+async fn publish_the_one_order(pool: &sqlx::PgPool) -> TestResult {
     let sink = MemorySink::new();
     let relay = start(Relay::<TracedOrder, _>::new(pool.clone(), sink.clone()));
     wait_until("published", Duration::from_secs(10), async || {
@@ -126,6 +120,23 @@ async fn the_relays_send_is_a_producer_span_in_the_trace_that_enqueued_the_event
     })
     .await;
     relay.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_relays_send_is_a_producer_span_in_the_trace_that_enqueued_the_event() -> TestResult {
+    let exported = Exported::install();
+    let db = schema_from_zero(&[TracedOrder::migrations()]).await?;
+    let pool = db.pool();
+    let (trace_id, request) = enqueue_in_a_request(pool, &exported, &[order("o-1")]).await?;
+    let stored = stored_trace_parent(pool).await?;
+    let stored = stored.ok_or("no trace context stored")?;
+    assert!(
+        stored.starts_with(&format!("00-{trace_id}-{request}-")),
+        "the request's context, in the same INSERT: {stored}"
+    );
+
+    publish_the_one_order(pool).await?;
 
     let sends = exported.named("send traced_order_events");
     let [send] = sends.as_slice() else {
@@ -231,22 +242,14 @@ async fn no_trace_or_a_malformed_one_is_left_out_and_never_fails() -> TestResult
     let db = schema_from_zero(&[TracedOrder::migrations()]).await?;
     let pool = db.pool();
     order("outside any span").enqueue(pool).await?;
-    let stored: (Option<String>,) = sqlx::query_as("SELECT trace_parent FROM traced_order_events")
-        .fetch_one(pool)
-        .await?;
-    assert_eq!(stored.0, None);
+    let stored = stored_trace_parent(pool).await?;
+    assert_eq!(stored, None);
 
     // A row whose stored context was mangled by hand is published all the same.
     sqlx::query("UPDATE traced_order_events SET trace_parent = '00-not-a-trace-01'")
         .execute(pool)
         .await?;
-    let sink = MemorySink::new();
-    let relay = start(Relay::<TracedOrder, _>::new(pool.clone(), sink.clone()));
-    wait_until("published", Duration::from_secs(10), async || {
-        sink.published().len() == 1
-    })
-    .await;
-    relay.stop().await?;
+    publish_the_one_order(pool).await?;
     let sends = exported.named("send traced_order_events");
     assert_eq!(sends.len(), 1);
     let [batch] = exported

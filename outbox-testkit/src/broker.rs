@@ -111,6 +111,19 @@ pub fn steps_by_order() -> BTreeMap<String, Vec<String>> {
         .collect()
 }
 
+/// The CloudEvents setting the broker tests publish [`order_steps`] with: binary mode
+/// with the default source and type, or structured mode with those
+/// [`assert_structured_cloud_event`] expects.
+pub fn cloud_events(structured: bool) -> outbox::message::CloudEvents {
+    if structured {
+        outbox::message::CloudEvents::structured()
+            .source("https://shop.example.com/orders")
+            .event_type("com.example.order.step")
+    } else {
+        outbox::message::CloudEvents::binary()
+    }
+}
+
 /// Checks a binary CloudEvent of an [`order_steps`] event published with the default
 /// source and type: `attribute` reads one attribute from the broker's headers (by its
 /// CloudEvents name, which the caller prefixes as its binding does).
