@@ -46,7 +46,7 @@ use outbox::{Inbox, Received, inbox};
 use outbox_testkit::broker::{self, RefuseUnencodable};
 use outbox_testkit::child::{self, ChildCommand};
 use outbox_testkit::counters::Counters;
-use outbox_testkit::events::{ChaosEvent, OrderStep};
+use outbox_testkit::events::{ChaosEvent, OrderStep, TracedOrder};
 use outbox_testkit::proxy::Proxy;
 use outbox_testkit::rows::{enqueue, row_of};
 use outbox_testkit::running::start;
@@ -573,6 +573,27 @@ async fn kafka_cloud_events_binary_as_ce_headers_and_structured_as_the_value() -
         }
         db.drop_schema().await?;
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn kafka_a_traced_events_context_is_in_its_records_traceparent() -> TestResult {
+    let tansu = Tansu::start().await?;
+    let db = schema_from_zero(&[TracedOrder::migrations()]).await?;
+    let topic = format!("outbox.test.{}.traced", db.name());
+    create_topic(&tansu.bootstrap(), &topic).await?;
+    // Within the traced type's 1 s lease, as the sink requires.
+    let mut config = producer_config(&tansu.bootstrap());
+    config.set("message.timeout.ms", "500");
+    let sink = KafkaSink::<TracedOrder>::new(&config, topic.clone())?;
+    broker::publish_traced_order(db.pool(), sink).await?;
+
+    let consumer = consumer(&tansu.bootstrap(), &topic)?;
+    let message = timeout(Duration::from_secs(30), consumer.recv()).await??;
+    let trace = outbox::kafka::trace(&message).ok_or("no trace context in the record")?;
+    assert_eq!(trace.traceparent(), broker::TRACEPARENT);
+    assert_eq!(trace.tracestate(), Some(broker::TRACESTATE));
+    db.drop_schema().await?;
     Ok(())
 }
 

@@ -37,7 +37,7 @@ use outbox::{Inbox, Received, inbox};
 use outbox_testkit::broker::{self, RefuseUnencodable};
 use outbox_testkit::child::{self, ChildCommand};
 use outbox_testkit::cleanup::Cleanup;
-use outbox_testkit::events::{ChaosEvent, OrderStep};
+use outbox_testkit::events::{ChaosEvent, OrderStep, TracedOrder};
 use outbox_testkit::proxy::Proxy;
 use outbox_testkit::rows::{enqueue, row_of};
 use outbox_testkit::running::start;
@@ -573,6 +573,26 @@ async fn cloud_events_binary_as_cloud_events_headers_and_structured_as_the_body(
         topology.delete().await?;
         db.drop_schema().await?;
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_traced_events_context_is_in_its_messages_traceparent() -> TestResult {
+    let connection = connect_rabbitmq().await;
+    let channel = connection.create_channel().await?;
+    let db = schema_from_zero(&[TracedOrder::migrations()]).await?;
+    let topology = Topology::declare(&channel, &db).await?;
+    broker::publish_traced_order(db.pool(), topology.sink(&connection).await?).await?;
+
+    let message = channel
+        .basic_get(topology.queue.as_str().into(), BasicGetOptions::default())
+        .await?
+        .ok_or("no message")?;
+    let trace = outbox::rabbitmq::trace(&message.delivery).ok_or("no trace context")?;
+    assert_eq!(trace.traceparent(), broker::TRACEPARENT);
+    assert_eq!(trace.tracestate(), Some(broker::TRACESTATE));
+    topology.delete().await?;
+    db.drop_schema().await?;
     Ok(())
 }
 

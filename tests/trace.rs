@@ -8,10 +8,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
 use opentelemetry::trace::{SpanId, SpanKind, Status, TraceId, TracerProvider as _};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
-use outbox::message::header;
-use outbox::nats::async_nats::jetstream::{self, stream};
+use outbox::nats::async_nats::jetstream::{self, consumer, stream};
 use outbox::nats::{JetStreamSink, async_nats};
 use outbox::relay::MemorySink;
 use outbox::{Delivery, Relay, Sink, SinkError};
@@ -262,7 +262,9 @@ async fn no_trace_or_a_malformed_one_is_left_out_and_never_fails() -> TestResult
         "no trace to continue: a child of the relay's own batch span"
     );
 
-    let span = outbox::trace::consumer_span("orders", "x", Some("garbage"), Some("k=v"));
+    let garbage = outbox::trace::TraceContext::parse("garbage", Some("k=v"));
+    assert_eq!(garbage, None, "left out");
+    let span = outbox::trace::consumer_span("orders", "x", garbage.as_ref());
     drop(span.entered());
     let process = exported.named("process orders");
     assert_eq!(process.len(), 1);
@@ -311,21 +313,17 @@ async fn through_nats_the_consumer_span_continues_the_relays_send() -> TestResul
     relay.stop().await?;
 
     // The consumer: the message's headers, as any OpenTelemetry consumer reads them.
-    let message = stream.get_raw_message(1).await?;
-    let traceparent = message
-        .headers
-        .get(header::TRACEPARENT)
-        .map(|v| v.as_str().to_owned());
-    let tracestate = message
-        .headers
-        .get(header::TRACESTATE)
-        .map(|v| v.as_str().to_owned());
-    let span = outbox::trace::consumer_span(
-        "traced",
-        "o-nats",
-        traceparent.as_deref(),
-        tracestate.as_deref(),
-    );
+    let consumer = stream
+        .create_consumer(consumer::pull::Config::default())
+        .await?;
+    let mut messages = consumer.fetch().max_messages(1).messages().await?;
+    let message = messages
+        .next()
+        .await
+        .ok_or("no message")?
+        .map_err(|e| e.to_string())?;
+    let trace = outbox::nats::trace(&message).ok_or("no trace context in the message")?;
+    let span = outbox::trace::consumer_span("traced", "o-nats", Some(&trace));
     async {}.instrument(span).await;
 
     let [send] = exported
@@ -337,8 +335,8 @@ async fn through_nats_the_consumer_span_continues_the_relays_send() -> TestResul
         .try_into()
         .map_err(|_| "one process")?;
     assert_eq!(
-        traceparent.as_deref(),
-        Some(format!("00-{trace_id}-{}-01", send.span_context.span_id()).as_str()),
+        trace.traceparent(),
+        format!("00-{trace_id}-{}-01", send.span_context.span_id()),
         "the message carries the send span's context"
     );
     assert_eq!(

@@ -12,7 +12,8 @@
 //!   attributes), a child of the enqueuing span: one trace from the request, through
 //!   each attempt of the relay (a retry or a reclaim after a crash is a new span of the
 //!   same trace, with its attempt and generation), to the consumer, whose span
-//!   (`consumer_span`, with the feature) continues it;
+//!   (`consumer_span`, with the feature; each broker module's `trace` reads the
+//!   message's context) continues it;
 //! - without it, the stored context as it is, so a consumer's span is a child of the
 //!   enqueuing one.
 //!
@@ -119,18 +120,18 @@ fn bounded_state(state: &str) -> Option<String> {
 }
 
 /// A consumer's span for handling one message (feature `otel`): `process <destination>`,
-/// span kind consumer, a child of the message's `traceparent` (and `tracestate`), so
-/// the consumer's work joins the trace that enqueued the event. A missing or malformed
-/// `traceparent` makes it a root span. Enter it (or `instrument` the handling with it)
-/// around the effect and the inbox's `receive`.
+/// span kind consumer, a child of the `trace` the message carries (read it with
+/// `outbox::nats::trace`, `outbox::kafka::trace` or `outbox::rabbitmq::trace`), so the
+/// consumer's work joins the trace that enqueued the event; a root span without one.
+/// Enter it (or `instrument` the handling with it) around the effect and the inbox's
+/// `receive`.
 #[cfg(feature = "otel")]
 pub fn consumer_span(
     destination: &str,
     event_id: &str,
-    traceparent: Option<&str>,
-    tracestate: Option<&str>,
+    trace: Option<&TraceContext>,
 ) -> tracing::Span {
-    otel::consumer_span(destination, event_id, traceparent, tracestate)
+    otel::consumer_span(destination, event_id, trace)
 }
 
 /// The relay's spans for publishing `deliveries` (feature `otel`, a traced type): one per
@@ -279,8 +280,7 @@ pub(crate) mod otel {
     pub(super) fn consumer_span(
         destination: &str,
         event_id: &str,
-        traceparent: Option<&str>,
-        tracestate: Option<&str>,
+        trace: Option<&TraceContext>,
     ) -> tracing::Span {
         let span = tracing::info_span!(
             target: "outbox",
@@ -293,8 +293,7 @@ pub(crate) mod otel {
             messaging.destination.name = destination,
             messaging.message.id = event_id,
         );
-        let trace = traceparent.and_then(|parent| TraceContext::parse(parent, tracestate));
-        set_parent(&span, trace.as_ref());
+        set_parent(&span, trace);
         span
     }
 }

@@ -15,7 +15,7 @@ use sqlx::postgres::PgPoolOptions;
 
 use super::child;
 use super::counters::Counters;
-use super::events::{ChaosEvent, OrderStep};
+use super::events::{ChaosEvent, OrderStep, TracedOrder};
 use super::proxy::Proxy;
 use super::rows::{enqueue, row_of};
 use super::running::start;
@@ -77,6 +77,37 @@ pub async fn publish_order_steps<S: Sink<OrderStep>>(pool: &PgPool, sink: S) -> 
     );
     wait_until("all 6 SENT", Duration::from_secs(30), async || {
         outbox::stats::<OrderStep>(pool).await.unwrap().sent == 6
+    })
+    .await;
+    relay.stop().await?;
+    Ok(())
+}
+
+/// The trace context [`publish_traced_order`] stores with its order, as a request's
+/// span would have.
+pub const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+/// Its `tracestate`.
+pub const TRACESTATE: &str = "congo=t61rcWkgMzE";
+
+/// Enqueues one [`TracedOrder`] `o-1` whose row holds [`TRACEPARENT`] and
+/// [`TRACESTATE`] (written as an enqueue inside that trace would, here without the
+/// `otel` feature that captures it), and publishes it through `sink`: a relay without
+/// `otel` sends the stored context as it is.
+pub async fn publish_traced_order<S: Sink<TracedOrder>>(pool: &PgPool, sink: S) -> TestResult {
+    TracedOrder {
+        name: "o-1".into(),
+        customer: "ada".into(),
+    }
+    .enqueue(pool)
+    .await?;
+    sqlx::query("UPDATE traced_order_events SET trace_parent = $1, trace_state = $2")
+        .bind(TRACEPARENT)
+        .bind(TRACESTATE)
+        .execute(pool)
+        .await?;
+    let relay = start(Relay::<TracedOrder, _>::new(pool.clone(), sink));
+    wait_until("SENT", Duration::from_secs(30), async || {
+        outbox::stats::<TracedOrder>(pool).await.unwrap().sent == 1
     })
     .await;
     relay.stop().await?;

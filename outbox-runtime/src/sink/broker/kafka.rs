@@ -27,6 +27,7 @@ use crate::sink::broker::{self, Failed, Outgoing};
 use crate::sink::message::{CloudEvents, Encoding, Json, header};
 use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
+use crate::trace::TraceContext;
 
 /// The record key of a delivery.
 type KeyOf<T> = Arc<dyn Fn(&Delivery<'_, T>) -> Vec<u8> + Send + Sync>;
@@ -816,10 +817,24 @@ impl<T: Outbox + Send + Sync, E: Encoding<T>> Sink<T> for KafkaSink<T, E> {
 /// The event id a record carries (the [`header::EVENT_ID`] header), for a consumer's
 /// [`Inbox`](crate::inbox::Inbox).
 pub fn event_id<M: rdkafka::Message>(message: &M) -> Option<&str> {
+    header_value(message, header::EVENT_ID)
+}
+
+/// The trace context a record carries (its [`header::TRACEPARENT`] and
+/// [`header::TRACESTATE`] headers), for the consumer's span
+/// (`outbox::trace::consumer_span`); `None` without one, or with a malformed one.
+pub fn trace<M: rdkafka::Message>(message: &M) -> Option<TraceContext> {
+    TraceContext::parse(
+        header_value(message, header::TRACEPARENT)?,
+        header_value(message, header::TRACESTATE),
+    )
+}
+
+fn header_value<'m, M: rdkafka::Message>(message: &'m M, name: &str) -> Option<&'m str> {
     message
         .headers()?
         .iter()
-        .find(|header| header.key == header::EVENT_ID)?
+        .find(|header| header.key == name)?
         .value
         .and_then(|value| std::str::from_utf8(value).ok())
 }

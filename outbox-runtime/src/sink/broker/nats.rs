@@ -24,6 +24,7 @@ use crate::sink::broker::{self, Failed, Outgoing};
 use crate::sink::message::{CloudEvents, Encoding, Json, header};
 use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
+use crate::trace::TraceContext;
 
 /// Metric the sink emits through the `metrics` crate, labelled `table`.
 pub mod metric {
@@ -471,10 +472,24 @@ impl<T: Outbox + Send + Sync, E: Encoding<T>> Sink<T> for JetStreamSink<T, E> {
 /// The event id a message carries (the [`header::EVENT_ID`] header), for a consumer's
 /// [`Inbox`](crate::inbox::Inbox).
 pub fn event_id(message: &async_nats::Message) -> Option<&str> {
+    header_value(message, header::EVENT_ID)
+}
+
+/// The trace context a message carries (its [`header::TRACEPARENT`] and
+/// [`header::TRACESTATE`] headers), for the consumer's span
+/// (`outbox::trace::consumer_span`); `None` without one, or with a malformed one.
+pub fn trace(message: &async_nats::Message) -> Option<TraceContext> {
+    TraceContext::parse(
+        header_value(message, header::TRACEPARENT)?,
+        header_value(message, header::TRACESTATE),
+    )
+}
+
+fn header_value<'m>(message: &'m async_nats::Message, name: &str) -> Option<&'m str> {
     message
         .headers
         .as_ref()?
-        .get(header::EVENT_ID)
+        .get(name)
         .map(async_nats::HeaderValue::as_str)
 }
 

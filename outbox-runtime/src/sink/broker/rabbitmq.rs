@@ -23,6 +23,7 @@ use crate::sink::broker::{self, Failed, Outgoing};
 use crate::sink::message::{CloudEvents, Encoding, Json, header};
 use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
+use crate::trace::TraceContext;
 
 /// AMQP delivery mode 2: the broker writes the message to disk (in a durable queue).
 const PERSISTENT: u8 = 2;
@@ -624,23 +625,36 @@ impl<T: Outbox + Send + Sync, E: Encoding<T>> Sink<T> for RabbitSink<T, E> {
 /// The event id a message carries (the [`header::EVENT_ID`] header, else its
 /// `message_id`), for a consumer's [`Inbox`](crate::inbox::Inbox).
 pub fn event_id(delivery: &lapin::message::Delivery) -> Option<&str> {
-    let from_header = delivery
-        .properties
-        .headers()
-        .as_ref()
-        .and_then(|headers| headers.inner().get(header::EVENT_ID))
-        .and_then(|value| match value {
-            AMQPValue::LongString(text) => std::str::from_utf8(text.as_bytes()).ok(),
-            AMQPValue::ShortString(text) => Some(text.as_str()),
-            _ => None,
-        });
-    from_header.or_else(|| {
+    header_value(delivery, header::EVENT_ID).or_else(|| {
         delivery
             .properties
             .message_id()
             .as_ref()
             .map(ShortString::as_str)
     })
+}
+
+/// The trace context a message carries (its [`header::TRACEPARENT`] and
+/// [`header::TRACESTATE`] headers), for the consumer's span
+/// (`outbox::trace::consumer_span`); `None` without one, or with a malformed one.
+pub fn trace(delivery: &lapin::message::Delivery) -> Option<TraceContext> {
+    TraceContext::parse(
+        header_value(delivery, header::TRACEPARENT)?,
+        header_value(delivery, header::TRACESTATE),
+    )
+}
+
+fn header_value<'d>(delivery: &'d lapin::message::Delivery, name: &str) -> Option<&'d str> {
+    delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get(name))
+        .and_then(|value| match value {
+            AMQPValue::LongString(text) => std::str::from_utf8(text.as_bytes()).ok(),
+            AMQPValue::ShortString(text) => Some(text.as_str()),
+            _ => None,
+        })
 }
 
 #[cfg(test)]
