@@ -145,6 +145,7 @@ pub fn steps_by_order() -> BTreeMap<String, Vec<String>> {
 /// The CloudEvents setting the broker tests publish [`order_steps`] with: binary mode
 /// with the default source and type, or structured mode with those
 /// [`assert_structured_cloud_event`] expects.
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 pub fn cloud_events(structured: bool) -> outbox::message::CloudEvents {
     if structured {
         outbox::message::CloudEvents::structured()
