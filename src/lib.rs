@@ -204,9 +204,9 @@ pub mod table {
 
 pub mod inbox {
     //! The consumer's inbox beyond [`Inbox`](crate::Inbox) and
-    //! [`Received`](crate::Received): its table's [`migrate`], to run at startup, and its
-    //! name ([`TABLE`]).
-    pub use outbox_runtime::inbox::{TABLE, migrate};
+    //! [`Received`](crate::Received): its table's [`migrate`], to run at startup, its
+    //! name ([`TABLE`]), and what it reads from a broker's message ([`Consumed`]).
+    pub use outbox_runtime::inbox::{Consumed, TABLE, migrate};
 }
 
 pub use outbox_runtime::{catalog, export, message, monitor, trace};

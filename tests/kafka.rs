@@ -169,7 +169,7 @@ fn kafka_redeliver_child() {
         broker::child_param("BOOTSTRAP"),
         broker::child_param("TOPIC"),
     );
-    broker::relay_until_killed(MARK, async || {
+    broker::relay_until_killed::<ChaosEvent, _>(MARK, async || {
         KillAfterAcks(KafkaSink::new(&producer_config(&bootstrap), topic).expect("a producer"))
     });
 }
@@ -262,8 +262,13 @@ async fn first_relay_is_killed_after_the_acks(
             ("TOPIC", topic),
         ],
     )?;
-    let words =
-        broker::killed_after_the_broker_took(&mut first, (MARK, "ACKED"), pool, events).await?;
+    let words = broker::killed_after_the_broker_took::<ChaosEvent>(
+        &mut first,
+        (MARK, "ACKED"),
+        pool,
+        &broker::keys(events),
+    )
+    .await?;
     let acked: BTreeMap<String, i64> = words
         .iter()
         .map(|word| broker::event_and_generation(word))
@@ -593,6 +598,55 @@ async fn kafka_a_traced_events_context_is_in_its_records_traceparent() -> TestRe
     let trace = outbox::kafka::trace(&message).ok_or("no trace context in the record")?;
     assert_eq!(trace.traceparent(), broker::TRACEPARENT);
     assert_eq!(trace.tracestate(), Some(broker::TRACESTATE));
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// One trace from the request to the consumer's inbox through Kafka (feature `otel`):
+/// the relay's send a child of the request, the consumer's `process <topic>` a child of
+/// that send, through the record's `traceparent` header.
+#[cfg(feature = "otel")]
+#[tokio::test]
+async fn kafka_traced_one_trace_from_the_request_to_the_consumers_inbox() -> TestResult {
+    use outbox_testkit::otel::{Exported, order};
+    use tracing::Instrument as _;
+
+    let exported = Exported::install();
+    let tansu = Tansu::start().await?;
+    let db = schema_from_zero(&[TracedOrder::migrations()]).await?;
+    let pool = db.pool();
+    inbox::migrate(pool).await?;
+    let topic = format!("traced-{}", db.name());
+    create_topic(&tansu.bootstrap(), &topic).await?;
+    let request = exported
+        .enqueue_in_a_request(pool, &[order("o-kafka")])
+        .await?;
+    // Within the traced type's 1 s lease, as the sink requires.
+    let mut config = producer_config(&tansu.bootstrap());
+    config.set("message.timeout.ms", "500");
+    let relay = start(Relay::<TracedOrder, _>::new(
+        pool.clone(),
+        KafkaSink::new(&config, topic.clone())?,
+    ));
+    wait_until("SENT", Duration::from_secs(30), async || {
+        outbox::stats::<TracedOrder>(pool).await.unwrap().sent == 1
+    })
+    .await;
+    relay.stop().await?;
+
+    let consumer = consumer(&tansu.bootstrap(), &topic)?;
+    let message = timeout(Duration::from_secs(30), consumer.recv()).await??;
+    let inbox = Inbox::new("billing");
+    async {
+        let mut tx = pool.begin().await?;
+        let event_id = outbox::kafka::event_id(&message).ok_or("no event id")?;
+        assert!(inbox.receive(&mut tx, event_id).await?.is_new());
+        tx.commit().await?;
+        TestResult::Ok(())
+    }
+    .instrument(inbox.span(&message))
+    .await?;
+    exported.assert_one_trace(request, &topic, "billing")?;
     db.drop_schema().await?;
     Ok(())
 }

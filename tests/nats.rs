@@ -88,7 +88,7 @@ fn nats_redeliver_child() {
         return;
     }
     let subject = broker::child_param("SUBJECT");
-    broker::relay_until_killed(MARK, async || {
+    broker::relay_until_killed::<ChaosEvent, _>(MARK, async || {
         KillAfterAcks(JetStreamSink::new(
             jetstream::new(connect_nats().await),
             subject,
@@ -256,8 +256,13 @@ async fn first_relay_is_killed_after_the_acks(
     let pool = db.pool();
     let mut first = ChildCommand::test("nats_redeliver_child")
         .spawn(ROLE, &[("URL", &db.url()), ("SUBJECT", subject)])?;
-    let words =
-        broker::killed_after_the_broker_took(&mut first, (MARK, "ACKED"), pool, events).await?;
+    let words = broker::killed_after_the_broker_took::<ChaosEvent>(
+        &mut first,
+        (MARK, "ACKED"),
+        pool,
+        &broker::keys(events),
+    )
+    .await?;
     let first_acks: BTreeMap<String, Acked> = words
         .iter()
         .map(|word| {

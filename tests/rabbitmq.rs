@@ -166,28 +166,42 @@ fn deleted_later(queue: Option<&str>, exchange: &str) -> Cleanup {
 }
 
 /// The relay process: re-executed by the test, it publishes through RabbitMQ and dies by
-/// SIGKILL once the broker confirmed its first batch. A no-op in a normal run.
+/// SIGKILL once the broker confirmed its first batch: of [`ChaosEvent`], or of
+/// [`TracedOrder`] when told `EVENTS=traced`. A no-op in a normal run.
 #[test]
 fn rabbitmq_redeliver_child() {
     if !child::requested(ROLE) {
         return;
     }
     let exchange = broker::child_param("EXCHANGE");
-    broker::relay_until_killed(MARK, async || {
-        KillAfterConfirms(
-            RabbitSink::new(connect_rabbitmq().await, exchange, ROUTING_KEY)
-                .await
-                .expect("a channel in confirm mode"),
-        )
-    });
+    if child::param("EVENTS").as_deref() == Some("traced") {
+        broker::relay_until_killed::<TracedOrder, _>(MARK, async || {
+            KillAfterConfirms::new(exchange).await
+        });
+    } else {
+        broker::relay_until_killed::<ChaosEvent, _>(MARK, async || {
+            KillAfterConfirms::new(exchange).await
+        });
+    }
 }
 
 /// Publishes through RabbitMQ, then, once every confirm is in, reports them and SIGKILLs
 /// its own process: confirmed by the broker, not recorded `SENT`.
-struct KillAfterConfirms(RabbitSink<ChaosEvent>);
+struct KillAfterConfirms<T>(RabbitSink<T>);
 
-impl Sink<ChaosEvent> for KillAfterConfirms {
-    async fn publish(&self, batch: &[Delivery<'_, ChaosEvent>]) -> Vec<Result<(), SinkError>> {
+impl<T> KillAfterConfirms<T> {
+    /// Publishing to `exchange` with [`ROUTING_KEY`].
+    async fn new(exchange: String) -> Self {
+        Self(
+            RabbitSink::new(connect_rabbitmq().await, exchange, ROUTING_KEY)
+                .await
+                .expect("a channel in confirm mode"),
+        )
+    }
+}
+
+impl<T: outbox::Outbox + serde::Serialize + Send + Sync> Sink<T> for KillAfterConfirms<T> {
+    async fn publish(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<(), SinkError>> {
         let confirms = self.0.publish_confirmed(batch).await;
         let mut words = vec![format!("{MARK} CONFIRMED")];
         for (delivery, confirm) in batch.iter().zip(&confirms) {
@@ -285,8 +299,13 @@ async fn first_relay_is_killed_after_the_confirms(
         ROLE,
         &[("URL", &db.url()), ("EXCHANGE", &topology.exchange)],
     )?;
-    let words =
-        broker::killed_after_the_broker_took(&mut first, (MARK, "CONFIRMED"), pool, events).await?;
+    let words = broker::killed_after_the_broker_took::<ChaosEvent>(
+        &mut first,
+        (MARK, "CONFIRMED"),
+        pool,
+        &broker::keys(events),
+    )
+    .await?;
     let confirmed: BTreeMap<String, i64> = words
         .iter()
         .map(|word| broker::event_and_generation(word))
@@ -591,6 +610,114 @@ async fn a_traced_events_context_is_in_its_messages_traceparent() -> TestResult 
     let trace = outbox::rabbitmq::trace(&message.delivery).ok_or("no trace context")?;
     assert_eq!(trace.traceparent(), broker::TRACEPARENT);
     assert_eq!(trace.tracestate(), Some(broker::TRACESTATE));
+    topology.delete().await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// One trace from the request to the consumer's inbox (feature `otel`), across a relay
+/// SIGKILLed after RabbitMQ confirmed its message, and that message's redelivery. The
+/// killed relay's own spans die with it (this one exports none: its message carries the
+/// context the order was enqueued in); the second relay's send, generation 2, is a child
+/// of the request; the consumer processes both copies in the same trace, each a child
+/// of the context its copy carries, and its inbox applies the first and skips the
+/// second (`outbox.duplicate`).
+#[cfg(feature = "otel")]
+#[tokio::test]
+async fn traced_one_trace_to_the_inbox_across_a_killed_relay_and_its_redelivery() -> TestResult {
+    use outbox::inbox::Consumed as _;
+    use outbox_testkit::otel::{Exported, attribute, order};
+    use tracing::Instrument as _;
+
+    let exported = Exported::install();
+    let connection = connect_rabbitmq().await;
+    let channel = connection.create_channel().await?;
+    let db = schema_from_zero(&[TracedOrder::migrations()]).await?;
+    let pool = db.pool();
+    inbox::migrate(pool).await?;
+    let topology = Topology::declare(&channel, &db).await?;
+    let (trace_id, request) = exported.enqueue_in_a_request(pool, &[order("o-1")]).await?;
+
+    let mut first = ChildCommand::test("rabbitmq_redeliver_child").spawn(
+        ROLE,
+        &[
+            ("URL", &db.url()),
+            ("EXCHANGE", &topology.exchange),
+            ("EVENTS", "traced"),
+        ],
+    )?;
+    broker::killed_after_the_broker_took::<TracedOrder>(
+        &mut first,
+        (MARK, "CONFIRMED"),
+        pool,
+        &["o-1"],
+    )
+    .await?;
+    let second = start(
+        Relay::<TracedOrder, _>::new(pool.clone(), topology.sink(&connection).await?)
+            .poll_interval(Duration::from_millis(50)),
+    );
+    wait_until(
+        "the second relay sent it",
+        Duration::from_secs(30),
+        async || outbox::stats::<TracedOrder>(pool).await.unwrap().sent == 1,
+    )
+    .await;
+    second.stop().await?;
+
+    let inbox = Inbox::new("billing");
+    let mut receipts = Vec::new();
+    while let Some(message) = channel
+        .basic_get(topology.queue.as_str().into(), BasicGetOptions::default())
+        .await?
+    {
+        let delivery = &message.delivery;
+        let receipt = async {
+            let mut tx = pool.begin().await?;
+            let event_id = delivery.event_id().ok_or("no event id")?;
+            let receipt = inbox.receive(&mut tx, event_id).await?;
+            tx.commit().await?;
+            delivery.ack(BasicAckOptions::default()).await?;
+            TestResult::Ok(receipt)
+        }
+        .instrument(inbox.span(delivery))
+        .await?;
+        receipts.push(receipt);
+    }
+    assert_eq!(receipts, [Received::New, Received::Duplicate]);
+
+    let [send] = exported
+        .named("send traced_order_events")
+        .try_into()
+        .map_err(|_| "one exported send: the second relay's")?;
+    assert_eq!(
+        (send.span_context.trace_id(), send.parent_span_id),
+        (trace_id, request),
+        "the redelivery is sent in the request's trace"
+    );
+    assert_eq!(attribute(&send, "outbox.generation").as_deref(), Some("2"));
+    assert_eq!(attribute(&send, "outbox.attempt").as_deref(), Some("2"));
+    let processes = exported.named(&format!("process {}", topology.exchange));
+    let [killed_copy, redelivery] = processes.as_slice() else {
+        panic!("one process span per copy: {processes:?}");
+    };
+    for process in [killed_copy, redelivery] {
+        assert_eq!(process.span_context.trace_id(), trace_id, "one trace");
+        assert_eq!(
+            attribute(process, "messaging.message.id").as_deref(),
+            Some("o-1")
+        );
+    }
+    assert_eq!(killed_copy.parent_span_id, request);
+    assert_eq!(
+        attribute(killed_copy, "outbox.duplicate").as_deref(),
+        Some("false")
+    );
+    assert_eq!(redelivery.parent_span_id, send.span_context.span_id());
+    assert_eq!(
+        attribute(redelivery, "outbox.duplicate").as_deref(),
+        Some("true")
+    );
     topology.delete().await?;
     db.drop_schema().await?;
     Ok(())

@@ -9,100 +9,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use opentelemetry::trace::{SpanId, SpanKind, Status, TraceId, TracerProvider as _};
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use opentelemetry::trace::{SpanId, SpanKind, Status};
+use opentelemetry_sdk::trace::SpanData;
+use outbox::inbox::{self, Consumed as _};
 use outbox::nats::async_nats::jetstream::{self, consumer, stream};
 use outbox::nats::{JetStreamSink, async_nats};
 use outbox::relay::MemorySink;
-use outbox::{Delivery, Relay, Sink, SinkError};
+use outbox::{Delivery, Inbox, Relay, Sink, SinkError};
 use outbox_testkit::cleanup::Cleanup;
 use outbox_testkit::events::TracedOrder;
+use outbox_testkit::otel::{Exported, attribute, order};
 use outbox_testkit::running::start;
 use outbox_testkit::schema::schema_from_zero;
 use outbox_testkit::{TestResult, wait_until};
 use tracing::Instrument as _;
-use tracing::subscriber::DefaultGuard;
-use tracing_subscriber::layer::SubscriberExt as _;
-
-/// Spans of this thread exported in memory, until the guard drops. (The tests run on
-/// tokio's current-thread runtime: the relay's tasks run on this thread.)
-struct Exported {
-    exporter: InMemorySpanExporter,
-    _provider: SdkTracerProvider,
-    _guard: DefaultGuard,
-}
-
-impl Exported {
-    fn install() -> Self {
-        let exporter = InMemorySpanExporter::default();
-        let provider = SdkTracerProvider::builder()
-            .with_simple_exporter(exporter.clone())
-            .build();
-        let subscriber = tracing_subscriber::registry()
-            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("outbox-tests")));
-        let guard = tracing::subscriber::set_default(subscriber);
-        Self {
-            exporter,
-            _provider: provider,
-            _guard: guard,
-        }
-    }
-
-    fn spans(&self) -> Vec<SpanData> {
-        self.exporter
-            .get_finished_spans()
-            .expect("the exported spans")
-    }
-
-    fn named(&self, name: &str) -> Vec<SpanData> {
-        self.spans()
-            .into_iter()
-            .filter(|s| s.name == name)
-            .collect()
-    }
-}
-
-fn attribute(span: &SpanData, key: &str) -> Option<String> {
-    span.attributes
-        .iter()
-        .find(|kv| kv.key.as_str() == key)
-        .map(|kv| kv.value.to_string())
-}
-
-fn order(name: &str) -> TracedOrder {
-    TracedOrder {
-        name: name.into(),
-        customer: "ada".into(),
-    }
-}
-
-/// Enqueues `orders` inside a request span, in one business transaction; returns the
-/// request span's trace and span ids.
-async fn enqueue_in_a_request(
-    pool: &sqlx::PgPool,
-    exported: &Exported,
-    orders: &[TracedOrder],
-) -> TestResult<(TraceId, SpanId)> {
-    let request = tracing::info_span!("POST /orders", otel.kind = "server");
-    async {
-        let mut tx = pool.begin().await?;
-        for order in orders {
-            order.enqueue(&mut *tx).await?;
-        }
-        tx.commit().await?;
-        TestResult::Ok(())
-    }
-    .instrument(request)
-    .await?;
-    let request = exported
-        .named("POST /orders")
-        .pop()
-        .ok_or("no request span")?;
-    Ok((
-        request.span_context.trace_id(),
-        request.span_context.span_id(),
-    ))
-}
 
 /// The `trace_parent` of the table's one row.
 async fn stored_trace_parent(pool: &sqlx::PgPool) -> sqlx::Result<Option<String>> {
@@ -128,7 +48,7 @@ async fn the_relays_send_is_a_producer_span_in_the_trace_that_enqueued_the_event
     let exported = Exported::install();
     let db = schema_from_zero(&[TracedOrder::migrations()]).await?;
     let pool = db.pool();
-    let (trace_id, request) = enqueue_in_a_request(pool, &exported, &[order("o-1")]).await?;
+    let (trace_id, request) = exported.enqueue_in_a_request(pool, &[order("o-1")]).await?;
     let stored = stored_trace_parent(pool).await?;
     let stored = stored.ok_or("no trace context stored")?;
     assert!(
@@ -191,8 +111,9 @@ async fn a_retry_and_a_reclaim_are_new_send_spans_of_the_same_trace() -> TestRes
     let exported = Exported::install();
     let db = schema_from_zero(&[TracedOrder::migrations()]).await?;
     let pool = db.pool();
-    let (trace_id, request) =
-        enqueue_in_a_request(pool, &exported, &[order("reclaimed"), order("retried")]).await?;
+    let (trace_id, request) = exported
+        .enqueue_in_a_request(pool, &[order("reclaimed"), order("retried")])
+        .await?;
 
     // "reclaimed": claimed by a publisher that dies holding it (its 1 s lease ends).
     let abandoned = TracedOrder::claim(pool).await?.ok_or("the first order")?;
@@ -275,10 +196,11 @@ async fn no_trace_or_a_malformed_one_is_left_out_and_never_fails() -> TestResult
 }
 
 #[tokio::test]
-async fn through_nats_the_consumer_span_continues_the_relays_send() -> TestResult {
+async fn through_nats_one_trace_from_the_request_to_the_consumers_inbox() -> TestResult {
     let exported = Exported::install();
     let db = schema_from_zero(&[TracedOrder::migrations()]).await?;
     let pool = db.pool();
+    inbox::migrate(pool).await?;
     let url = std::env::var("OUTBOX_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let js = jetstream::new(async_nats::connect(&url).await?);
     let (name, subject) = (
@@ -301,10 +223,12 @@ async fn through_nats_the_consumer_span_continues_the_relays_send() -> TestResul
             ..Default::default()
         })
         .await?;
-    let (trace_id, _) = enqueue_in_a_request(pool, &exported, &[order("o-nats")]).await?;
+    let request = exported
+        .enqueue_in_a_request(pool, &[order("o-nats")])
+        .await?;
     let relay = start(Relay::<TracedOrder, _>::new(
         pool.clone(),
-        JetStreamSink::new(js.clone(), subject),
+        JetStreamSink::new(js.clone(), subject.clone()),
     ));
     wait_until("SENT", Duration::from_secs(10), async || {
         outbox::stats::<TracedOrder>(pool).await.unwrap().sent == 1
@@ -312,7 +236,7 @@ async fn through_nats_the_consumer_span_continues_the_relays_send() -> TestResul
     .await;
     relay.stop().await?;
 
-    // The consumer: the message's headers, as any OpenTelemetry consumer reads them.
+    // The consumer: the effect and its inbox row in one transaction, in the inbox's span.
     let consumer = stream
         .create_consumer(consumer::pull::Config::default())
         .await?;
@@ -322,30 +246,28 @@ async fn through_nats_the_consumer_span_continues_the_relays_send() -> TestResul
         .await
         .ok_or("no message")?
         .map_err(|e| e.to_string())?;
-    let trace = outbox::nats::trace(&message).ok_or("no trace context in the message")?;
-    let span = outbox::trace::consumer_span("traced", "o-nats", Some(&trace));
-    async {}.instrument(span).await;
+    let inbox = Inbox::new("billing");
+    async {
+        let mut tx = pool.begin().await?;
+        let event_id = message.event_id().ok_or("no event id")?;
+        assert!(inbox.receive(&mut tx, event_id).await?.is_new());
+        tx.commit().await?;
+        message.ack().await.map_err(|e| e.to_string())?;
+        TestResult::Ok(())
+    }
+    .instrument(inbox.span(&*message))
+    .await?;
 
+    exported.assert_one_trace(request, &subject, "billing")?;
     let [send] = exported
         .named("send traced_order_events")
         .try_into()
         .map_err(|_| "one send")?;
-    let [process] = exported
-        .named("process traced")
-        .try_into()
-        .map_err(|_| "one process")?;
     assert_eq!(
-        trace.traceparent(),
-        format!("00-{trace_id}-{}-01", send.span_context.span_id()),
+        message.trace().ok_or("no trace context")?.traceparent(),
+        format!("00-{}-{}-01", request.0, send.span_context.span_id()),
         "the message carries the send span's context"
     );
-    assert_eq!(
-        process.span_context.trace_id(),
-        trace_id,
-        "one trace to the consumer"
-    );
-    assert_eq!(process.parent_span_id, send.span_context.span_id());
-    assert_eq!(process.span_kind, SpanKind::Consumer);
     cleanup.run().await?;
     db.drop_schema().await?;
     Ok(())

@@ -16,6 +16,7 @@ use crate::id::EventId;
 use crate::interval;
 use crate::schema::migrate::{MigrationReport, migrate_target};
 use crate::schema::runner::own_runner;
+use crate::trace::TraceContext;
 
 /// The inbox table: one for every consumer of the schema, keyed by `(consumer,
 /// event_id)`.
@@ -45,6 +46,24 @@ const PRUNE: &str = "DELETE FROM outbox_inbox WHERE consumer = $1 AND event_id I
     SELECT event_id FROM outbox_inbox
     WHERE consumer = $1 AND received_at < statement_timestamp() - $2::interval
     LIMIT $3)";
+
+/// A message as a consumer received it from a broker: what the inbox reads from it.
+///
+/// Implemented for each broker sink's messages (`async_nats::Message`, lapin's
+/// `Delivery`, rdkafka's `BorrowedMessage` and `OwnedMessage`, with their features);
+/// implement it for the messages of a broker of your own.
+pub trait Consumed {
+    /// The event id it carries (the [`Outbox-Event-Id`](crate::message::header::EVENT_ID)
+    /// header): what the inbox deduplicates on.
+    fn event_id(&self) -> Option<&str>;
+
+    /// Where it was received from: its subject, topic, or exchange.
+    fn destination(&self) -> &str;
+
+    /// The trace context it carries (its `traceparent` and `tracestate` headers), if a
+    /// valid one.
+    fn trace(&self) -> Option<TraceContext>;
+}
 
 /// Whether [`Inbox::receive`] saw an event for the first time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +131,45 @@ impl Inbox {
         &self.consumer
     }
 
+    /// The span of this consumer's handling of `message` (feature `otel`):
+    /// `process <destination>`, span kind consumer, with OpenTelemetry's messaging
+    /// attributes (the event id, this consumer as `messaging.consumer.group.name`), a
+    /// child of the trace the message carries: the trace that enqueued the event,
+    /// through the relay's `send` span, reaches the effect. [`receive`](Self::receive)
+    /// records in it whether the event was a duplicate (`outbox.duplicate`).
+    ///
+    /// Handle the message inside it: the effect's transaction, `receive`, the commit,
+    /// and the acknowledgement to the broker.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "nats")]
+    /// # async fn handle(pool: &sqlx::PgPool, message: &async_nats::jetstream::Message) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// use outbox_runtime::inbox::{Consumed as _, Inbox};
+    /// use tracing::Instrument as _;
+    ///
+    /// let inbox = Inbox::new("billing");
+    /// async {
+    ///     let mut tx = pool.begin().await?;
+    ///     if inbox.receive(&mut tx, message.event_id().unwrap_or_default()).await?.is_new() {
+    ///         // The effect, in `tx`.
+    ///     }
+    ///     tx.commit().await?;
+    ///     message.ack().await
+    /// }
+    /// .instrument(inbox.span(&**message))
+    /// .await
+    /// # }
+    /// ```
+    #[cfg(feature = "otel")]
+    pub fn span(&self, message: &impl Consumed) -> tracing::Span {
+        crate::trace::otel::consumer_span(
+            message.destination(),
+            message.event_id().unwrap_or_default(),
+            Some(&self.consumer),
+            message.trace().as_ref(),
+        )
+    }
+
     /// Records `event_id` for this consumer, in the caller's transaction: returns
     /// [`Received::New`] the first time and [`Received::Duplicate`] once a transaction
     /// that recorded it has committed. One `INSERT .. ON CONFLICT DO NOTHING`.
@@ -148,11 +206,14 @@ impl Inbox {
             .execute(&mut **tx)
             .await
             .on_table(TABLE)?;
-        Ok(if done.rows_affected() == 1 {
+        let received = if done.rows_affected() == 1 {
             Received::New
         } else {
             Received::Duplicate
-        })
+        };
+        // In the consumer's span (`span`), if that is the current one.
+        tracing::Span::current().record("outbox.duplicate", received == Received::Duplicate);
+        Ok(received)
     }
 
     /// Deletes up to `batch` of this consumer's rows received more than `older_than`

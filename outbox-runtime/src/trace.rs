@@ -12,8 +12,8 @@
 //!   attributes), a child of the enqueuing span: one trace from the request, through
 //!   each attempt of the relay (a retry or a reclaim after a crash is a new span of the
 //!   same trace, with its attempt and generation), to the consumer, whose span
-//!   (`consumer_span`, with the feature; each broker module's `trace` reads the
-//!   message's context) continues it;
+//!   continues it (`Inbox::span` with the feature, or
+//!   `consumer_span` from the context each broker module's `trace` reads);
 //! - without it, the stored context as it is, so a consumer's span is a child of the
 //!   enqueuing one.
 //!
@@ -131,7 +131,7 @@ pub fn consumer_span(
     event_id: &str,
     trace: Option<&TraceContext>,
 ) -> tracing::Span {
-    otel::consumer_span(destination, event_id, trace)
+    otel::consumer_span(destination, event_id, None, trace)
 }
 
 /// The relay's spans for publishing `deliveries` (feature `otel`, a traced type): one per
@@ -276,10 +276,12 @@ pub(crate) mod otel {
         span
     }
 
-    /// See [`super::consumer_span`].
-    pub(super) fn consumer_span(
+    /// See [`super::consumer_span`]; `consumer`, an inbox's consumer name, as the
+    /// consumer group.
+    pub(crate) fn consumer_span(
         destination: &str,
         event_id: &str,
+        consumer: Option<&str>,
         trace: Option<&TraceContext>,
     ) -> tracing::Span {
         let span = tracing::info_span!(
@@ -292,6 +294,8 @@ pub(crate) mod otel {
             messaging.operation.name = "process",
             messaging.destination.name = destination,
             messaging.message.id = event_id,
+            messaging.consumer.group.name = consumer,
+            outbox.duplicate = tracing::field::Empty,
         );
         set_parent(&span, trace);
         span

@@ -43,11 +43,15 @@ pub fn child_param(name: &str) -> String {
     child::param(name).unwrap_or_else(|| panic!("no {name} given"))
 }
 
-/// The body of a redelivery test's child process: a relay of [`ChaosEvent`] on the
-/// test's schema (the parameter `URL`), publishing through the sink `sink` makes, which
-/// SIGKILLs the process once the broker acknowledged a batch. Says `FAILED` under `mark`
-/// if the relay returns instead.
-pub fn relay_until_killed<S: Sink<ChaosEvent>>(mark: &str, sink: impl AsyncFnOnce() -> S) {
+/// The body of a redelivery test's child process: a relay of `T` ([`ChaosEvent`],
+/// [`TracedOrder`]) on the test's schema (the parameter `URL`), publishing through the
+/// sink `sink` makes, which SIGKILLs the process once the broker acknowledged a batch.
+/// Says `FAILED` under `mark` if the relay returns instead.
+pub fn relay_until_killed<T, S>(mark: &str, sink: impl AsyncFnOnce() -> S)
+where
+    T: outbox::Outbox + Send + Sync + 'static,
+    S: Sink<T>,
+{
     let url = child_param("URL");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -59,7 +63,7 @@ pub fn relay_until_killed<S: Sink<ChaosEvent>>(mark: &str, sink: impl AsyncFnOnc
             .connect(&url)
             .await
             .expect("the test's schema");
-        let result = Relay::<ChaosEvent, _>::new(pool, sink().await)
+        let result = Relay::<T, _>::new(pool, sink().await)
             .run(CancellationToken::new())
             .await;
         child::say(&format!("{mark} FAILED the relay returned: {result:?}"));
@@ -394,13 +398,13 @@ pub async fn ride_out_an_outage(
 
 /// The first relay of a broker-level redelivery test: the child reported on its protocol
 /// line (marked `mark`) that the broker took the batch (`verb`, then one word per
-/// event), and died by SIGKILL before recording anything. Checks both, and that every
-/// one of `events` is still `INPROGRESS` under its first claim; returns the words.
-pub async fn killed_after_the_broker_took(
+/// event), and died by SIGKILL before recording anything. Checks both, and that each of
+/// `event_ids` (of `T`) is still `INPROGRESS` under its first claim; returns the words.
+pub async fn killed_after_the_broker_took<T: outbox::Outbox>(
     first: &mut super::child::Child,
     (mark, verb): (&'static str, &str),
     pool: &PgPool,
-    events: &[ChaosEvent],
+    event_ids: &[&str],
 ) -> TestResult<Vec<String>> {
     use std::os::unix::process::ExitStatusExt as _;
     let line = super::child::handshake(first.stderr()?, mark, Duration::from_mins(1)).await?;
@@ -412,17 +416,21 @@ pub async fn killed_after_the_broker_took(
         Some(9),
         "the first relay died by SIGKILL: {status:?}"
     );
-    assert_eq!(words.len() - 2, events.len(), "{line}");
-    for event in events {
-        let row = row_of::<ChaosEvent>(pool, event.key.as_str()).await;
+    assert_eq!(words.len() - 2, event_ids.len(), "{line}");
+    for event_id in event_ids {
+        let row = row_of::<T>(pool, *event_id).await;
         assert_eq!(
             (row.status.as_str(), row.generation, row.attempts),
             ("INPROGRESS", 1, 1),
-            "taken by the broker ({verb}), not recorded: {}",
-            event.key
+            "taken by the broker ({verb}), not recorded: {event_id}"
         );
     }
     Ok(words[2..].iter().map(|word| (*word).to_owned()).collect())
+}
+
+/// The event ids of `events`.
+pub fn keys(events: &[ChaosEvent]) -> Vec<&str> {
+    events.iter().map(|event| event.key.as_str()).collect()
 }
 
 /// `event_id:generation`, as a redelivery child reports each event.

@@ -28,7 +28,9 @@ fn paused_relay_child() {
     if !outbox_testkit::child::requested(PAUSED) {
         return;
     }
-    outbox_testkit::broker::relay_until_killed(PAUSED, async || MemorySink::<ChaosEvent>::new());
+    outbox_testkit::broker::relay_until_killed::<ChaosEvent, _>(PAUSED, async || {
+        MemorySink::<ChaosEvent>::new()
+    });
 }
 
 /// A relay paused (SIGSTOP) between its claim statement and its commit holds the rows

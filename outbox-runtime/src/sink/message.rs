@@ -141,13 +141,16 @@ impl CloudEvents {
         self.structured
     }
 
-    /// The attributes of an event of `table`, beside `data` and `datacontenttype`.
+    /// The attributes of an event of `table`, beside `data` and `datacontenttype`: the
+    /// trace context, where it has one, as the distributed-tracing extension's
+    /// `traceparent` and `tracestate` (the same as the message's own trace headers).
     pub(crate) fn attributes(
         &self,
         table: &str,
         event_id: &str,
         created_at: std::time::SystemTime,
         key: Option<&str>,
+        trace: Option<&crate::trace::TraceContext>,
     ) -> Attributes {
         let mut attributes = vec![
             ("specversion", "1.0".to_owned()),
@@ -167,13 +170,19 @@ impl CloudEvents {
         if let Some(key) = key {
             attributes.push(("subject", key.to_owned()));
         }
+        if let Some(trace) = trace {
+            attributes.push(("traceparent", trace.traceparent().to_owned()));
+            if let Some(state) = trace.tracestate() {
+                attributes.push(("tracestate", state.to_owned()));
+            }
+        }
         attributes
     }
 }
 
 /// The CloudEvent in the JSON event format: `attributes`, `datacontenttype` when there
-/// is one, and `data`: the body itself where its media type is JSON and it parses as
-/// JSON, else `data_base64`.
+/// is one, and `data`: the body itself, as it is, where its media type is JSON and it is
+/// valid JSON, else `data_base64`.
 #[cfg(any_broker)]
 pub(crate) fn structured(
     attributes: &Attributes,
@@ -181,26 +190,34 @@ pub(crate) fn structured(
     body: &[u8],
 ) -> Vec<u8> {
     use base64::Engine as _;
+    use serde_json::value::RawValue;
 
-    let mut envelope = serde_json::Map::new();
-    for (name, value) in attributes {
-        envelope.insert((*name).to_owned(), serde_json::Value::String(value.clone()));
+    #[derive(serde::Serialize)]
+    struct Envelope<'a> {
+        #[serde(flatten)]
+        attributes: std::collections::BTreeMap<&'a str, &'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        datacontenttype: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        data: Option<&'a RawValue>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        data_base64: Option<String>,
     }
-    if let Some(content_type) = content_type {
-        envelope.insert(
-            "datacontenttype".to_owned(),
-            serde_json::Value::String(content_type.to_owned()),
-        );
-    }
+
+    // Checked, not parsed into a tree: the body is spliced in as it is.
     let data = content_type
         .filter(|media| is_json(media))
-        .and_then(|_| serde_json::from_slice::<serde_json::Value>(body).ok());
-    match data {
-        Some(data) => envelope.insert("data".to_owned(), data),
-        None => envelope.insert(
-            "data_base64".to_owned(),
-            serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(body)),
-        ),
+        .and_then(|_| serde_json::from_slice::<&RawValue>(body).ok());
+    let envelope = Envelope {
+        attributes: attributes
+            .iter()
+            .map(|(name, value)| (*name, value.as_str()))
+            .collect(),
+        datacontenttype: content_type,
+        data,
+        data_base64: data
+            .is_none()
+            .then(|| base64::engine::general_purpose::STANDARD.encode(body)),
     };
     serde_json::to_vec(&envelope).unwrap_or_default()
 }
@@ -262,7 +279,8 @@ mod tests {
 
     #[test]
     fn the_attributes_default_to_the_table_and_name_the_key_as_subject() {
-        let unkeyed = CloudEvents::binary().attributes("order_events", "A234", spec_time(), None);
+        let unkeyed =
+            CloudEvents::binary().attributes("order_events", "A234", spec_time(), None, None);
         assert_eq!(
             unkeyed,
             [
@@ -276,10 +294,36 @@ mod tests {
         let keyed = CloudEvents::binary()
             .source("/mycontext")
             .event_type("com.example.someevent")
-            .attributes("order_events", "A234", spec_time(), Some("order-7"));
+            .attributes("order_events", "A234", spec_time(), Some("order-7"), None);
         assert_eq!(keyed[2], ("source", "/mycontext".to_owned()));
         assert_eq!(keyed[3], ("type", "com.example.someevent".to_owned()));
         assert_eq!(keyed.last(), Some(&("subject", "order-7".to_owned())));
+    }
+
+    /// The distributed-tracing extension: the same context as the message's own headers.
+    #[test]
+    fn a_traced_event_carries_the_distributed_tracing_extension() {
+        let trace = crate::trace::TraceContext::parse(
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            Some("congo=t61rcWkgMzE"),
+        );
+        let attributes = CloudEvents::binary().attributes(
+            "order_events",
+            "A234",
+            spec_time(),
+            None,
+            trace.as_ref(),
+        );
+        assert_eq!(
+            attributes[attributes.len() - 2..],
+            [
+                (
+                    "traceparent",
+                    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned()
+                ),
+                ("tracestate", "congo=t61rcWkgMzE".to_owned()),
+            ]
+        );
     }
 
     /// The JSON event format's examples: JSON data as `data`, other data as
@@ -289,7 +333,7 @@ mod tests {
         let attributes = CloudEvents::structured()
             .source("/mycontext")
             .event_type("com.example.someevent")
-            .attributes("t", "C234-1234-1234", spec_time(), None);
+            .attributes("t", "C234-1234-1234", spec_time(), None, None);
         let body = br#"{"appinfoA":"abc","appinfoB":123,"appinfoC":true}"#;
         let json: serde_json::Value =
             serde_json::from_slice(&structured(&attributes, Some("application/json"), body))
@@ -330,7 +374,7 @@ mod tests {
         assert!(!is_json("application/xml"));
         assert!(!is_json("text/plain"));
         // JSON that does not parse is sent as it is, in base64.
-        let attributes = CloudEvents::structured().attributes("t", "1", spec_time(), None);
+        let attributes = CloudEvents::structured().attributes("t", "1", spec_time(), None, None);
         let json: serde_json::Value =
             serde_json::from_slice(&structured(&attributes, Some("application/json"), b"{"))
                 .unwrap();

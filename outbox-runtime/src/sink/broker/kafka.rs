@@ -830,6 +830,30 @@ pub fn trace<M: rdkafka::Message>(message: &M) -> Option<TraceContext> {
     )
 }
 
+/// A record's [`Consumed`](crate::inbox::Consumed), for each of rdkafka's message types.
+macro_rules! consumed {
+    ($($message:ty),*) => {$(
+        impl crate::inbox::Consumed for $message {
+            fn event_id(&self) -> Option<&str> {
+                event_id(self)
+            }
+
+            fn destination(&self) -> &str {
+                rdkafka::Message::topic(self)
+            }
+
+            fn trace(&self) -> Option<TraceContext> {
+                trace(self)
+            }
+        }
+    )*};
+}
+
+consumed!(
+    rdkafka::message::BorrowedMessage<'_>,
+    rdkafka::message::OwnedMessage
+);
+
 fn header_value<'m, M: rdkafka::Message>(message: &'m M, name: &str) -> Option<&'m str> {
     message
         .headers()?

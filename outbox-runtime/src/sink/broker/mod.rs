@@ -119,6 +119,7 @@ impl<T: Outbox, E: Encoding<T>> Outgoing<T, E> {
                 delivery.event_id().as_str(),
                 delivery.created_at(),
                 delivery.key(),
+                delivery.trace(),
             );
             if cloud_events.is_structured() {
                 message.body = message::structured(&attributes, content_type, &message.body);

@@ -485,6 +485,20 @@ pub fn trace(message: &async_nats::Message) -> Option<TraceContext> {
     )
 }
 
+impl crate::inbox::Consumed for async_nats::Message {
+    fn event_id(&self) -> Option<&str> {
+        event_id(self)
+    }
+
+    fn destination(&self) -> &str {
+        self.subject.as_str()
+    }
+
+    fn trace(&self) -> Option<TraceContext> {
+        trace(self)
+    }
+}
+
 fn header_value<'m>(message: &'m async_nats::Message, name: &str) -> Option<&'m str> {
     message
         .headers

@@ -644,6 +644,25 @@ pub fn trace(delivery: &lapin::message::Delivery) -> Option<TraceContext> {
     )
 }
 
+impl crate::inbox::Consumed for lapin::message::Delivery {
+    fn event_id(&self) -> Option<&str> {
+        event_id(self)
+    }
+
+    /// The exchange (`amq.default` for the default one), as OpenTelemetry's messaging
+    /// conventions name a RabbitMQ destination.
+    fn destination(&self) -> &str {
+        match self.exchange.as_str() {
+            "" => "amq.default",
+            exchange => exchange,
+        }
+    }
+
+    fn trace(&self) -> Option<TraceContext> {
+        trace(self)
+    }
+}
+
 fn header_value<'d>(delivery: &'d lapin::message::Delivery, name: &str) -> Option<&'d str> {
     delivery
         .properties
