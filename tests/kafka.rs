@@ -624,10 +624,10 @@ async fn kafka_traced_one_trace_from_the_request_to_the_consumers_inbox() -> Tes
     // Within the traced type's 1 s lease, as the sink requires.
     let mut config = producer_config(&tansu.bootstrap());
     config.set("message.timeout.ms", "500");
-    let relay = start(Relay::<TracedOrder, _>::new(
-        pool.clone(),
-        KafkaSink::new(&config, topic.clone())?,
-    ));
+    let relay = start(
+        Relay::<TracedOrder, _>::new(pool.clone(), KafkaSink::new(&config, topic.clone())?)
+            .tracer_provider(exported.provider()),
+    );
     wait_until("SENT", Duration::from_secs(30), async || {
         outbox::stats::<TracedOrder>(pool).await.unwrap().sent == 1
     })

@@ -655,7 +655,8 @@ async fn traced_one_trace_to_the_inbox_across_a_killed_relay_and_its_redelivery(
     .await?;
     let second = start(
         Relay::<TracedOrder, _>::new(pool.clone(), topology.sink(&connection).await?)
-            .poll_interval(Duration::from_millis(50)),
+            .poll_interval(Duration::from_millis(50))
+            .tracer_provider(exported.provider()),
     );
     wait_until(
         "the second relay sent it",

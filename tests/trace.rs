@@ -31,10 +31,13 @@ async fn stored_trace_parent(pool: &sqlx::PgPool) -> sqlx::Result<Option<String>
         .await
 }
 
-/// Runs a relay until it has published the table's one order.
-async fn publish_the_one_order(pool: &sqlx::PgPool) -> TestResult {
+/// Runs a relay, its spans exported, until it has published the table's one order.
+async fn publish_the_one_order(pool: &sqlx::PgPool, exported: &Exported) -> TestResult {
     let sink = MemorySink::new();
-    let relay = start(Relay::<TracedOrder, _>::new(pool.clone(), sink.clone()));
+    let relay = start(
+        Relay::<TracedOrder, _>::new(pool.clone(), sink.clone())
+            .tracer_provider(exported.provider()),
+    );
     wait_until("published", Duration::from_secs(10), async || {
         sink.published().len() == 1
     })
@@ -56,7 +59,7 @@ async fn the_relays_send_is_a_producer_span_in_the_trace_that_enqueued_the_event
         "the request's context, in the same INSERT: {stored}"
     );
 
-    publish_the_one_order(pool).await?;
+    publish_the_one_order(pool, &exported).await?;
 
     let sends = exported.named("send traced_order_events");
     let [send] = sends.as_slice() else {
@@ -120,10 +123,10 @@ async fn a_retry_and_a_reclaim_are_new_send_spans_of_the_same_trace() -> TestRes
     assert_eq!(abandoned.event().name, "reclaimed");
     drop(abandoned);
 
-    let relay = start(Relay::<TracedOrder, _>::new(
-        pool.clone(),
-        FailsOnce::default(),
-    ));
+    let relay = start(
+        Relay::<TracedOrder, _>::new(pool.clone(), FailsOnce::default())
+            .tracer_provider(exported.provider()),
+    );
     wait_until("both SENT", Duration::from_secs(20), async || {
         outbox::stats::<TracedOrder>(pool).await.unwrap().sent == 2
     })
@@ -170,7 +173,7 @@ async fn no_trace_or_a_malformed_one_is_left_out_and_never_fails() -> TestResult
     sqlx::query("UPDATE traced_order_events SET trace_parent = '00-not-a-trace-01'")
         .execute(pool)
         .await?;
-    publish_the_one_order(pool).await?;
+    publish_the_one_order(pool, &exported).await?;
     let sends = exported.named("send traced_order_events");
     assert_eq!(sends.len(), 1);
     let [batch] = exported
@@ -226,10 +229,13 @@ async fn through_nats_one_trace_from_the_request_to_the_consumers_inbox() -> Tes
     let request = exported
         .enqueue_in_a_request(pool, &[order("o-nats")])
         .await?;
-    let relay = start(Relay::<TracedOrder, _>::new(
-        pool.clone(),
-        JetStreamSink::new(js.clone(), subject.clone()),
-    ));
+    let relay = start(
+        Relay::<TracedOrder, _>::new(
+            pool.clone(),
+            JetStreamSink::new(js.clone(), subject.clone()),
+        )
+        .tracer_provider(exported.provider()),
+    );
     wait_until("SENT", Duration::from_secs(10), async || {
         outbox::stats::<TracedOrder>(pool).await.unwrap().sent == 1
     })

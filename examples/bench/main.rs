@@ -25,6 +25,7 @@ mod cpu;
 mod ordering;
 mod pinned;
 mod sinks;
+mod trace;
 mod wakeups;
 
 use std::cell::{Cell, RefCell};
@@ -146,6 +147,9 @@ enum Section {
     /// Only with --only: the relay through each broker sink vs the broker client's own
     /// loop, and enqueue → consumer latency (needs the features nats, rabbitmq, kafka).
     Sinks,
+    /// Only with --only: #[outbox(traced)] vs untraced, OpenTelemetry on (needs the
+    /// feature otel; installs the process's global subscriber).
+    Trace,
     Memory,
     Peers,
 }
@@ -158,9 +162,14 @@ impl Args {
         match (&self.only, section) {
             (Some(only), _) => only.contains(&section),
             (None, Section::Endurance) => self.endurance,
-            (None, Section::Pinned | Section::Wakeups | Section::Ordering | Section::Sinks) => {
-                false
-            }
+            (
+                None,
+                Section::Pinned
+                | Section::Wakeups
+                | Section::Ordering
+                | Section::Sinks
+                | Section::Trace,
+            ) => false,
             (None, _) => true,
         }
     }
@@ -318,8 +327,17 @@ impl Bench {
         batch: u32,
         workers: usize,
     ) -> Result<(f64, Option<f64>)> {
-        let n = events.len();
         self.fill_with(events).await?;
+        self.drain_filled::<T>(events.len(), batch, workers).await
+    }
+
+    /// [`drain_relay_cpu`](Self::drain_relay_cpu) of the `n` events its table holds.
+    async fn drain_filled<T: Outbox>(
+        &self,
+        n: usize,
+        batch: u32,
+        workers: usize,
+    ) -> Result<(f64, Option<f64>)> {
         let postmaster = self.postmaster().await;
         let pool = self.pool(workers + 1).await?;
         let stop = CancellationToken::new();
@@ -1184,6 +1202,7 @@ async fn main() -> Result {
         &[
             BenchEvent::migrations(),
             BenchDeletedEvent::migrations(),
+            outbox_testkit::app::BenchTracedEvent::migrations(),
             outbox_testkit::app::BenchOrderedEvent::migrations(),
             outbox_testkit::app::BenchKeyedEvent::migrations(),
         ],
@@ -1246,6 +1265,9 @@ async fn run(
     }
     if args.selects(Section::Sinks) {
         bench.sinks(args).await?;
+    }
+    if args.selects(Section::Trace) {
+        bench.trace(args).await?;
     }
     if args.selects(Section::Memory) {
         bench.memory(args).await?;

@@ -1,5 +1,6 @@
-//! The `sinks` section: the relay publishing through each broker sink against the broker
-//! client's own publish loop, and the latency from an enqueue to a consumer's effect.
+//! The `sinks` section: the relay publishing through each broker sink against a
+//! hand-written outbox publisher on the same table and broker, and the latency from an
+//! enqueue to a consumer's effect.
 //!
 //! ```text
 //! cargo run --release --features nats,rabbitmq,kafka --example bench -- --only sinks
@@ -11,12 +12,16 @@
 //!
 //! - the relay drains a backlog of `--sink-events` events through the sink, until every
 //!   outcome is recorded;
-//! - the raw producer publishes the same events, encoded the same way (the same JSON
-//!   body, the sink's headers, the same message id or key), with the same
-//!   acknowledgements, pipelined per batch of 100 as the sink does, by as many tasks as
-//!   the relay has workers, on one client as the relay's workers share one sink: what a
-//!   hand-written producer reaches with that client. It reads nothing from PostgreSQL,
-//!   so the ratio is what the outbox costs on top of publishing.
+//! - the hand-written publisher, what a user writes instead of the outbox, drains the
+//!   same backlog: section 1's floor claim of 100 (`FOR UPDATE SKIP LOCKED`, READY rows
+//!   only), the broker client's own publish of the batch, encoded the same way (the
+//!   same JSON body, the sink's headers, the same message id or key) with the same
+//!   acknowledgements, pipelined per batch as the sink does, then the floor's unguarded
+//!   completion to `SENT`; by as many tasks as the relay has workers, on one client as
+//!   the relay's workers share one sink. The ratio relay / hand-written is what the
+//!   outbox's guarantees (leases, generations, attempts, recorded outcomes) cost;
+//! - the raw producer publishes the same messages from memory, reading nothing from
+//!   PostgreSQL: the broker client's ceiling on these two cores.
 //!
 //! The acknowledgements: JetStream publish with `Nats-Msg-Id`, each `PubAck` awaited
 //! (a file-storage stream); RabbitMQ publisher confirms, persistent messages, `mandatory`,
@@ -60,7 +65,7 @@ impl Bench {
         allow(clippy::unused_async)
     )]
     pub(super) async fn sinks(&self, args: &Args) -> Result {
-        self.heading("Broker sinks: the relay vs the broker client's own publish loop");
+        self.heading("Broker sinks: the relay vs a hand-written outbox publisher");
         let missing: Vec<&str> = BROKERS
             .iter()
             .filter(|(_, _, built)| !built)
@@ -74,27 +79,28 @@ impl Bench {
             );
         }
         self.line(&format!(
-            "Batch 100; {} events per run, drained by the relay (every outcome recorded) and \
-             published by the broker client's own loop: the same encoded messages and \
-             headers, the same acknowledgements, pipelined per batch of 100 by as many \
-             tasks as the relay has workers, on one client. Median of {} runs, alternating \
-             which goes first. \
-             The no-op column is the same relay with a sink that publishes nowhere \
-             (section 1's drain), in the same run: the database's share of the work. \
-             The sink alone: the events over the time each worker spent in the sink's \
-             publish during the relay's drain, the relay's other work left out.\n",
+            "Batch 100; {} events per run, drained from the same table by the relay (every \
+             outcome recorded) and by a hand-written publisher: section 1's floor claim of \
+             100 (`FOR UPDATE SKIP LOCKED`), the broker client's own publish of the batch \
+             (the same encoded messages and headers, the same acknowledgements, pipelined), \
+             the floor's completion to `SENT`; as many tasks as the relay has workers, on \
+             one client. Median of {} runs, alternating which goes first. \
+             The raw producer publishes the same messages from memory, no database: the \
+             broker's own ceiling. The sink alone: the events over the time each worker \
+             spent in the sink's publish during the relay's drain. The no-op column is the \
+             relay with a sink that publishes nowhere (section 1's drain).\n",
             args.sink_events, args.runs
         ));
         self.line(
-            "| broker | concurrency | relay events/s | raw producer events/s | relay / raw | the sink alone events/s | relay, no-op sink events/s |",
+            "| broker | concurrency | relay events/s | hand-written events/s | relay / hand-written | raw producer events/s | the sink alone events/s | relay, no-op sink events/s |",
         );
-        self.line("|---|---|---|---|---|---|---|");
+        self.line("|---|---|---|---|---|---|---|---|");
         #[allow(unused_mut)]
         let mut latencies: Vec<String> = Vec::new();
         for (name, feature, built) in BROKERS {
             if !built {
                 self.line(&format!(
-                    "| {name} | – | not built (feature `{feature}`) | | | | |"
+                    "| {name} | – | not built (feature `{feature}`) | | | | | |"
                 ));
             }
             #[cfg(feature = "nats")]
@@ -139,31 +145,33 @@ impl Bench {
         let n = args.sink_events;
         let events: Vec<super::BenchEvent> = (0..n).map(payload).collect();
         for workers in [1, 4] {
-            let (mut relay, mut raw, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-            let (mut noop, mut alone) = (Vec::new(), Vec::new());
+            let (mut relay, mut pipeline, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut raw, mut noop, mut alone) = (Vec::new(), Vec::new(), Vec::new());
             for run in 0..args.runs {
-                let ((r, a), w) = if run % 2 == 0 {
+                let ((r, a), p) = if run % 2 == 0 {
                     let r = self.relay_through(broker, &events, workers).await?;
-                    (r, raw_through(broker, &events, workers).await?)
+                    (r, self.pipeline_through(broker, &events, workers).await?)
                 } else {
-                    let w = raw_through(broker, &events, workers).await?;
-                    (self.relay_through(broker, &events, workers).await?, w)
+                    let p = self.pipeline_through(broker, &events, workers).await?;
+                    (self.relay_through(broker, &events, workers).await?, p)
                 };
                 alone.push(a);
+                raw.push(raw_through(broker, &events, workers).await?);
                 noop.push(self.drain_relay(&events, 100, workers).await?);
                 relay.push(r);
-                raw.push(w);
-                ratios.push(r / w);
+                pipeline.push(p);
+                ratios.push(r / p);
             }
             let ratio = Figure::of(ratios);
             self.line(&format!(
-                "| {} | {workers} | {} | {} | **{:.2}** ({:.2}–{:.2}) | {} | {} |",
+                "| {} | {workers} | {} | {} | **{:.2}** ({:.2}–{:.2}) | {} | {} | {} |",
                 B::NAME,
                 Figure::of(relay).show(""),
-                Figure::of(raw).show(""),
+                Figure::of(pipeline).show(""),
                 ratio.median,
                 ratio.min,
                 ratio.max,
+                Figure::of(raw).show(""),
                 Figure::of(alone).show(""),
                 Figure::of(noop).show(""),
             ));
@@ -172,18 +180,69 @@ impl Bench {
     }
 }
 
+/// Events/s of the broker client's own loop publishing `events` from memory: no
+/// database.
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 async fn raw_through<B: Broker>(
     broker: &B,
     events: &[super::BenchEvent],
     workers: usize,
 ) -> Result<f64> {
+    let messages = std::sync::Arc::new(with_brokers::RawMessage::all(events));
+    publish_through(
+        broker,
+        with_brokers::Source::Memory(messages),
+        events.len(),
+        workers,
+    )
+    .await
+}
+
+/// Events/s of `source` published through `broker`'s client by its own loop.
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+async fn publish_through<B: Broker>(
+    broker: &B,
+    source: with_brokers::Source,
+    n: usize,
+    workers: usize,
+) -> Result<f64> {
     let tag = with_brokers::tag();
     broker.create(&tag).await?;
-    let messages = std::sync::Arc::new(with_brokers::RawMessage::all(events));
-    let elapsed = broker.raw(&tag, messages, workers).await;
+    let elapsed = broker.raw(&tag, source, workers).await;
     broker.delete(&tag).await?;
-    Ok(events.len() as f64 / elapsed?.as_secs_f64())
+    Ok(n as f64 / elapsed?.as_secs_f64())
+}
+
+impl Bench {
+    /// Events/s of a hand-written outbox publisher draining `events` through `broker`'s
+    /// client: the floor's claim of 100 (`FOR UPDATE SKIP LOCKED`), the client's own
+    /// publish of the batch with the sink's acknowledgements, the floor's completion.
+    #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+    async fn pipeline_through<B: Broker>(
+        &self,
+        broker: &B,
+        events: &[super::BenchEvent],
+        workers: usize,
+    ) -> Result<f64> {
+        self.fill_with(events).await?;
+        let pool = self.pool(workers).await?;
+        let rate = publish_through(
+            broker,
+            with_brokers::Source::Table(pool.clone()),
+            events.len(),
+            workers,
+        )
+        .await;
+        pool.close().await;
+        let unsent: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM bench_events WHERE status <> 'SENT'")
+                .fetch_one(&self.pool)
+                .await?;
+        match unsent {
+            0 => rate,
+            left => Err(format!("{}: {left} events not SENT by the pipeline", B::NAME).into()),
+        }
+    }
 }
 
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
@@ -197,7 +256,11 @@ mod with_brokers {
     use outbox::{CancellationToken, Delivery, Sink, SinkError};
     use tokio::time::MissedTickBehavior;
 
-    use super::super::{Bench, BenchEvent, Result, micros_now, stamped};
+    use sqlx::PgPool;
+
+    use super::super::{
+        Bench, BenchEvent, FLOOR_CLAIM, FLOOR_COMPLETE, Result, micros_now, stamped,
+    };
     use super::{MEASURED, WARM_UP};
 
     pub(super) const BATCH: usize = 100;
@@ -219,14 +282,9 @@ mod with_brokers {
         async fn delete(&self, tag: &str) -> Result;
         /// The sink publishing to `tag`'s.
         async fn sink(&self, tag: &str) -> Result<Self::Sink>;
-        /// How long the client's own loop takes to publish `messages` to `tag`'s, batches
-        /// of [`BATCH`] pipelined, by `workers` tasks.
-        async fn raw(
-            &self,
-            tag: &str,
-            messages: Arc<Vec<RawMessage>>,
-            workers: usize,
-        ) -> Result<Duration>;
+        /// How long the client's own loop takes to publish what `source` holds to `tag`'s,
+        /// batches of [`BATCH`] pipelined, by `workers` tasks.
+        async fn raw(&self, tag: &str, source: Source, workers: usize) -> Result<Duration>;
         /// A consumer of `tag`'s recording each message's latency until `stop`.
         async fn consume(
             &self,
@@ -284,10 +342,20 @@ mod with_brokers {
         }
     }
 
-    /// Runs `publish` on the chunks of [`BATCH`] of `messages`, by `workers` tasks taking
-    /// the next chunk as they finish one; returns how long it took.
+    /// Where a publish loop takes its batches from.
+    #[derive(Clone)]
+    pub(super) enum Source {
+        /// The messages, in memory: the broker client alone, no database.
+        Memory(Arc<Vec<RawMessage>>),
+        /// The table's backlog, claimed and completed with hand-written SQL (the floor's
+        /// statements of section 1): a hand-written outbox publisher.
+        Table(PgPool),
+    }
+
+    /// Runs `publish` on batches of [`BATCH`] from `source`, by `workers` tasks taking the
+    /// next batch as they finish one; returns how long it took.
     pub(super) async fn in_batches<C, F>(
-        messages: Arc<Vec<RawMessage>>,
+        source: Source,
         workers: usize,
         client: C,
         publish: fn(C, Arc<Vec<RawMessage>>, std::ops::Range<usize>) -> F,
@@ -300,16 +368,24 @@ mod with_brokers {
         let started = Instant::now();
         let mut tasks: tokio::task::JoinSet<Result> = tokio::task::JoinSet::new();
         for _ in 0..workers {
-            let (next, messages, client) =
-                (Arc::clone(&next), Arc::clone(&messages), client.clone());
+            let (next, source, client) = (Arc::clone(&next), source.clone(), client.clone());
             tasks.spawn(async move {
                 loop {
-                    let start = next.fetch_add(BATCH, Ordering::Relaxed);
-                    if start >= messages.len() {
-                        return Ok(());
+                    match &source {
+                        Source::Memory(messages) => {
+                            let start = next.fetch_add(BATCH, Ordering::Relaxed);
+                            if start >= messages.len() {
+                                return Ok(());
+                            }
+                            let end = (start + BATCH).min(messages.len());
+                            publish(client.clone(), Arc::clone(messages), start..end).await?;
+                        }
+                        Source::Table(pool) => {
+                            if !claim_publish_complete(pool, client.clone(), publish).await? {
+                                return Ok(());
+                            }
+                        }
                     }
-                    let end = (start + BATCH).min(messages.len());
-                    publish(client.clone(), Arc::clone(&messages), start..end).await?;
                 }
             });
         }
@@ -317,6 +393,42 @@ mod with_brokers {
             done?;
         }
         Ok(started.elapsed())
+    }
+
+    /// One round of the hand-written publisher: claims up to [`BATCH`] READY rows
+    /// (`FOR UPDATE SKIP LOCKED`), publishes them with `publish`, and marks them `SENT`;
+    /// false once nothing is left to claim.
+    async fn claim_publish_complete<C, F: Future<Output = Result>>(
+        pool: &PgPool,
+        client: C,
+        publish: fn(C, Arc<Vec<RawMessage>>, std::ops::Range<usize>) -> F,
+    ) -> Result<bool> {
+        let rows: Vec<(i64, String, i64, String)> = sqlx::query_as(FLOOR_CLAIM)
+            .bind(i64::try_from(BATCH)?)
+            .fetch_all(pool)
+            .await?;
+        if rows.is_empty() {
+            return Ok(false);
+        }
+        let created_at = SystemTime::now();
+        let (ids, messages): (Vec<i64>, Vec<RawMessage>) = rows
+            .into_iter()
+            .map(|(id, event_id, _, payload)| {
+                let event = BenchEvent { payload };
+                (
+                    id,
+                    RawMessage {
+                        event,
+                        event_id,
+                        created_at,
+                    },
+                )
+            })
+            .unzip();
+        let len = messages.len();
+        publish(client, Arc::new(messages), 0..len).await?;
+        sqlx::query(FLOOR_COMPLETE).bind(ids).execute(pool).await?;
+        Ok(true)
     }
 
     /// The latency of a message whose body is a [`stamped`] event's JSON, now.
@@ -497,8 +609,8 @@ mod with_brokers {
         use outbox::nats::{JetStreamSink, async_nats};
 
         use super::{
-            BATCH, BenchEvent, Broker, JSON, Latencies, RawMessage, Result, in_batches, latency_of,
-            next_or_stop,
+            BATCH, BenchEvent, Broker, JSON, Latencies, RawMessage, Result, Source, in_batches,
+            latency_of, next_or_stop,
         };
 
         pub(in super::super) struct Nats {
@@ -572,14 +684,9 @@ mod with_brokers {
                 Ok(JetStreamSink::new(self.jetstream.clone(), subject_of(tag)))
             }
 
-            async fn raw(
-                &self,
-                tag: &str,
-                messages: Arc<Vec<RawMessage>>,
-                workers: usize,
-            ) -> Result<Duration> {
+            async fn raw(&self, tag: &str, source: Source, workers: usize) -> Result<Duration> {
                 let client = (self.jetstream.clone(), subject_of(tag));
-                in_batches(messages, workers, client, publish).await
+                in_batches(source, workers, client, publish).await
             }
 
             async fn consume(
@@ -629,8 +736,8 @@ mod with_brokers {
         };
 
         use super::{
-            BATCH, BenchEvent, Broker, JSON, Latencies, RawMessage, Result, in_batches, latency_of,
-            next_or_stop,
+            BATCH, BenchEvent, Broker, JSON, Latencies, RawMessage, Result, Source, in_batches,
+            latency_of, next_or_stop,
         };
 
         pub(in super::super) struct Rabbit {
@@ -728,18 +835,13 @@ mod with_brokers {
                 )
             }
 
-            async fn raw(
-                &self,
-                tag: &str,
-                messages: Arc<Vec<RawMessage>>,
-                workers: usize,
-            ) -> Result<Duration> {
+            async fn raw(&self, tag: &str, source: Source, workers: usize) -> Result<Duration> {
                 let channel = self.connection.create_channel().await?;
                 channel
                     .confirm_select(ConfirmSelectOptions::default())
                     .await?;
                 let elapsed =
-                    in_batches(messages, workers, (channel.clone(), queue_of(tag)), publish).await;
+                    in_batches(source, workers, (channel.clone(), queue_of(tag)), publish).await;
                 channel.close(200, "done".into()).await?;
                 elapsed
             }
@@ -798,7 +900,8 @@ mod with_brokers {
         use outbox::message::header;
 
         use super::{
-            BATCH, BenchEvent, Broker, JSON, Latencies, RawMessage, Result, in_batches, latency_of,
+            BATCH, BenchEvent, Broker, JSON, Latencies, RawMessage, Result, Source, in_batches,
+            latency_of,
         };
         // The tests' tansu.
         use outbox_testkit::tansu::Tansu;
@@ -899,12 +1002,7 @@ mod with_brokers {
                 Ok(KafkaSink::new(&self.config(), topic_of(tag))?)
             }
 
-            async fn raw(
-                &self,
-                tag: &str,
-                messages: Arc<Vec<RawMessage>>,
-                workers: usize,
-            ) -> Result<Duration> {
+            async fn raw(&self, tag: &str, source: Source, workers: usize) -> Result<Duration> {
                 // What `KafkaSink` sets for `BenchEvent`'s 30 s lease.
                 let producer: FutureProducer = self
                     .config()
@@ -913,7 +1011,7 @@ mod with_brokers {
                     .set("message.timeout.ms", "10000")
                     .create()?;
                 let topic: Arc<str> = topic_of(tag).into();
-                in_batches(messages, workers, (producer, topic), publish).await
+                in_batches(source, workers, (producer, topic), publish).await
             }
 
             async fn consume(

@@ -77,6 +77,27 @@ pub struct BenchEvent {
     pub payload: String,
 }
 
+/// [`BenchEvent`] with its trace context kept (`traced`): the bench's trace section
+/// weighs it against [`BenchEvent`].
+#[derive(outbox::Outbox, Serialize, Debug, Clone)]
+#[outbox(
+    table = "bench_traced_events",
+    lease = "30s",
+    retry_delay = "1s",
+    traced
+)]
+pub struct BenchTracedEvent {
+    pub payload: String,
+}
+
+impl From<&BenchEvent> for BenchTracedEvent {
+    fn from(event: &BenchEvent) -> Self {
+        Self {
+            payload: event.payload.clone(),
+        }
+    }
+}
+
 /// [`BenchEvent`] in the retention mode: the outcome that records an event as
 /// published deletes its row (`delete_sent`).
 #[derive(outbox::Outbox, Debug, Clone)]

@@ -16,7 +16,7 @@ use super::events::TracedOrder;
 /// current-thread runtime: the relay's tasks run on this thread.)
 pub struct Exported {
     exporter: InMemorySpanExporter,
-    _provider: SdkTracerProvider,
+    provider: SdkTracerProvider,
     _guard: DefaultGuard,
 }
 
@@ -33,9 +33,15 @@ impl Exported {
         let guard = tracing::subscriber::set_default(subscriber);
         Self {
             exporter,
-            _provider: provider,
+            provider,
             _guard: guard,
         }
+    }
+
+    /// The provider exporting here: a relay's `send` spans come from it with
+    /// `Relay::tracer_provider`.
+    pub fn provider(&self) -> &SdkTracerProvider {
+        &self.provider
     }
 
     /// Every span ended so far.

@@ -65,7 +65,7 @@ fn check(tables: &[TableMigrations]) {
 
 /// Every event type in this repository: the `checked` build applies their files to
 /// the schema it compiles against.
-fn every_table() -> [TableMigrations; 23] {
+fn every_table() -> [TableMigrations; 24] {
     [
         outbox_testkit::app::OrderPlaced::migrations(),
         outbox_testkit::app::EmailChanged::migrations(),
@@ -74,6 +74,7 @@ fn every_table() -> [TableMigrations; 23] {
         outbox_testkit::app::BenchDeletedEvent::migrations(),
         outbox_testkit::app::BenchOrderedEvent::migrations(),
         outbox_testkit::app::BenchKeyedEvent::migrations(),
+        outbox_testkit::app::BenchTracedEvent::migrations(),
         outbox_testkit::events::LabEvent::migrations(),
         outbox_testkit::events::ChaosEvent::migrations(),
         outbox_testkit::events::EveryType::migrations(),

@@ -61,6 +61,8 @@ pub struct Relay<T, S> {
     /// The sink's failures, logged at most once per cause per 10 s by all the workers.
     /// (Boxed: a relay's `run` future holds the relay, and stays small.)
     failures: Box<failure_log::FailureLog>,
+    /// Where the `send` spans of a traced type come from (feature `otel`).
+    tracer: crate::trace::SendTracer,
     event: PhantomData<fn() -> T>,
 }
 
@@ -89,6 +91,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             unavailable: Backoff::UNAVAILABLE,
             ascii_reasons: false,
             failures: Box::default(),
+            tracer: crate::trace::SendTracer::default(),
             event: PhantomData,
         }
     }
@@ -144,6 +147,21 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
     /// back at full speed within seconds of the destination's return.
     pub fn unavailable_backoff(mut self, backoff: Backoff) -> Self {
         self.unavailable = backoff;
+        self
+    }
+
+    /// The OpenTelemetry tracer provider of the relay's `send` spans, for a type with
+    /// `#[outbox(traced)]` (feature `otel`); by default OpenTelemetry's global one
+    /// (`opentelemetry::global::set_tracer_provider`). Without a provider that records,
+    /// the relay sends each event's stored context as it is.
+    #[cfg(feature = "otel")]
+    pub fn tracer_provider<P>(mut self, provider: &P) -> Self
+    where
+        P: opentelemetry::trace::TracerProvider,
+        P::Tracer: Send + Sync + 'static,
+        <P::Tracer as opentelemetry::trace::Tracer>::Span: Send + Sync + 'static,
+    {
+        self.tracer = crate::trace::SendTracer::of(provider);
         self
     }
 }

@@ -12,7 +12,6 @@ use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 use crate::table::claim::Claim;
 use crate::table::metric;
-use crate::trace;
 
 impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// Publishes one claimed batch; returns the outcomes to record. Meanwhile, on the
@@ -36,7 +35,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             count_claimed(&claims);
             let mut deliveries: Vec<Delivery<'_, T>> =
                 claims.iter().map(InFlight::delivery).collect();
-            let sends = trace::send_spans(&mut deliveries);
+            let sends = self.relay.tracer.open(&mut deliveries);
             let rows = InFlight::pair(&claims, &deliveries);
             let claim_next = full && !self.stop.is_cancelled();
             let beside = (claim_next || !earlier.outcomes.is_empty()).then(|| {
@@ -64,7 +63,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                 metrics::counter!(metric::IDLE_CLAIMS, "table" => table).increment(1);
             }
             let results = answer.results();
-            trace::end_sends(sends, results.as_deref());
+            sends.end(results.as_deref());
             let mut outcomes =
                 in_flight::outcomes(&rows, results, &self.relay.retry, &self.relay.failures);
             if self.relay.ascii_reasons {

@@ -1,0 +1,167 @@
+//! The `trace` section: what `#[outbox(traced)]` costs with OpenTelemetry on, against the
+//! same event type untraced, in the same run.
+//!
+//! ```text
+//! cargo run --release --features otel --example bench -- --only trace
+//! ```
+//!
+//! The process's `tracing` subscriber is an OpenTelemetry layer, and OpenTelemetry's
+//! global tracer provider (the relay's `send` spans) the same provider: a batch span
+//! processor whose exporter drops every batch: what an application pays to make, fill
+//! and hand over its spans, without a collector's network cost. Both sides run under
+//! it, inside a request span, so the only difference is the trace context:
+//!
+//! - enqueue, one event per business transaction: the traced type reads the span's
+//!   context and writes it in the same `INSERT` (two more columns);
+//! - the drain (no-op sink, batch 100, concurrency 1 and 4): the relay reads the stored
+//!   context and opens one `send` span per event, a child of it, whose context each
+//!   delivery carries.
+//!
+//! Without the feature `otel`, the section says so and measures nothing. It installs the
+//! process's global subscriber: run it on its own (`--only trace`).
+
+use super::{Args, Bench, Result};
+
+impl Bench {
+    #[cfg_attr(not(feature = "otel"), allow(clippy::unused_async))]
+    pub(super) async fn trace(&self, args: &Args) -> Result {
+        self.heading(
+            "Trace context: #[outbox(traced)] vs the same type untraced, OpenTelemetry on",
+        );
+        #[cfg(feature = "otel")]
+        {
+            with_otel::install()?;
+            self.trace_enqueue(args).await?;
+            self.trace_drain(args).await?;
+        }
+        #[cfg(not(feature = "otel"))]
+        {
+            let _ = args;
+            self.line("Not built: the section needs `--features otel`.");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(feature = "otel")]
+mod with_otel {
+    use std::time::Instant;
+
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+    use outbox::Outbox;
+    use outbox_testkit::app::BenchTracedEvent;
+    use tracing::Instrument as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    use super::super::{Args, Bench, BenchEvent, Figure, Result, payload};
+
+    /// An exporter that drops every batch.
+    #[derive(Debug)]
+    struct Dropped;
+
+    impl SpanExporter for Dropped {
+        async fn export(&self, _batch: Vec<SpanData>) -> OTelSdkResult {
+            Ok(())
+        }
+    }
+
+    /// OpenTelemetry as the process's subscriber, its spans dropped in batches.
+    pub(super) fn install() -> Result {
+        let provider = SdkTracerProvider::builder()
+            .with_batch_exporter(Dropped)
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("bench")));
+        tracing::subscriber::set_global_default(subscriber)?;
+        // The relay's `send` spans come from the global provider.
+        opentelemetry::global::set_tracer_provider(provider);
+        Ok(())
+    }
+
+    /// A request span for the work `future` does.
+    fn in_a_request<F: Future>(future: F) -> tracing::instrument::Instrumented<F> {
+        future.instrument(tracing::info_span!("POST /orders"))
+    }
+
+    impl Bench {
+        /// Events/s of enqueueing `events`, one per transaction, in a request span.
+        async fn enqueue_each<T: Outbox>(&self, events: &[T]) -> Result<f64> {
+            self.reset_tables(T::SPEC.table()).await?;
+            let started = Instant::now();
+            in_a_request(async {
+                for event in events {
+                    let mut tx = self.pool.begin().await?;
+                    outbox::table::enqueue(event, &mut *tx).await?;
+                    tx.commit().await?;
+                }
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+            })
+            .await?;
+            Ok(events.len() as f64 / started.elapsed().as_secs_f64())
+        }
+
+        pub(super) async fn trace_enqueue(&self, args: &Args) -> Result {
+            let events: Vec<BenchEvent> = (0..1_000).map(payload).collect();
+            let traced_events: Vec<BenchTracedEvent> = events.iter().map(Into::into).collect();
+            let (mut traced, mut untraced) = (Vec::new(), Vec::new());
+            for run in 0..args.runs {
+                if run % 2 == 0 {
+                    traced.push(self.enqueue_each(&traced_events).await?);
+                    untraced.push(self.enqueue_each(&events).await?);
+                } else {
+                    untraced.push(self.enqueue_each(&events).await?);
+                    traced.push(self.enqueue_each(&traced_events).await?);
+                }
+            }
+            self.line("Enqueue, one event per business transaction (1,000), in a request span:\n");
+            self.ratio_table("traced", "untraced", traced, untraced);
+            Ok(())
+        }
+
+        /// Events/s of the relay (no-op sink, batch 100) draining `events`, enqueued in a
+        /// request span.
+        async fn drain_in_a_request<T: Outbox>(&self, events: &[T], workers: usize) -> Result<f64> {
+            in_a_request(self.fill_with(events)).await?;
+            Ok(self.drain_filled::<T>(events.len(), 100, workers).await?.0)
+        }
+
+        pub(super) async fn trace_drain(&self, args: &Args) -> Result {
+            let n = args.backlog(100);
+            let events: Vec<BenchEvent> = (0..n).map(payload).collect();
+            let traced_events: Vec<BenchTracedEvent> = events.iter().map(Into::into).collect();
+            self.line(&format!(
+                "Drain of {n} events enqueued in a request span (no-op sink, batch 100), one \
+                 `send` span per event for the traced type:\n"
+            ));
+            self.line("| concurrency | traced events/s | untraced events/s | traced / untraced |");
+            self.line("|---|---|---|---|");
+            for workers in [1, 4] {
+                let (mut traced, mut untraced, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+                for run in 0..args.runs {
+                    let (t, u) = if run % 2 == 0 {
+                        let t = self.drain_in_a_request(&traced_events, workers).await?;
+                        (t, self.drain_in_a_request(&events, workers).await?)
+                    } else {
+                        let u = self.drain_in_a_request(&events, workers).await?;
+                        (self.drain_in_a_request(&traced_events, workers).await?, u)
+                    };
+                    traced.push(t);
+                    untraced.push(u);
+                    ratios.push(t / u);
+                }
+                let ratio = Figure::of(ratios);
+                self.line(&format!(
+                    "| {workers} | {} | {} | **{:.2}** ({:.2}–{:.2}) |",
+                    Figure::of(traced).show(""),
+                    Figure::of(untraced).show(""),
+                    ratio.median,
+                    ratio.min,
+                    ratio.max,
+                ));
+            }
+            Ok(())
+        }
+    }
+}
