@@ -246,7 +246,7 @@ impl Bench {
 }
 
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
-mod with_brokers {
+pub(crate) mod with_brokers {
     use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex, PoisonError};
     use std::time::{Duration, Instant, SystemTime};
@@ -272,16 +272,24 @@ mod with_brokers {
     /// Microseconds from enqueue to a consumer, per message.
     pub(super) type Latencies = Arc<Mutex<Vec<u32>>>;
 
+    /// An event type the broker sinks publish: [`BenchEvent`], or its traced twin.
+    pub(crate) trait Event:
+        outbox::Outbox + serde::Serialize + Send + Sync + 'static
+    {
+    }
+
+    impl<T: outbox::Outbox + serde::Serialize + Send + Sync + 'static> Event for T {}
+
     /// A broker the section measures.
-    pub(super) trait Broker {
+    pub(crate) trait Broker {
         const NAME: &'static str;
-        type Sink: Sink<BenchEvent> + Clone + Send + Sync + 'static;
+        type Sink<T: Event>: Sink<T> + Clone + Send + Sync + 'static;
         /// A fresh stream, queue or topic for `tag`.
         async fn create(&self, tag: &str) -> Result;
         /// Deletes what [`Broker::create`] made.
         async fn delete(&self, tag: &str) -> Result;
         /// The sink publishing to `tag`'s.
-        async fn sink(&self, tag: &str) -> Result<Self::Sink>;
+        async fn sink<T: Event>(&self, tag: &str) -> Result<Self::Sink<T>>;
         /// How long the client's own loop takes to publish what `source` holds to `tag`'s,
         /// batches of [`BATCH`] pipelined, by `workers` tasks.
         async fn raw(&self, tag: &str, source: Source, workers: usize) -> Result<Duration>;
@@ -305,7 +313,7 @@ mod with_brokers {
     }
 
     /// One message of the raw producer: what the relay's claim would hand the sink.
-    pub(super) struct RawMessage {
+    pub(crate) struct RawMessage {
         pub(super) event: BenchEvent,
         pub(super) event_id: String,
         pub(super) created_at: SystemTime,
@@ -344,7 +352,7 @@ mod with_brokers {
 
     /// Where a publish loop takes its batches from.
     #[derive(Clone)]
-    pub(super) enum Source {
+    pub(crate) enum Source {
         /// The messages, in memory: the broker client alone, no database.
         Memory(Arc<Vec<RawMessage>>),
         /// The table's backlog, claimed and completed with hand-written SQL (the floor's
@@ -450,8 +458,8 @@ mod with_brokers {
         done: CancellationToken,
     }
 
-    impl<S: Sink<BenchEvent>> Sink<BenchEvent> for Until<S> {
-        async fn publish(&self, batch: &[Delivery<'_, BenchEvent>]) -> Vec<Result<(), SinkError>> {
+    impl<T: Event, S: Sink<T>> Sink<T> for Until<S> {
+        async fn publish(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<(), SinkError>> {
             let started = Instant::now();
             let results = self.inner.publish(batch).await;
             let busy = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -472,14 +480,24 @@ mod with_brokers {
         /// Events/s of the relay draining `events` through `broker`'s sink, until every
         /// outcome is recorded; and events/s of the sink alone, per worker: the events
         /// over the time each worker spent in the sink's publish, on average.
-        pub(super) async fn relay_through<B: Broker>(
+        pub(crate) async fn relay_through<B: Broker>(
             &self,
             broker: &B,
             events: &[BenchEvent],
             workers: usize,
         ) -> Result<(f64, f64)> {
-            let n = events.len();
             self.fill_with(events).await?;
+            self.relay_through_filled::<B, BenchEvent>(broker, events.len(), workers)
+                .await
+        }
+
+        /// [`relay_through`](Self::relay_through) of the `n` events `T`'s table holds.
+        pub(crate) async fn relay_through_filled<B: Broker, T: Event>(
+            &self,
+            broker: &B,
+            n: usize,
+            workers: usize,
+        ) -> Result<(f64, f64)> {
             let tag = tag();
             broker.create(&tag).await?;
             let pool = self.pool(workers + 1).await?;
@@ -495,7 +513,7 @@ mod with_brokers {
                 target: n,
                 done: stop.clone(),
             };
-            let relay = Relay::<BenchEvent, _>::new(pool.clone(), sink)
+            let relay = Relay::<T, _>::new(pool.clone(), sink)
                 .batch_size(u32::try_from(BATCH)?)
                 .concurrency(workers);
             let started = Instant::now();
@@ -504,10 +522,12 @@ mod with_brokers {
             drop(client);
             pool.close().await;
             broker.delete(&tag).await?;
-            let unsent: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM bench_events WHERE status <> 'SENT'")
-                    .fetch_one(&self.pool)
-                    .await?;
+            let unsent: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT count(*) FROM {} WHERE status <> 'SENT'",
+                T::SPEC.table()
+            )))
+            .fetch_one(&self.pool)
+            .await?;
             match unsent {
                 0 => {
                     let per_worker = busy.load(Ordering::Relaxed) as f64 / 1e9 / workers as f64;
@@ -530,10 +550,13 @@ mod with_brokers {
             let relay_pool = self.pool(LATENCY_WORKERS + 1).await?;
             let producer_pool = self.pool(PRODUCERS as usize).await?;
             let relay = tokio::spawn(
-                Relay::<BenchEvent, _>::new(relay_pool.clone(), broker.sink(&tag).await?)
-                    .batch_size(u32::try_from(BATCH)?)
-                    .concurrency(LATENCY_WORKERS)
-                    .run(stop.clone()),
+                Relay::<BenchEvent, _>::new(
+                    relay_pool.clone(),
+                    broker.sink::<BenchEvent>(&tag).await?,
+                )
+                .batch_size(u32::try_from(BATCH)?)
+                .concurrency(LATENCY_WORKERS)
+                .run(stop.clone()),
             );
             let period = Duration::from_secs(1) * PRODUCERS / rate;
             let producers: Vec<_> = (0..PRODUCERS)
@@ -597,7 +620,7 @@ mod with_brokers {
     }
 
     #[cfg(feature = "nats")]
-    pub(super) mod nats {
+    pub(crate) mod nats {
         use std::ops::Range;
         use std::sync::{Arc, PoisonError};
         use std::time::Duration;
@@ -609,11 +632,11 @@ mod with_brokers {
         use outbox::nats::{JetStreamSink, async_nats};
 
         use super::{
-            BATCH, BenchEvent, Broker, JSON, Latencies, RawMessage, Result, Source, in_batches,
+            BATCH, Broker, Event, JSON, Latencies, RawMessage, Result, Source, in_batches,
             latency_of, next_or_stop,
         };
 
-        pub(in super::super) struct Nats {
+        pub(crate) struct Nats {
             jetstream: Context,
         }
 
@@ -626,7 +649,7 @@ mod with_brokers {
         }
 
         impl Nats {
-            pub(in super::super) async fn connect() -> Result<Self> {
+            pub(crate) async fn connect() -> Result<Self> {
                 let url = std::env::var("OUTBOX_NATS_URL")
                     .unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
                 let client = async_nats::connect(&url)
@@ -662,7 +685,7 @@ mod with_brokers {
 
         impl Broker for Nats {
             const NAME: &'static str = "NATS JetStream";
-            type Sink = JetStreamSink<BenchEvent>;
+            type Sink<T: Event> = JetStreamSink<T>;
 
             async fn create(&self, tag: &str) -> Result {
                 self.jetstream
@@ -680,7 +703,7 @@ mod with_brokers {
                 Ok(())
             }
 
-            async fn sink(&self, tag: &str) -> Result<Self::Sink> {
+            async fn sink<T: Event>(&self, tag: &str) -> Result<Self::Sink<T>> {
                 Ok(JetStreamSink::new(self.jetstream.clone(), subject_of(tag)))
             }
 
@@ -718,7 +741,7 @@ mod with_brokers {
     }
 
     #[cfg(feature = "rabbitmq")]
-    pub(super) mod rabbitmq {
+    pub(crate) mod rabbitmq {
         use std::ops::Range;
         use std::sync::{Arc, PoisonError};
         use std::time::Duration;
@@ -736,11 +759,11 @@ mod with_brokers {
         };
 
         use super::{
-            BATCH, BenchEvent, Broker, JSON, Latencies, RawMessage, Result, Source, in_batches,
+            BATCH, Broker, Event, JSON, Latencies, RawMessage, Result, Source, in_batches,
             latency_of, next_or_stop,
         };
 
-        pub(in super::super) struct Rabbit {
+        pub(crate) struct Rabbit {
             connection: std::sync::Arc<Connection>,
             admin: Channel,
         }
@@ -750,7 +773,7 @@ mod with_brokers {
         }
 
         impl Rabbit {
-            pub(in super::super) async fn connect() -> Result<Self> {
+            pub(crate) async fn connect() -> Result<Self> {
                 let url = std::env::var("OUTBOX_AMQP_URL")
                     .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
                 let connection = Connection::connect(&url, ConnectionProperties::default())
@@ -805,7 +828,7 @@ mod with_brokers {
 
         impl Broker for Rabbit {
             const NAME: &'static str = "RabbitMQ";
-            type Sink = RabbitSink<BenchEvent>;
+            type Sink<T: Event> = RabbitSink<T>;
 
             async fn create(&self, tag: &str) -> Result {
                 self.admin
@@ -828,7 +851,7 @@ mod with_brokers {
                 Ok(())
             }
 
-            async fn sink(&self, tag: &str) -> Result<Self::Sink> {
+            async fn sink<T: Event>(&self, tag: &str) -> Result<Self::Sink<T>> {
                 Ok(
                     RabbitSink::new(std::sync::Arc::clone(&self.connection), "", queue_of(tag))
                         .await?,
@@ -881,7 +904,7 @@ mod with_brokers {
     }
 
     #[cfg(feature = "kafka")]
-    pub(super) mod kafka {
+    pub(crate) mod kafka {
         use std::ops::Range;
         use std::sync::{Arc, PoisonError};
         use std::time::Duration;
@@ -900,13 +923,13 @@ mod with_brokers {
         use outbox::message::header;
 
         use super::{
-            BATCH, BenchEvent, Broker, JSON, Latencies, RawMessage, Result, Source, in_batches,
+            BATCH, Broker, Event, JSON, Latencies, RawMessage, Result, Source, in_batches,
             latency_of,
         };
         // The tests' tansu.
         use outbox_testkit::tansu::Tansu;
 
-        pub(in super::super) struct Kafka {
+        pub(crate) struct Kafka {
             tansu: Tansu,
             admin: AdminClient<DefaultClientContext>,
         }
@@ -916,7 +939,7 @@ mod with_brokers {
         }
 
         impl Kafka {
-            pub(in super::super) async fn start() -> Result<Self> {
+            pub(crate) async fn start() -> Result<Self> {
                 let tansu = Tansu::start().await?;
                 let admin = ClientConfig::new()
                     .set("bootstrap.servers", tansu.bootstrap())
@@ -969,7 +992,7 @@ mod with_brokers {
 
         impl Broker for Kafka {
             const NAME: &'static str = "Kafka (tansu)";
-            type Sink = KafkaSink<BenchEvent>;
+            type Sink<T: Event> = KafkaSink<T>;
 
             async fn create(&self, tag: &str) -> Result {
                 let topic = topic_of(tag);
@@ -998,7 +1021,7 @@ mod with_brokers {
                 Ok(())
             }
 
-            async fn sink(&self, tag: &str) -> Result<Self::Sink> {
+            async fn sink<T: Event>(&self, tag: &str) -> Result<Self::Sink<T>> {
                 Ok(KafkaSink::new(&self.config(), topic_of(tag))?)
             }
 

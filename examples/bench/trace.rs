@@ -33,6 +33,31 @@ impl Bench {
             with_otel::install()?;
             self.trace_enqueue(args).await?;
             self.trace_drain(args).await?;
+            self.line(&format!(
+                "\nThrough each broker sink built in ({} events per run, batch 100), the same \
+                 relay and sink, traced vs untraced:\n",
+                args.sink_events
+            ));
+            self.line("| broker | concurrency | traced events/s | untraced events/s | traced / untraced |");
+            self.line("|---|---|---|---|---|");
+            #[cfg(feature = "nats")]
+            self.trace_broker(
+                &super::sinks::with_brokers::nats::Nats::connect().await?,
+                args,
+            )
+            .await?;
+            #[cfg(feature = "rabbitmq")]
+            self.trace_broker(
+                &super::sinks::with_brokers::rabbitmq::Rabbit::connect().await?,
+                args,
+            )
+            .await?;
+            #[cfg(feature = "kafka")]
+            self.trace_broker(
+                &super::sinks::with_brokers::kafka::Kafka::start().await?,
+                args,
+            )
+            .await?;
         }
         #[cfg(not(feature = "otel"))]
         {
@@ -125,6 +150,51 @@ mod with_otel {
         async fn drain_in_a_request<T: Outbox>(&self, events: &[T], workers: usize) -> Result<f64> {
             in_a_request(self.fill_with(events)).await?;
             Ok(self.drain_filled::<T>(events.len(), 100, workers).await?.0)
+        }
+
+        /// `broker`'s rows: the relay through its sink, traced vs untraced, at 1 and 4
+        /// workers.
+        #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+        pub(super) async fn trace_broker<B: super::super::sinks::with_brokers::Broker>(
+            &self,
+            broker: &B,
+            args: &Args,
+        ) -> Result {
+            let events: Vec<BenchEvent> = (0..args.sink_events).map(payload).collect();
+            let traced_events: Vec<BenchTracedEvent> = events.iter().map(Into::into).collect();
+            for workers in [1, 4] {
+                let (mut traced, mut untraced, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+                for run in 0..args.runs {
+                    let n = events.len();
+                    let traced_run = async {
+                        in_a_request(self.fill_with(&traced_events)).await?;
+                        let through =
+                            self.relay_through_filled::<B, BenchTracedEvent>(broker, n, workers);
+                        Result::<f64>::Ok(through.await?.0)
+                    };
+                    let (t, u) = if run % 2 == 0 {
+                        let t = traced_run.await?;
+                        (t, self.relay_through(broker, &events, workers).await?.0)
+                    } else {
+                        let u = self.relay_through(broker, &events, workers).await?.0;
+                        (traced_run.await?, u)
+                    };
+                    traced.push(t);
+                    untraced.push(u);
+                    ratios.push(t / u);
+                }
+                let ratio = Figure::of(ratios);
+                self.line(&format!(
+                    "| {} | {workers} | {} | {} | **{:.2}** ({:.2}–{:.2}) |",
+                    B::NAME,
+                    Figure::of(traced).show(""),
+                    Figure::of(untraced).show(""),
+                    ratio.median,
+                    ratio.min,
+                    ratio.max,
+                ));
+            }
+            Ok(())
         }
 
         pub(super) async fn trace_drain(&self, args: &Args) -> Result {
