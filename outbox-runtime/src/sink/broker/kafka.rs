@@ -728,12 +728,12 @@ impl<T: Outbox, E: Encoding<T>> KafkaSink<T, E> {
             .cloud_event_headers("ce_")
             .map(|(name, value)| (name, value.to_owned()))
             .collect();
+        let is_cloud_event = message.is_cloud_event();
         let broker::Message {
             destination: topic,
             body,
             headers: outbox_headers,
             content_type,
-            is_cloud_event,
             ..
         } = message;
         let key = match &self.key {

@@ -111,7 +111,6 @@ impl<T: Outbox, E: Encoding<T>> Outgoing<T, E> {
             headers: headers(delivery).collect(),
             content_type,
             cloud_event: Vec::new(),
-            is_cloud_event: self.cloud_events.is_some(),
         };
         if let Some(cloud_events) = &self.cloud_events {
             let attributes = cloud_events.attributes(
@@ -145,7 +144,11 @@ pub(crate) struct Message<'a> {
     /// A CloudEvent's attributes in binary mode, for headers named as the broker's
     /// binding has them; empty otherwise.
     pub(crate) cloud_event: Attributes,
-    /// Whether the message is a CloudEvent, in either mode.
+}
+
+impl Message<'_> {
+    /// Whether the message is a CloudEvent: in binary mode (its attributes) or in
+    /// structured mode (its media type).
     #[cfg_attr(
         not(feature = "kafka"),
         expect(
@@ -153,10 +156,10 @@ pub(crate) struct Message<'a> {
             reason = "only Kafka's binding renames the content type header"
         )
     )]
-    pub(crate) is_cloud_event: bool,
-}
+    pub(crate) fn is_cloud_event(&self) -> bool {
+        !self.cloud_event.is_empty() || self.content_type == Some(message::STRUCTURED)
+    }
 
-impl Message<'_> {
     /// The CloudEvent attributes as headers, each name after `prefix` (`ce_`, `ce-`,
     /// `cloudEvents_`).
     pub(crate) fn cloud_event_headers<'m>(

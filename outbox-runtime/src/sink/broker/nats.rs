@@ -539,7 +539,6 @@ mod tests {
                 ("subject", "Euro \u{20AC} \u{1F600}".to_owned()),
                 ("source", "/a \"quoted\" 100%".to_owned()),
             ],
-            is_cloud_event: true,
         };
         assert_eq!(
             cloud_event_headers(&message),
@@ -561,7 +560,6 @@ mod tests {
         );
         let plain = broker::Message {
             cloud_event: Vec::new(),
-            is_cloud_event: false,
             ..message
         };
         assert!(cloud_event_headers(&plain).is_empty(), "not a CloudEvent");
