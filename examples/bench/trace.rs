@@ -162,37 +162,20 @@ mod with_otel {
         ) -> Result {
             let events: Vec<BenchEvent> = (0..args.sink_events).map(payload).collect();
             let traced_events: Vec<BenchTracedEvent> = events.iter().map(Into::into).collect();
+            let n = events.len();
             for workers in [1, 4] {
-                let (mut traced, mut untraced, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-                for run in 0..args.runs {
-                    let n = events.len();
-                    let traced_run = async {
+                let pairs = alternate(
+                    args.runs,
+                    async || {
                         in_a_request(self.fill_with(&traced_events)).await?;
                         let through =
                             self.relay_through_filled::<B, BenchTracedEvent>(broker, n, workers);
-                        Result::<f64>::Ok(through.await?.0)
-                    };
-                    let (t, u) = if run % 2 == 0 {
-                        let t = traced_run.await?;
-                        (t, self.relay_through(broker, &events, workers).await?.0)
-                    } else {
-                        let u = self.relay_through(broker, &events, workers).await?.0;
-                        (traced_run.await?, u)
-                    };
-                    traced.push(t);
-                    untraced.push(u);
-                    ratios.push(t / u);
-                }
-                let ratio = Figure::of(ratios);
-                self.line(&format!(
-                    "| {} | {workers} | {} | {} | **{:.2}** ({:.2}–{:.2}) |",
-                    B::NAME,
-                    Figure::of(traced).show(""),
-                    Figure::of(untraced).show(""),
-                    ratio.median,
-                    ratio.min,
-                    ratio.max,
-                ));
+                        Ok(through.await?.0)
+                    },
+                    async || Ok(self.relay_through(broker, &events, workers).await?.0),
+                )
+                .await?;
+                self.line(&pairs.row(&format!("| {} | {workers} ", B::NAME)));
             }
             Ok(())
         }
@@ -208,30 +191,60 @@ mod with_otel {
             self.line("| concurrency | traced events/s | untraced events/s | traced / untraced |");
             self.line("|---|---|---|---|");
             for workers in [1, 4] {
-                let (mut traced, mut untraced, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-                for run in 0..args.runs {
-                    let (t, u) = if run % 2 == 0 {
-                        let t = self.drain_in_a_request(&traced_events, workers).await?;
-                        (t, self.drain_in_a_request(&events, workers).await?)
-                    } else {
-                        let u = self.drain_in_a_request(&events, workers).await?;
-                        (self.drain_in_a_request(&traced_events, workers).await?, u)
-                    };
-                    traced.push(t);
-                    untraced.push(u);
-                    ratios.push(t / u);
-                }
-                let ratio = Figure::of(ratios);
-                self.line(&format!(
-                    "| {workers} | {} | {} | **{:.2}** ({:.2}–{:.2}) |",
-                    Figure::of(traced).show(""),
-                    Figure::of(untraced).show(""),
-                    ratio.median,
-                    ratio.min,
-                    ratio.max,
-                ));
+                let pairs = alternate(
+                    args.runs,
+                    async || self.drain_in_a_request(&traced_events, workers).await,
+                    async || self.drain_in_a_request(&events, workers).await,
+                )
+                .await?;
+                self.line(&pairs.row(&format!("| {workers} ")));
             }
             Ok(())
         }
+    }
+
+    /// Traced and untraced rates of the same runs, and their ratios.
+    #[derive(Default)]
+    struct Pairs {
+        traced: Vec<f64>,
+        untraced: Vec<f64>,
+        ratios: Vec<f64>,
+    }
+
+    impl Pairs {
+        /// A table row: `cells` (`| a | b `), then the two rates and their ratio.
+        fn row(self, cells: &str) -> String {
+            let ratio = Figure::of(self.ratios);
+            format!(
+                "{cells}| {} | {} | **{:.2}** ({:.2}–{:.2}) |",
+                Figure::of(self.traced).show(""),
+                Figure::of(self.untraced).show(""),
+                ratio.median,
+                ratio.min,
+                ratio.max,
+            )
+        }
+    }
+
+    /// `runs` runs of `traced` and `untraced`, alternating which goes first.
+    async fn alternate(
+        runs: usize,
+        mut traced: impl AsyncFnMut() -> Result<f64>,
+        mut untraced: impl AsyncFnMut() -> Result<f64>,
+    ) -> Result<Pairs> {
+        let mut pairs = Pairs::default();
+        for run in 0..runs {
+            let (t, u) = if run % 2 == 0 {
+                let t = traced().await?;
+                (t, untraced().await?)
+            } else {
+                let u = untraced().await?;
+                (traced().await?, u)
+            };
+            pairs.traced.push(t);
+            pairs.untraced.push(u);
+            pairs.ratios.push(t / u);
+        }
+        Ok(pairs)
     }
 }
