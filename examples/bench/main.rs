@@ -125,6 +125,10 @@ struct Args {
     /// Events/s the sinks section offers for its latency, one per transaction.
     #[arg(long, value_name = "EVENTS/S", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
     sink_rate: u32,
+    /// The share of requests the trace section's sampler records (`ParentBased` on a
+    /// trace-id ratio; 1: every one).
+    #[arg(long, value_name = "RATIO", default_value_t = 1.0, value_parser = trace::ratio)]
+    trace_sampled: f64,
     /// Also write the report (Markdown) to this file.
     #[arg(long, value_name = "FILE")]
     out: Option<String>,

@@ -9,18 +9,32 @@
 //! global tracer provider (the relay's `send` spans) the same provider: a batch span
 //! processor whose exporter drops every batch: what an application pays to make, fill
 //! and hand over its spans, without a collector's network cost. Both sides run under
-//! it, inside a request span, so the only difference is the trace context:
+//! it, so the only difference is the trace context:
 //!
-//! - enqueue, one event per business transaction: the traced type reads the span's
-//!   context and writes it in the same `INSERT` (two more columns);
-//! - the drain (no-op sink, batch 100, concurrency 1 and 4): the relay reads the stored
-//!   context and opens one `send` span per event, a child of it, whose context each
-//!   delivery carries.
+//! - enqueue, one event per business transaction inside a request span: the traced type
+//!   reads the span's context and writes it in the same `INSERT` (two more columns);
+//! - the drain (no-op sink, batch 100, concurrency 1 and 4) and the same through each
+//!   broker sink built in: each traced event stored as a request of its own would have
+//!   enqueued it (a trace of its own, sampled or not as that request's sampler would
+//!   have decided); the relay reads the stored context and opens one `send` span per
+//!   event, a child of it, whose context each delivery carries.
+//!
+//! `--trace-sampled 0.1` samples a tenth of the requests instead of all (a `ParentBased`
+//! sampler on a trace-id ratio, the setting most applications run): the relay's spans of
+//! an unsampled request do not record, and it sends the stored context as it is.
 //!
 //! Without the feature `otel`, the section says so and measures nothing. It installs the
 //! process's global subscriber: run it on its own (`--only trace`).
 
 use super::{Args, Bench, Result};
+
+/// `--trace-sampled`: a ratio from 0 to 1.
+pub(super) fn ratio(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(ratio),
+        _ => Err(format!("{text} is not a ratio from 0 to 1")),
+    }
+}
 
 impl Bench {
     #[cfg_attr(not(feature = "otel"), allow(clippy::unused_async))]
@@ -30,7 +44,16 @@ impl Bench {
         );
         #[cfg(feature = "otel")]
         {
-            with_otel::install()?;
+            with_otel::install(args.trace_sampled)?;
+            self.line(&format!(
+                "OpenTelemetry records {}: a `ParentBased` sampler on a trace-id ratio of {}.\n",
+                if args.trace_sampled >= 1.0 {
+                    "every span"
+                } else {
+                    "a share of the requests"
+                },
+                args.trace_sampled
+            ));
             self.trace_enqueue(args).await?;
             self.trace_drain(args).await?;
             self.line(&format!(
@@ -74,7 +97,7 @@ mod with_otel {
 
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_sdk::error::OTelSdkResult;
-    use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+    use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, SpanData, SpanExporter};
     use outbox::Outbox;
     use outbox_testkit::app::BenchTracedEvent;
     use tracing::Instrument as _;
@@ -92,9 +115,13 @@ mod with_otel {
         }
     }
 
-    /// OpenTelemetry as the process's subscriber, its spans dropped in batches.
-    pub(super) fn install() -> Result {
+    /// OpenTelemetry as the process's subscriber, its spans dropped in batches, the
+    /// requests sampled at `ratio` (their spans, the relay's included, follow them).
+    pub(super) fn install(ratio: f64) -> Result {
         let provider = SdkTracerProvider::builder()
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+                ratio,
+            ))))
             .with_batch_exporter(Dropped)
             .build();
         let subscriber = tracing_subscriber::registry()
@@ -145,11 +172,35 @@ mod with_otel {
             Ok(())
         }
 
-        /// Events/s of the relay (no-op sink, batch 100) draining `events`, enqueued in a
-        /// request span.
-        async fn drain_in_a_request<T: Outbox>(&self, events: &[T], workers: usize) -> Result<f64> {
-            in_a_request(self.fill_with(events)).await?;
-            Ok(self.drain_filled::<T>(events.len(), 100, workers).await?.0)
+        /// Fills the traced table with `events`, each as a request of its own would have
+        /// enqueued it: a trace context of its own, sampled at `ratio` (the flag the
+        /// request's sampler would have set). One `INSERT`, untimed.
+        async fn fill_requests(&self, events: &[BenchTracedEvent], ratio: f64) -> Result {
+            let table = BenchTracedEvent::SPEC.table();
+            self.reset_tables(table).await?;
+            self.set_storage(table).await?;
+            // Event ids as enqueue makes them (UUIDv7, in time order), as the untraced side's.
+            let ids: Vec<String> = events
+                .iter()
+                .map(|_| uuid::Uuid::now_v7().to_string())
+                .collect();
+            let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
+            sqlx::query(
+                "INSERT INTO bench_traced_events (event_id, payload, trace_parent) \
+                 SELECT event_id, payload, \
+                        '00-' || md5(random()::text) || '-' || left(md5(random()::text), 16) \
+                        || CASE WHEN random() < $3 THEN '-01' ELSE '-00' END \
+                 FROM unnest($1::text[], $2::text[]) AS e (event_id, payload)",
+            )
+            .bind(ids)
+            .bind(payloads)
+            .bind(ratio)
+            .execute(&self.pool)
+            .await?;
+            sqlx::query("VACUUM ANALYZE bench_traced_events")
+                .execute(&self.pool)
+                .await?;
+            Ok(())
         }
 
         /// `broker`'s rows: the relay through its sink, traced vs untraced, at 1 and 4
@@ -167,7 +218,8 @@ mod with_otel {
                 let pairs = alternate(
                     args.runs,
                     async || {
-                        in_a_request(self.fill_with(&traced_events)).await?;
+                        self.fill_requests(&traced_events, args.trace_sampled)
+                            .await?;
                         let through =
                             self.relay_through_filled::<B, BenchTracedEvent>(broker, n, workers);
                         Ok(through.await?.0)
@@ -185,16 +237,21 @@ mod with_otel {
             let events: Vec<BenchEvent> = (0..n).map(payload).collect();
             let traced_events: Vec<BenchTracedEvent> = events.iter().map(Into::into).collect();
             self.line(&format!(
-                "Drain of {n} events enqueued in a request span (no-op sink, batch 100), one \
-                 `send` span per event for the traced type:\n"
+                "Drain of {n} events, each enqueued by a request of its own (no-op sink, batch \
+                 100), one `send` span per event of a sampled request for the traced type:\n"
             ));
             self.line("| concurrency | traced events/s | untraced events/s | traced / untraced |");
             self.line("|---|---|---|---|");
             for workers in [1, 4] {
                 let pairs = alternate(
                     args.runs,
-                    async || self.drain_in_a_request(&traced_events, workers).await,
-                    async || self.drain_in_a_request(&events, workers).await,
+                    async || {
+                        self.fill_requests(&traced_events, args.trace_sampled)
+                            .await?;
+                        let drained = self.drain_filled::<BenchTracedEvent>(n, 100, workers);
+                        Ok(drained.await?.0)
+                    },
+                    async || self.drain_relay(&events, 100, workers).await,
                 )
                 .await?;
                 self.line(&pairs.row(&format!("| {workers} ")));

@@ -12,12 +12,13 @@
 //!   attributes), a child of the enqueuing span: one trace from the request, through
 //!   each attempt of the relay (a retry or a reclaim after a crash is a new span of the
 //!   same trace, with its attempt and generation), to the consumer, whose span
-//!   continues it (`Inbox::span` with the feature, or
-//!   `consumer_span` from the context each broker module's `trace` reads);
-//! - without it, the stored context as it is, so a consumer's span is a child of the
-//!   enqueuing one.
+//!   continues it (`Inbox::span` with the feature, or `consumer_span` from the context
+//!   each broker module's `trace` reads). The relay makes its spans with OpenTelemetry's
+//!   API, from the global tracer provider or the one `Relay::tracer_provider` names;
+//! - without it, or without a provider that records, the stored context as it is, so a
+//!   consumer's span is a child of the enqueuing one.
 //!
-//! The context is the current [`tracing`] span's OpenTelemetry context (through
+//! The stored context is the current [`tracing`] span's OpenTelemetry context (through
 //! `tracing-opentelemetry`), in W3C form whatever propagator the application sets
 //! globally. A malformed or oversized one is left out with a debug log: it never fails an
 //! enqueue, a publication or a consumption.
