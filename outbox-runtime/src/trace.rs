@@ -307,7 +307,8 @@ pub(crate) mod otel {
         table: &'static str,
         deliveries: &mut [crate::sink::Delivery<'_, T>],
     ) -> Vec<BoxedSpan> {
-        let batch = tracing::Span::current().context();
+        // The relay's batch span: the parent of an event enqueued outside a trace.
+        let mut batch = None;
         let name: std::borrow::Cow<'static, str> = format!("send {table}").into();
         deliveries
             .iter_mut()
@@ -328,11 +329,17 @@ pub(crate) mod otel {
                         KeyValue::new("outbox.attempt", i64::from(delivery.attempt())),
                         KeyValue::new("outbox.generation", delivery.generation().get()),
                     ])
-                    .start_with_context(tracer, enqueued_in.as_ref().unwrap_or(&batch));
+                    .start_with_context(
+                        tracer,
+                        match &enqueued_in {
+                            Some(parent) => parent,
+                            None => batch.get_or_insert_with(|| tracing::Span::current().context()),
+                        },
+                    );
                 if span.is_recording()
                     && let Some(own) = of(span.span_context())
                 {
-                    delivery.trace = Some(own);
+                    delivery.trace = Some(std::borrow::Cow::Owned(own));
                 }
                 span
             })

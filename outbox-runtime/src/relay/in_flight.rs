@@ -29,7 +29,7 @@ impl<'a, T: Outbox> InFlight<'a, T> {
             attempt: claim.attempt(),
             created_at: claim.created_at(),
             key: claim.key(),
-            trace: claim.trace().cloned(),
+            trace: claim.trace().map(std::borrow::Cow::Borrowed),
             event: claim.event(),
             lost: CancellationToken::new(),
         }

@@ -1,5 +1,6 @@
 //! One event as a sink receives it: [`Delivery`].
 
+use std::borrow::Cow;
 use std::time::SystemTime;
 
 use tokio_util::sync::CancellationToken;
@@ -15,7 +16,8 @@ pub struct Delivery<'a, T> {
     pub(crate) attempt: u32,
     pub(crate) created_at: SystemTime,
     pub(crate) key: Option<&'a str>,
-    pub(crate) trace: Option<TraceContext>,
+    /// The stored context, borrowed from the claim, or the relay's own span's.
+    pub(crate) trace: Option<Cow<'a, TraceContext>>,
     pub(crate) event: &'a T,
     pub(crate) lost: CancellationToken,
 }
@@ -52,7 +54,7 @@ impl<T> Delivery<'_, T> {
     /// for a type with `#[outbox(traced)]`: the relay's span for this publication (feature
     /// `otel`), or the context the event was enqueued in. The broker sinks send it.
     pub fn trace(&self) -> Option<&TraceContext> {
-        self.trace.as_ref()
+        self.trace.as_deref()
     }
 
     /// The event.
