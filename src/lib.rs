@@ -156,10 +156,13 @@ pub mod relay {
     //! What tunes and tests a [`Relay`](crate::Relay) beyond its builder: the [`Backoff`]
     //! of its retries and outages, the [`MemorySink`] that records what it published (as
     //! [`Published`] events), the [`BoxError`] every [`SinkError`](crate::SinkError)
-    //! carries, and the names of the counters it emits ([`metric`]). The relay, the
+    //! carries, where a sink says it publishes ([`Destination`], for the relay's spans),
+    //! and the names of the counters it emits ([`metric`]). The relay, the
     //! [`Sink`](crate::Sink) trait and the [`StdoutSink`](crate::StdoutSink) are at the
     //! root.
-    pub use outbox_runtime::relay::{Backoff, BoxError, MemorySink, Published, metric};
+    pub use outbox_runtime::relay::{
+        Backoff, BoxError, Destination, MemorySink, Published, metric,
+    };
 }
 
 pub mod schema {

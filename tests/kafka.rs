@@ -646,7 +646,7 @@ async fn kafka_traced_one_trace_from_the_request_to_the_consumers_inbox() -> Tes
     }
     .instrument(inbox.span(&message))
     .await?;
-    exported.assert_one_trace(request, &topic, "billing")?;
+    exported.assert_one_trace(request, ("kafka", &topic), "billing")?;
     db.drop_schema().await?;
     Ok(())
 }

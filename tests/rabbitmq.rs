@@ -31,6 +31,7 @@ use outbox::rabbitmq::lapin::options::{
 };
 use outbox::rabbitmq::lapin::types::{AMQPValue, FieldTable, ShortString};
 use outbox::rabbitmq::lapin::{self, Channel, Connection, ExchangeKind};
+use outbox::relay::Destination;
 use outbox::testing::TestSchema;
 use outbox::{Delivery, Relay, Sink, SinkError};
 use outbox::{Inbox, Received, inbox};
@@ -219,6 +220,10 @@ impl<T: outbox::Outbox + serde::Serialize + Send + Sync> Sink<T> for KillAfterCo
         nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL)
             .expect("SIGKILL to itself");
         std::future::pending().await
+    }
+
+    fn destination(&self, event: &T) -> Option<Destination> {
+        self.0.destination(event)
     }
 }
 
@@ -676,6 +681,19 @@ async fn traced_one_trace_to_the_inbox_across_a_killed_relay_and_its_redelivery(
             (trace_id, request),
             "the redelivery is sent in the request's trace"
         );
+        assert_eq!(
+            (
+                attribute(send, "messaging.system").as_deref(),
+                attribute(send, "messaging.destination.name").as_deref(),
+                attribute(send, "messaging.rabbitmq.destination.routing_key").as_deref(),
+            ),
+            (
+                Some("rabbitmq"),
+                Some(topology.exchange.as_str()),
+                Some(ROUTING_KEY)
+            ),
+            "RabbitMQ's destination: the exchange, and the routing key"
+        );
         let generation = attribute(send, "outbox.generation").ok_or("no generation")?;
         assert!(
             generation.parse::<i64>()? >= 2,
@@ -691,6 +709,10 @@ async fn traced_one_trace_to_the_inbox_across_a_killed_relay_and_its_redelivery(
         assert_eq!(
             attribute(process, "messaging.message.id").as_deref(),
             Some("o-1")
+        );
+        assert_eq!(
+            attribute(process, "messaging.system").as_deref(),
+            Some("rabbitmq")
         );
     }
     assert_eq!(killed_copy.parent_span_id, request);

@@ -186,9 +186,7 @@ async fn no_trace_or_a_malformed_one_is_left_out_and_never_fails() -> TestResult
         "no trace to continue: a child of the relay's own batch span"
     );
 
-    let garbage = outbox::trace::TraceContext::parse("garbage", Some("k=v"));
-    assert_eq!(garbage, None, "left out");
-    let span = outbox::trace::consumer_span("orders", "x", garbage.as_ref());
+    let span = outbox::trace::consumer_span(&Garbage);
     drop(span.entered());
     let process = exported.named("process orders");
     assert_eq!(process.len(), 1);
@@ -264,7 +262,7 @@ async fn through_nats_one_trace_from_the_request_to_the_consumers_inbox() -> Tes
     .instrument(inbox.span(&*message))
     .await?;
 
-    exported.assert_one_trace(request, &subject, "billing")?;
+    exported.assert_one_trace(request, ("nats", &subject), "billing")?;
     let carried = message.trace().ok_or("no trace context")?;
     assert!(
         exported
@@ -277,4 +275,27 @@ async fn through_nats_one_trace_from_the_request_to_the_consumers_inbox() -> Tes
     cleanup.run().await?;
     db.drop_schema().await?;
     Ok(())
+}
+
+/// A message of a broker of one's own whose `traceparent` is garbage.
+struct Garbage;
+
+impl outbox::inbox::Consumed for Garbage {
+    fn event_id(&self) -> Option<&str> {
+        Some("x")
+    }
+
+    fn system(&self) -> &'static str {
+        "own"
+    }
+
+    fn destination(&self) -> &str {
+        "orders"
+    }
+
+    fn trace(&self) -> Option<outbox::trace::TraceContext> {
+        let garbage = outbox::trace::TraceContext::parse("garbage", Some("k=v"));
+        assert_eq!(garbage, None, "left out");
+        garbage
+    }
 }

@@ -474,6 +474,10 @@ pub(crate) mod with_brokers {
         async fn withdraw(&self) -> bool {
             self.inner.withdraw().await
         }
+
+        fn destination(&self, event: &T) -> Option<outbox::relay::Destination> {
+            self.inner.destination(event)
+        }
     }
 
     impl Bench {

@@ -57,6 +57,10 @@ pub trait Consumed {
     /// header): what the inbox deduplicates on.
     fn event_id(&self) -> Option<&str>;
 
+    /// The broker it was received from, as OpenTelemetry's messaging conventions name it
+    /// (`messaging.system`: `nats`, `kafka`, `rabbitmq`).
+    fn system(&self) -> &'static str;
+
     /// Where it was received from: its subject, topic, or exchange.
     fn destination(&self) -> &str;
 
@@ -162,12 +166,7 @@ impl Inbox {
     /// ```
     #[cfg(feature = "otel")]
     pub fn span(&self, message: &impl Consumed) -> tracing::Span {
-        crate::trace::otel::consumer_span(
-            message.destination(),
-            message.event_id().unwrap_or_default(),
-            Some(&self.consumer),
-            message.trace().as_ref(),
-        )
+        crate::trace::otel::consumer_span(message, Some(&self.consumer))
     }
 
     /// Records `event_id` for this consumer, in the caller's transaction: returns

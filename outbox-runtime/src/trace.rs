@@ -131,19 +131,16 @@ fn bounded_state(state: &str) -> Option<String> {
     (!kept.is_empty()).then_some(kept)
 }
 
-/// A consumer's span for handling one message (feature `otel`): `process <destination>`,
-/// span kind consumer, a child of the `trace` the message carries (read it with
-/// `outbox::nats::trace`, `outbox::kafka::trace` or `outbox::rabbitmq::trace`), so the
-/// consumer's work joins the trace that enqueued the event; a root span without one.
-/// Enter it (or `instrument` the handling with it) around the effect and the inbox's
-/// `receive`.
+/// A consumer's span for handling one `message` (feature `otel`) of a NATS, Kafka or
+/// RabbitMQ client, or of your own broker ([`Consumed`](crate::inbox::Consumed)):
+/// `process <destination>`, span kind consumer, a child of the trace context the message
+/// carries, so the consumer's work joins the trace that enqueued the event; a root span
+/// without one. Enter it (or `instrument` the handling with it) around the effect.
+/// [`Inbox::span`](crate::inbox::Inbox::span) is the same span with the inbox's
+/// consumer as the consumer group.
 #[cfg(feature = "otel")]
-pub fn consumer_span(
-    destination: &str,
-    event_id: &str,
-    trace: Option<&TraceContext>,
-) -> tracing::Span {
-    otel::consumer_span(destination, event_id, None, trace)
+pub fn consumer_span(message: &impl crate::inbox::Consumed) -> tracing::Span {
+    otel::consumer_span(message, None)
 }
 
 /// Where the relay's `send` spans come from (feature `otel`): OpenTelemetry's global
@@ -181,13 +178,14 @@ impl SendTracer {
         }
     }
 
-    /// The relay's spans for publishing `deliveries` (feature `otel`, a traced type): one
-    /// per event, a child of the context it was enqueued in (else of the current span),
-    /// whose own context each delivery then carries. Ended by [`SendSpans::end`] with the
-    /// sink's results.
+    /// The relay's spans for publishing `deliveries` through `sink` (feature `otel`, a
+    /// traced type): one per event, a child of the context it was enqueued in (else of
+    /// the current span), whose own context each delivery then carries. Ended by
+    /// [`SendSpans::end`] with the sink's results.
     #[cfg_attr(not(feature = "otel"), expect(clippy::unused_self))]
-    pub(crate) fn open<T: crate::Outbox>(
+    pub(crate) fn open<T: crate::Outbox, S: crate::sink::Sink<T>>(
         &self,
+        sink: &S,
         deliveries: &mut [crate::sink::Delivery<'_, T>],
     ) -> SendSpans {
         #[cfg(feature = "otel")]
@@ -201,10 +199,10 @@ impl SendTracer {
                 &global
             };
             return SendSpans {
-                spans: otel::send_spans(tracer, T::SPEC.table, deliveries),
+                spans: otel::send_spans(tracer, sink, deliveries),
             };
         }
-        let _ = deliveries;
+        let _ = (sink, deliveries);
         SendSpans::default()
     }
 }
@@ -297,38 +295,31 @@ pub(crate) mod otel {
         }
     }
 
-    /// The relay's spans for publishing `deliveries` of `table`: OpenTelemetry's
+    /// The relay's spans for publishing `deliveries` through `sink`: OpenTelemetry's
     /// messaging conventions for a send, one per event, each a child of the context the
     /// event was enqueued in, or else of the current span (the relay's batch). Made with
     /// the OpenTelemetry API directly: a `tracing` span per event costs about three times
     /// as much. A delivery then carries its span's context, where the span records.
-    pub(super) fn send_spans<T: crate::Outbox>(
+    ///
+    /// The attributes are given once the span is known to record: an event whose request
+    /// was not sampled costs its span's start alone (a parent-based sampler decides on
+    /// the parent, not on attributes).
+    pub(super) fn send_spans<T: crate::Outbox, S: crate::sink::Sink<T>>(
         tracer: &BoxedTracer,
-        table: &'static str,
+        sink: &S,
         deliveries: &mut [crate::sink::Delivery<'_, T>],
     ) -> Vec<BoxedSpan> {
+        let table = T::SPEC.table;
         // The relay's batch span: the parent of an event enqueued outside a trace.
         let mut batch = None;
-        let name: std::borrow::Cow<'static, str> = format!("send {table}").into();
+        let name = send_span_name(table);
         deliveries
             .iter_mut()
             .map(|delivery| {
                 let enqueued_in = delivery.trace().and_then(parent);
-                let span = tracer
-                    .span_builder(name.clone())
+                let mut span = tracer
+                    .span_builder(name)
                     .with_kind(SpanKind::Producer)
-                    .with_attributes([
-                        KeyValue::new("messaging.system", "outbox"),
-                        KeyValue::new("messaging.operation.type", "send"),
-                        KeyValue::new("messaging.operation.name", "send"),
-                        KeyValue::new("messaging.destination.name", table),
-                        KeyValue::new(
-                            "messaging.message.id",
-                            delivery.event_id().as_str().to_owned(),
-                        ),
-                        KeyValue::new("outbox.attempt", i64::from(delivery.attempt())),
-                        KeyValue::new("outbox.generation", delivery.generation().get()),
-                    ])
                     .start_with_context(
                         tracer,
                         match &enqueued_in {
@@ -336,14 +327,73 @@ pub(crate) mod otel {
                             None => batch.get_or_insert_with(|| tracing::Span::current().context()),
                         },
                     );
-                if span.is_recording()
-                    && let Some(own) = of(span.span_context())
-                {
-                    delivery.trace = Some(std::borrow::Cow::Owned(own));
+                if span.is_recording() {
+                    span.set_attributes(send_attributes(sink, table, delivery));
+                    if let Some(own) = of(span.span_context()) {
+                        delivery.trace = Some(std::borrow::Cow::Owned(own));
+                    }
                 }
                 span
             })
             .collect()
+    }
+
+    /// A `send` span's attributes: where the sink publishes the event (its system and
+    /// destination; the outbox's table without one), and which event, attempt and
+    /// generation.
+    fn send_attributes<T: crate::Outbox, S: crate::sink::Sink<T>>(
+        sink: &S,
+        table: &'static str,
+        delivery: &crate::sink::Delivery<'_, T>,
+    ) -> Vec<KeyValue> {
+        let destination = sink.destination(delivery.event());
+        let mut attributes = vec![
+            KeyValue::new("messaging.operation.type", "send"),
+            KeyValue::new("messaging.operation.name", "send"),
+            KeyValue::new(
+                "messaging.message.id",
+                delivery.event_id().as_str().to_owned(),
+            ),
+            KeyValue::new("outbox.table", table),
+            KeyValue::new("outbox.attempt", i64::from(delivery.attempt())),
+            KeyValue::new("outbox.generation", delivery.generation().get()),
+        ];
+        match destination {
+            Some(destination) => {
+                attributes.push(KeyValue::new("messaging.system", destination.system()));
+                attributes.extend(
+                    destination
+                        .attributes()
+                        .iter()
+                        .map(|(key, value)| KeyValue::new(*key, value.clone())),
+                );
+                attributes.push(KeyValue::new(
+                    "messaging.destination.name",
+                    destination.into_name(),
+                ));
+            }
+            None => {
+                attributes.push(KeyValue::new("messaging.system", "outbox"));
+                attributes.push(KeyValue::new("messaging.destination.name", table));
+            }
+        }
+        attributes
+    }
+
+    /// `send <table>`, made once per table: a span's name is kept as it is given, and a
+    /// name made per span would be an allocation per event.
+    fn send_span_name(table: &'static str) -> &'static str {
+        static NAMES: std::sync::Mutex<Vec<(&str, &str)>> = std::sync::Mutex::new(Vec::new());
+        let mut names = NAMES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, name)) = names.iter().find(|(known, _)| *known == table) {
+            return name;
+        }
+        // One per outbox table of the process: a bounded set.
+        let name: &'static str = Box::leak(format!("send {table}").into_boxed_str());
+        names.push((table, name));
+        name
     }
 
     /// See [`super::SendSpans::end`].
@@ -364,25 +414,24 @@ pub(crate) mod otel {
     /// See [`super::consumer_span`]; `consumer`, an inbox's consumer name, as the
     /// consumer group.
     pub(crate) fn consumer_span(
-        destination: &str,
-        event_id: &str,
+        message: &impl crate::inbox::Consumed,
         consumer: Option<&str>,
-        trace: Option<&TraceContext>,
     ) -> tracing::Span {
+        let destination = message.destination();
         let span = tracing::info_span!(
             target: "outbox",
             "process",
             otel.name = %format!("process {destination}"),
             otel.kind = "consumer",
-            messaging.system = "outbox",
+            messaging.system = message.system(),
             messaging.operation.type = "process",
             messaging.operation.name = "process",
             messaging.destination.name = destination,
-            messaging.message.id = event_id,
+            messaging.message.id = message.event_id().unwrap_or_default(),
             messaging.consumer.group.name = consumer,
             outbox.duplicate = tracing::field::Empty,
         );
-        set_parent(&span, trace);
+        set_parent(&span, message.trace().as_ref());
         span
     }
 }

@@ -88,11 +88,12 @@ impl Exported {
     /// spans (one per attempt: a broker's timeout makes a second), each a producer and a
     /// child of the `request`, and one `process <destination>` span, a consumer and a
     /// child of the send whose copy it processed, naming the consumer and a first
-    /// delivery; all in the request's trace.
+    /// delivery; all in the request's trace, each naming the broker (`system`) and the
+    /// destination.
     pub fn assert_one_trace(
         &self,
         (trace_id, request): (TraceId, SpanId),
-        destination: &str,
+        (system, destination): (&str, &str),
         consumer: &str,
     ) -> TestResult {
         let sends = self.named("send traced_order_events");
@@ -108,6 +109,15 @@ impl Exported {
                 "sent as a child of the request"
             );
             assert_eq!(send.span_kind, SpanKind::Producer);
+            assert_eq!(
+                (
+                    attribute(send, "messaging.system").as_deref(),
+                    attribute(send, "messaging.destination.name").as_deref(),
+                    attribute(send, "outbox.table").as_deref(),
+                ),
+                (Some(system), Some(destination), Some("traced_order_events")),
+                "the broker and its destination, and the outbox's table"
+            );
         }
         let processes = self.named(&format!("process {destination}"));
         let [process] = processes.as_slice() else {
@@ -121,6 +131,10 @@ impl Exported {
             "processed as a child of a relay's send: {process:?}"
         );
         assert_eq!(process.span_kind, SpanKind::Consumer);
+        assert_eq!(
+            attribute(process, "messaging.system").as_deref(),
+            Some(system)
+        );
         assert_eq!(
             attribute(process, "messaging.consumer.group.name").as_deref(),
             Some(consumer)

@@ -31,7 +31,7 @@ use sqlx::PgPool;
 
 pub use crate::sink::memory::{MemorySink, Published};
 pub use crate::sink::stdout::StdoutSink;
-pub use crate::sink::{BoxError, Delivery, Sink, SinkError};
+pub use crate::sink::{BoxError, Delivery, Destination, Sink, SinkError};
 pub use crate::table::metric;
 pub use backoff::Backoff;
 /// The shutdown signal [`Relay::run`] takes (re-exported from tokio-util).

@@ -7,6 +7,7 @@
 #[cfg(any_broker)]
 pub(crate) mod broker;
 mod delivery;
+mod destination;
 mod error;
 pub(crate) mod memory;
 pub mod message;
@@ -15,6 +16,7 @@ pub(crate) mod stdout;
 use std::future::Future;
 
 pub use delivery::Delivery;
+pub use destination::Destination;
 pub use error::{BoxError, SinkError};
 
 /// A destination for events: a broker client, a webhook, a test double.
@@ -87,5 +89,15 @@ pub trait Sink<T>: Send + Sync + 'static {
     /// A sink that wraps another forwards this call.
     fn withdraw(&self) -> impl Future<Output = bool> + Send {
         std::future::ready(false)
+    }
+
+    /// Where the sink publishes `event`, for the relay's `send` span of a traced event
+    /// (feature `otel`): the broker sinks name their system and the subject, topic or
+    /// exchange. The default, `None`, leaves the span naming the outbox's table under the
+    /// system `outbox`. Asked only while a span records. A sink that wraps another
+    /// forwards this call.
+    fn destination(&self, event: &T) -> Option<Destination> {
+        let _ = event;
+        None
     }
 }

@@ -35,7 +35,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             count_claimed(&claims);
             let mut deliveries: Vec<Delivery<'_, T>> =
                 claims.iter().map(InFlight::delivery).collect();
-            let sends = self.relay.tracer.open(&mut deliveries);
+            let sends = self.relay.tracer.open(&self.relay.sink, &mut deliveries);
             let rows = InFlight::pair(&claims, &deliveries);
             let claim_next = full && !self.stop.is_cancelled();
             let beside = (claim_next || !earlier.outcomes.is_empty()).then(|| {

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
+use derive_where::derive_where;
 use futures_util::future::join_all;
 pub use rdkafka;
 use rdkafka::ClientContext;
@@ -25,9 +26,12 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer a
 
 use crate::sink::broker::{self, Failed, Outgoing};
 use crate::sink::message::{CloudEvents, Encoding, Json, header};
-use crate::sink::{Delivery, Sink, SinkError};
+use crate::sink::{Delivery, Destination, Sink, SinkError};
 use crate::spec::Outbox;
 use crate::trace::TraceContext;
+
+/// The broker, as OpenTelemetry's messaging conventions name it (`messaging.system`).
+const SYSTEM: &str = "kafka";
 
 /// The record key of a delivery.
 type KeyOf<T> = Arc<dyn Fn(&Delivery<'_, T>) -> Vec<u8> + Send + Sync>;
@@ -191,10 +195,13 @@ pub enum ConfigError {
 /// Relay::new(pool, sink).run(CancellationToken::new()).await?;
 /// # Ok(()) }
 /// ```
+#[derive_where(Clone, Debug; E)]
 pub struct KafkaSink<T, E = Json> {
+    #[derive_where(skip(Debug))]
     client: Arc<Client>,
     /// Topics and values.
     outgoing: Outgoing<T, E>,
+    #[derive_where(skip(Debug))]
     key: Option<KeyOf<T>>,
 }
 
@@ -238,24 +245,6 @@ impl Current {
                 )
             })
         })
-    }
-}
-
-impl<T, E: Clone> Clone for KafkaSink<T, E> {
-    fn clone(&self) -> Self {
-        Self {
-            client: Arc::clone(&self.client),
-            outgoing: self.outgoing.clone(),
-            key: self.key.clone(),
-        }
-    }
-}
-
-impl<T, E: std::fmt::Debug> std::fmt::Debug for KafkaSink<T, E> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KafkaSink")
-            .field("encoding", &self.outgoing.encoding)
-            .finish_non_exhaustive()
     }
 }
 
@@ -788,6 +777,11 @@ impl<T: Outbox + Send + Sync, E: Encoding<T>> Sink<T> for KafkaSink<T, E> {
         broker::acknowledged(self.publish_acked(batch).await)
     }
 
+    /// `kafka`, the topic.
+    fn destination(&self, event: &T) -> Option<Destination> {
+        Some(Destination::new(SYSTEM, self.outgoing.destination(event)))
+    }
+
     /// Purges the producer, queued and in-flight records (see
     /// [shutdown](KafkaSink#shutdown)), and waits for the purge to finish: librdkafka
     /// then sends none of them, and reports each to the batch it belongs to.
@@ -836,6 +830,10 @@ macro_rules! consumed {
         impl crate::inbox::Consumed for $message {
             fn event_id(&self) -> Option<&str> {
                 event_id(self)
+            }
+
+            fn system(&self) -> &'static str {
+                SYSTEM
             }
 
             fn destination(&self) -> &str {

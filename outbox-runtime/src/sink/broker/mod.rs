@@ -17,33 +17,27 @@ pub mod rabbitmq;
 
 use std::sync::Arc;
 
+use derive_where::derive_where;
+
 use super::message::{self, Attributes, CloudEvents, Encoding, Json, header, timestamp};
 use super::{Delivery, SinkError};
 use crate::spec::Outbox;
 
 /// Where an event goes (a subject, a routing key, a topic), from the event.
-type Destination<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
+type DestinationOf<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 
 /// What a broker sink makes of each event before its broker sees it: the destination,
 /// from the event, and the body, with the [`Encoding`].
 ///
-/// `Clone` by hand, here and in the sinks that hold it: `T` is only the events' type,
-/// and a derive would ask for `T: Clone`.
+/// `derive_where`, here and in the sinks that hold it: `T` is only the events' type, and
+/// `derive` would ask for `T: Clone` and `T: Debug`.
+#[derive_where(Clone, Debug; E)]
 pub(crate) struct Outgoing<T, E> {
-    destination: Destination<T>,
+    #[derive_where(skip)]
+    destination: DestinationOf<T>,
     pub(crate) encoding: E,
     /// Each event as a CloudEvent, when set.
     cloud_events: Option<Arc<CloudEvents>>,
-}
-
-impl<T, E: Clone> Clone for Outgoing<T, E> {
-    fn clone(&self) -> Self {
-        Self {
-            destination: Arc::clone(&self.destination),
-            encoding: self.encoding.clone(),
-            cloud_events: self.cloud_events.clone(),
-        }
-    }
 }
 
 impl<T> Outgoing<T, Json> {

@@ -18,13 +18,17 @@ use async_nats::jetstream::context::{
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::publish::PublishAck;
 use async_nats::jetstream::{Context, ErrorCode};
+use derive_where::derive_where;
 use futures_util::future::join_all;
 
 use crate::sink::broker::{self, Failed, Outgoing};
 use crate::sink::message::{CloudEvents, Encoding, Json, header};
-use crate::sink::{Delivery, Sink, SinkError};
+use crate::sink::{Delivery, Destination, Sink, SinkError};
 use crate::spec::Outbox;
 use crate::trace::TraceContext;
+
+/// The broker, as OpenTelemetry's messaging conventions name it (`messaging.system`).
+const SYSTEM: &str = "nats";
 
 /// Metric the sink emits through the `metrics` crate, labelled `table`.
 pub mod metric {
@@ -74,27 +78,12 @@ pub mod metric {
 /// Relay::new(pool, sink).run(CancellationToken::new()).await?;
 /// # Ok(()) }
 /// ```
+#[derive_where(Clone, Debug; E)]
 pub struct JetStreamSink<T, E = Json> {
+    #[derive_where(skip(Debug))]
     jetstream: Context,
     /// Subjects and bodies.
     outgoing: Outgoing<T, E>,
-}
-
-impl<T, E: Clone> Clone for JetStreamSink<T, E> {
-    fn clone(&self) -> Self {
-        Self {
-            jetstream: self.jetstream.clone(),
-            outgoing: self.outgoing.clone(),
-        }
-    }
-}
-
-impl<T, E: std::fmt::Debug> std::fmt::Debug for JetStreamSink<T, E> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JetStreamSink")
-            .field("encoding", &self.outgoing.encoding)
-            .finish_non_exhaustive()
-    }
 }
 
 impl<T> JetStreamSink<T, Json> {
@@ -467,6 +456,11 @@ impl<T: Outbox + Send + Sync, E: Encoding<T>> Sink<T> for JetStreamSink<T, E> {
     async fn publish(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<(), SinkError>> {
         broker::acknowledged(self.publish_acked(batch).await)
     }
+
+    /// `nats`, the subject.
+    fn destination(&self, event: &T) -> Option<Destination> {
+        Some(Destination::new(SYSTEM, self.outgoing.destination(event)))
+    }
 }
 
 /// The event id a message carries (the [`header::EVENT_ID`] header), for a consumer's
@@ -488,6 +482,10 @@ pub fn trace(message: &async_nats::Message) -> Option<TraceContext> {
 impl crate::inbox::Consumed for async_nats::Message {
     fn event_id(&self) -> Option<&str> {
         event_id(self)
+    }
+
+    fn system(&self) -> &'static str {
+        SYSTEM
     }
 
     fn destination(&self) -> &str {

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use derive_where::derive_where;
 use futures_util::future::join_all;
 pub use lapin;
 use lapin::message::BasicReturnMessage;
@@ -21,9 +22,12 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ErrorKind, Publi
 
 use crate::sink::broker::{self, Failed, Outgoing};
 use crate::sink::message::{CloudEvents, Encoding, Json, header};
-use crate::sink::{Delivery, Sink, SinkError};
+use crate::sink::{Delivery, Destination, Sink, SinkError};
 use crate::spec::Outbox;
 use crate::trace::TraceContext;
+
+/// The broker, as OpenTelemetry's messaging conventions name it (`messaging.system`).
+const SYSTEM: &str = "rabbitmq";
 
 /// AMQP delivery mode 2: the broker writes the message to disk (in a durable queue).
 const PERSISTENT: u8 = 2;
@@ -88,36 +92,17 @@ const PERSISTENT: u8 = 2;
 /// Relay::new(pool, sink).run(CancellationToken::new()).await?;
 /// # Ok(()) }
 /// ```
+#[derive_where(Clone, Debug; E)]
 pub struct RabbitSink<T, E = Json> {
+    #[derive_where(skip(Debug))]
     connection: Arc<Connection>,
     /// The sink's channels, in confirm mode.
+    #[derive_where(skip(Debug))]
     channels: Arc<Mutex<Channels>>,
     exchange: ShortString,
     /// Routing keys and bodies.
     outgoing: Outgoing<T, E>,
     confirm_timeout: Duration,
-}
-
-impl<T, E: Clone> Clone for RabbitSink<T, E> {
-    fn clone(&self) -> Self {
-        Self {
-            connection: Arc::clone(&self.connection),
-            channels: Arc::clone(&self.channels),
-            exchange: self.exchange.clone(),
-            outgoing: self.outgoing.clone(),
-            confirm_timeout: self.confirm_timeout,
-        }
-    }
-}
-
-impl<T, E: std::fmt::Debug> std::fmt::Debug for RabbitSink<T, E> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RabbitSink")
-            .field("exchange", &self.exchange)
-            .field("encoding", &self.outgoing.encoding)
-            .field("confirm_timeout", &self.confirm_timeout)
-            .finish_non_exhaustive()
-    }
 }
 
 impl<T> RabbitSink<T, Json> {
@@ -600,6 +585,15 @@ fn refused_topic(reason: &str) -> Option<&str> {
     Some(after.rsplit_once("' in exchange '")?.0)
 }
 
+/// The destination's name of `exchange` (`amq.default` for the default one), as
+/// OpenTelemetry's messaging conventions name a RabbitMQ destination.
+fn destination_name(exchange: &str) -> &str {
+    match exchange {
+        "" => "amq.default",
+        exchange => exchange,
+    }
+}
+
 /// A message handed to the channel, as its errors name it.
 struct Sent {
     routing_key: String,
@@ -619,6 +613,16 @@ fn max_message_size(reason: &str) -> Option<usize> {
 impl<T: Outbox + Send + Sync, E: Encoding<T>> Sink<T> for RabbitSink<T, E> {
     async fn publish(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<(), SinkError>> {
         broker::acknowledged(self.publish_confirmed(batch).await)
+    }
+
+    /// `rabbitmq`, the exchange, with the routing key.
+    fn destination(&self, event: &T) -> Option<Destination> {
+        Some(
+            Destination::new(SYSTEM, destination_name(self.exchange.as_str())).with_attribute(
+                "messaging.rabbitmq.destination.routing_key",
+                self.outgoing.destination(event),
+            ),
+        )
     }
 }
 
@@ -649,13 +653,12 @@ impl crate::inbox::Consumed for lapin::message::Delivery {
         event_id(self)
     }
 
-    /// The exchange (`amq.default` for the default one), as OpenTelemetry's messaging
-    /// conventions name a RabbitMQ destination.
+    fn system(&self) -> &'static str {
+        SYSTEM
+    }
+
     fn destination(&self) -> &str {
-        match self.exchange.as_str() {
-            "" => "amq.default",
-            exchange => exchange,
-        }
+        destination_name(self.exchange.as_str())
     }
 
     fn trace(&self) -> Option<TraceContext> {
