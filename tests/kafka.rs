@@ -598,6 +598,7 @@ async fn kafka_a_traced_events_context_is_in_its_records_traceparent() -> TestRe
     let trace = outbox::kafka::trace(&message).ok_or("no trace context in the record")?;
     assert_eq!(trace.traceparent(), broker::TRACEPARENT);
     assert_eq!(trace.tracestate(), Some(broker::TRACESTATE));
+    assert_eq!(trace.baggage(), Some(broker::BAGGAGE));
     db.drop_schema().await?;
     Ok(())
 }

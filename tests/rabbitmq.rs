@@ -615,6 +615,7 @@ async fn a_traced_events_context_is_in_its_messages_traceparent() -> TestResult 
     let trace = outbox::rabbitmq::trace(&message.delivery).ok_or("no trace context")?;
     assert_eq!(trace.traceparent(), broker::TRACEPARENT);
     assert_eq!(trace.tracestate(), Some(broker::TRACESTATE));
+    assert_eq!(trace.baggage(), Some(broker::BAGGAGE));
     topology.delete().await?;
     db.drop_schema().await?;
     Ok(())

@@ -18,7 +18,7 @@ use outbox::relay::MemorySink;
 use outbox::{Delivery, Inbox, Relay, Sink, SinkError};
 use outbox_testkit::cleanup::Cleanup;
 use outbox_testkit::events::TracedOrder;
-use outbox_testkit::otel::{Exported, attribute, order};
+use outbox_testkit::otel::{BAGGAGE, Exported, attribute, current_baggage, order};
 use outbox_testkit::running::start;
 use outbox_testkit::schema::schema_from_zero;
 use outbox_testkit::{TestResult, wait_until};
@@ -57,6 +57,15 @@ async fn the_relays_send_is_a_producer_span_in_the_trace_that_enqueued_the_event
     assert!(
         stored.starts_with(&format!("00-{trace_id}-{request}-")),
         "the request's context, in the same INSERT: {stored}"
+    );
+    let baggage: Option<String> =
+        sqlx::query_scalar("SELECT trace_baggage FROM traced_order_events")
+            .fetch_one(pool)
+            .await?;
+    assert_eq!(
+        baggage.as_deref(),
+        Some("tenant=acme%20co"),
+        "and its baggage, as the W3C header has it"
     );
 
     publish_the_one_order(pool, &exported).await?;
@@ -252,6 +261,11 @@ async fn through_nats_one_trace_from_the_request_to_the_consumers_inbox() -> Tes
         .map_err(|e| e.to_string())?;
     let inbox = Inbox::new("billing");
     async {
+        assert_eq!(
+            current_baggage(BAGGAGE.0).as_deref(),
+            Some(BAGGAGE.1),
+            "the request's baggage, in the consumer's context"
+        );
         let mut tx = pool.begin().await?;
         let event_id = message.event_id().ok_or("no event id")?;
         assert!(inbox.receive(&mut tx, event_id).await?.is_new());
@@ -264,6 +278,11 @@ async fn through_nats_one_trace_from_the_request_to_the_consumers_inbox() -> Tes
 
     exported.assert_one_trace(request, ("nats", &subject), "billing")?;
     let carried = message.trace().ok_or("no trace context")?;
+    assert_eq!(
+        carried.baggage(),
+        Some("tenant=acme%20co"),
+        "the baggage header"
+    );
     assert!(
         exported
             .named("send traced_order_events")

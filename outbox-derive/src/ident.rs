@@ -7,7 +7,7 @@ use syn::{Ident, LitStr};
 
 use outbox_internals::{
     BOOKKEEPING, HISTORY_PREFIX, MAX_IDENTIFIER, OWN_TABLES, PUBLISH_AT, REFINERY_HISTORY,
-    STATEMENT_STEPS, TRACE_PARENT, TRACE_STATE, claim_header, is_plain_identifier,
+    STATEMENT_STEPS, TRACED, claim_header, is_plain_identifier,
 };
 
 use crate::attr::{self, Errors};
@@ -115,7 +115,7 @@ fn taken(column: &str) -> Option<String> {
         )
     } else if column == PUBLISH_AT.name {
         "is reserved for the time a scheduled event is due (`#[outbox(scheduled)]`)".to_owned()
-    } else if column == TRACE_PARENT.name || column == TRACE_STATE.name {
+    } else if TRACED.iter().any(|c| c.name == column) {
         "is reserved for the trace context an event was enqueued in (`#[outbox(traced)]`)"
             .to_owned()
     } else if RESERVED_RESULTS.contains(&column) {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use outbox_internals::{Bookkeeping, PUBLISH_AT, TRACE_PARENT, TRACE_STATE};
+use outbox_internals::{Bookkeeping, PUBLISH_AT, TRACED};
 use syn::{DeriveInput, Ident, LitInt};
 
 use crate::attr::{self, Errors};
@@ -127,7 +127,7 @@ impl Model {
         let traced = self
             .traced
             .into_iter()
-            .flat_map(|v| [(v, &TRACE_PARENT), (v, &TRACE_STATE)]);
+            .flat_map(|v| TRACED.iter().map(move |column| (v, column)));
         scheduled.into_iter().chain(traced).collect()
     }
 

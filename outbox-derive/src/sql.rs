@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use outbox_internals::{BOOKKEEPING, Bookkeeping, PUBLISH_AT, TRACE_PARENT};
+use outbox_internals::{BOOKKEEPING, Bookkeeping, PUBLISH_AT, TRACE_PARENT, TRACE_STATE};
 
 use crate::fields::Field;
 use crate::model::Model;
@@ -136,7 +136,8 @@ fn what_it_holds(column: &Bookkeeping) -> &'static str {
         name if name == TRACE_PARENT.name => {
             "The trace context the event was enqueued in (W3C traceparent)."
         }
-        _ => "The trace context's vendor entries (W3C tracestate).",
+        name if name == TRACE_STATE.name => "The trace context's vendor entries (W3C tracestate).",
+        _ => "The trace context's baggage (W3C baggage).",
     }
 }
 

@@ -9,9 +9,7 @@
 
 use std::time::Duration;
 
-use outbox_internals::{
-    Outcome, PUBLISH_AT, Statement, Status, TRACE_PARENT, TRACE_STATE, claim_header,
-};
+use outbox_internals::{Outcome, PUBLISH_AT, Statement, Status, TRACED, claim_header};
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
@@ -666,7 +664,8 @@ fn insert_columns(table: &Table<'_>) -> String {
 ///   Due at the latest of now, the time and now plus the delay (`greatest` skips NULLs):
 ///   a time in the past means now, and the delay counts on the database's clock.
 ///   `publish_at` is that time when it is later than now, NULL otherwise.
-/// - `traced`: the W3C `traceparent` and `tracestate` (`text`, NULL without a trace).
+/// - `traced`: the W3C `traceparent`, `tracestate` and `baggage` (`text`, NULL without a
+///   trace).
 fn extras(table: &Table<'_>, columns: usize) -> Vec<(&'static str, String)> {
     let mut param = columns;
     let mut next = || {
@@ -687,8 +686,9 @@ fn extras(table: &Table<'_>, columns: usize) -> Vec<(&'static str, String)> {
         extras.push(("next_attempt_at", due));
     }
     if table.model.traced.is_some() {
-        extras.push((TRACE_PARENT.name, format!("${}::text", next())));
-        extras.push((TRACE_STATE.name, format!("${}::text", next())));
+        for column in &TRACED {
+            extras.push((column.name, format!("${}::text", next())));
+        }
     }
     extras
 }
@@ -942,8 +942,7 @@ fn take(table: &Table<'_>, candidates: &str, reclaimed: &str) -> String {
                 .model
                 .traced
                 .into_iter()
-                .flat_map(|_| [TRACE_PARENT.name, TRACE_STATE.name])
-                .map(|column| format!("o.{column}")),
+                .flat_map(|_| TRACED.iter().map(|column| format!("o.{}", column.name))),
         )
         .collect::<Vec<_>>()
         .join(", ");

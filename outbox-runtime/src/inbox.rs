@@ -64,8 +64,8 @@ pub trait Consumed {
     /// Where it was received from: its subject, topic, or exchange.
     fn destination(&self) -> &str;
 
-    /// The trace context it carries (its `traceparent` and `tracestate` headers), if a
-    /// valid one.
+    /// The trace context it carries (its `traceparent`, `tracestate` and `baggage`
+    /// headers), if a valid one.
     fn trace(&self) -> Option<TraceContext>;
 }
 

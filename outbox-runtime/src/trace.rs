@@ -4,8 +4,9 @@
 //! An outbox cuts a trace in two: the request that enqueued an event ends at the
 //! `INSERT`, and the publication starts later, in another process. On a traced type,
 //! enqueue keeps the current span's context in the row (`trace_parent`, `trace_state`,
-//! in the same `INSERT`), and every message the relay publishes carries a
-//! [`TraceContext`] in its `traceparent` and `tracestate` headers:
+//! and the [W3C Baggage] in `trace_baggage`, in the same `INSERT`), and every message the
+//! relay publishes carries a [`TraceContext`] in its `traceparent`, `tracestate` and
+//! `baggage` headers:
 //!
 //! - with the cargo feature `otel`, the context of the relay's own span for that
 //!   publication (`send <table>`, span kind producer, OpenTelemetry's messaging
@@ -24,17 +25,23 @@
 //! enqueue, a publication or a consumption.
 //!
 //! [W3C Trace Context]: https://www.w3.org/TR/trace-context/
+//! [W3C Baggage]: https://www.w3.org/TR/baggage/
 
 /// The longest `tracestate` kept: 512 characters, W3C's limit for what a vendor may
 /// propagate (longer ones are cut at a whole entry).
 const MAX_STATE: usize = 512;
 
+/// The longest `baggage` kept: 8,192 bytes, what W3C Baggage asks every platform to
+/// propagate (longer ones are cut at a whole entry).
+const MAX_BAGGAGE: usize = 8192;
+
 /// A W3C trace context: a `traceparent` (version `00`, a non-zero trace id and parent
-/// id) and its `tracestate`, if any.
+/// id), its `tracestate`, if any, and the W3C `baggage` that goes with it, if any.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceContext {
     parent: String,
     state: Option<String>,
+    baggage: Option<String>,
 }
 
 impl TraceContext {
@@ -48,8 +55,20 @@ impl TraceContext {
         }
         Some(Self {
             parent: traceparent.to_owned(),
-            state: tracestate.and_then(bounded_state),
+            state: tracestate.and_then(|state| bounded_list(state, MAX_STATE, "tracestate")),
+            baggage: None,
         })
+    }
+
+    /// With `baggage`, a W3C `baggage` header (`key=value;property,...`): cut at its last
+    /// whole entry within 8,192 bytes, entries with control characters left out; an empty
+    /// one is none.
+    #[must_use]
+    pub fn with_baggage(self, baggage: Option<&str>) -> Self {
+        Self {
+            baggage: baggage.and_then(|baggage| bounded_list(baggage, MAX_BAGGAGE, "baggage")),
+            ..self
+        }
     }
 
     /// The `traceparent` header: `00-<trace id>-<parent id>-<flags>`.
@@ -60,6 +79,11 @@ impl TraceContext {
     /// The `tracestate` header, if any.
     pub fn tracestate(&self) -> Option<&str> {
         self.state.as_deref()
+    }
+
+    /// The `baggage` header, if any.
+    pub fn baggage(&self) -> Option<&str> {
+        self.baggage.as_deref()
     }
 
     /// The trace id: 32 lowercase hex digits.
@@ -109,18 +133,20 @@ fn traceparent_parts(value: &str) -> Option<(&str, &str, &str)> {
         .and_then(|(trace, parent, flags)| Some((trace?, parent?, flags?)))
 }
 
-/// `state`, cut at its last whole entry within [`MAX_STATE`] characters; `None` when
-/// nothing is left.
-fn bounded_state(state: &str) -> Option<String> {
-    let state = state.trim();
+/// `list` (a `tracestate` or a `baggage` header, named `what`), cut at its last whole
+/// entry within `max` bytes, entries with a control character left out (they would
+/// break a header); `None` when nothing is left.
+fn bounded_list(list: &str, max: usize, what: &str) -> Option<String> {
+    let list = list.trim();
     let mut kept = String::new();
-    for entry in state.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+    for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        if entry.chars().any(char::is_control) {
+            tracing::debug!(what, entry, "a control character: entry left out");
+            continue;
+        }
         let needed = entry.len() + usize::from(!kept.is_empty());
-        if kept.len() + needed > MAX_STATE {
-            tracing::debug!(
-                tracestate = state,
-                "tracestate over 512 characters: cut at a whole entry"
-            );
+        if kept.len() + needed > max {
+            tracing::debug!(what, list, max, "too long: cut at a whole entry");
             break;
         }
         if !kept.is_empty() {
@@ -232,6 +258,7 @@ pub(crate) mod otel {
     //! The OpenTelemetry side: contexts to and from [`TraceContext`], and the relay's and
     //! the consumer's spans.
 
+    use opentelemetry::baggage::{Baggage, BaggageExt as _, KeyValueMetadata};
     use opentelemetry::global::{BoxedSpan, BoxedTracer};
     use opentelemetry::trace::{
         Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt as _, TraceFlags,
@@ -242,9 +269,17 @@ pub(crate) mod otel {
 
     use super::TraceContext;
 
-    /// The current span's context, if OpenTelemetry has one for it.
+    /// The current span's context, if OpenTelemetry has one for it, with the baggage of
+    /// its context (else of OpenTelemetry's current one).
     pub(super) fn current() -> Option<TraceContext> {
-        of(tracing::Span::current().context().span().span_context())
+        let context = tracing::Span::current().context();
+        let trace = of(context.span().span_context())?;
+        let baggage = if context.baggage().is_empty() {
+            opentelemetry::Context::map_current(|current| current.baggage().to_string())
+        } else {
+            context.baggage().to_string()
+        };
+        Some(trace.with_baggage(Some(&baggage)))
     }
 
     /// `span_context` as a [`TraceContext`], if it is a valid one.
@@ -259,7 +294,12 @@ pub(crate) mod otel {
                 span_context.span_id(),
                 span_context.trace_flags().to_u8()
             ),
-            state: super::bounded_state(&span_context.trace_state().header()),
+            state: super::bounded_list(
+                &span_context.trace_state().header(),
+                super::MAX_STATE,
+                "tracestate",
+            ),
+            baggage: None,
         })
     }
 
@@ -268,6 +308,25 @@ pub(crate) mod otel {
         InstrumentationScope::builder("outbox")
             .with_version(env!("CARGO_PKG_VERSION"))
             .build()
+    }
+
+    /// The entries of a W3C `baggage` header, their values percent-decoded; a malformed
+    /// entry left out.
+    pub(super) fn baggage(header: &str) -> Baggage {
+        header
+            .split(',')
+            .filter_map(|member| {
+                let (pair, properties) = member.split_once(';').unwrap_or((member, ""));
+                let (key, value) = pair.split_once('=')?;
+                let key = key.trim();
+                let value = percent_encoding::percent_decode_str(value.trim())
+                    .decode_utf8()
+                    .ok()?;
+                (!key.is_empty()).then(|| {
+                    KeyValueMetadata::new(key.to_owned(), value.into_owned(), properties.trim())
+                })
+            })
+            .collect()
     }
 
     /// The remote parent `trace` stands for.
@@ -287,9 +346,13 @@ pub(crate) mod otel {
         Some(opentelemetry::Context::new().with_remote_span_context(span_context))
     }
 
-    /// Makes `span` a child of `trace`, before it is entered.
+    /// Makes `span` a child of `trace`, with its baggage, before it is entered.
     fn set_parent(span: &tracing::Span, trace: Option<&TraceContext>) {
-        if let Some(parent) = trace.and_then(parent) {
+        let Some(trace) = trace else { return };
+        if let Some(mut parent) = parent(trace) {
+            if let Some(header) = trace.baggage() {
+                parent = parent.with_baggage(baggage(header));
+            }
             // Fails only for a span no OpenTelemetry layer records: nothing to parent.
             let _ = span.set_parent(parent);
         }
@@ -329,7 +392,9 @@ pub(crate) mod otel {
                     );
                 if span.is_recording() {
                     span.set_attributes(send_attributes(sink, table, delivery));
-                    if let Some(own) = of(span.span_context()) {
+                    if let Some(mut own) = of(span.span_context()) {
+                        // The request's baggage goes on with its trace.
+                        own.baggage = delivery.trace().and_then(|t| t.baggage.clone());
                         delivery.trace = Some(std::borrow::Cow::Owned(own));
                     }
                 }
@@ -473,6 +538,43 @@ mod tests {
         assert_eq!(
             TraceContext::parse(PARENT, Some(" ")).unwrap().tracestate(),
             None
+        );
+    }
+
+    #[test]
+    fn baggage_is_kept_whole_entries_within_8_kib_without_control_characters() {
+        let trace = TraceContext::parse(PARENT, None).unwrap();
+        assert_eq!(trace.baggage(), None);
+        let with = |baggage: &str| trace.clone().with_baggage(Some(baggage));
+        assert_eq!(
+            with("tenant=acme%20co, user=42;sensitive").baggage(),
+            Some("tenant=acme%20co,user=42;sensitive")
+        );
+        assert_eq!(
+            with("a=1,bad=x\r\nInjected: yes,b=2").baggage(),
+            Some("a=1,b=2"),
+            "a header injection left out"
+        );
+        let entry = |n: usize| format!("k{n:03}={}", "v".repeat(95));
+        let long: Vec<String> = (0..100).map(entry).collect();
+        let kept = with(&long.join(",")).baggage().unwrap().to_owned();
+        assert!(kept.len() <= 8192, "{}", kept.len());
+        assert_eq!(kept, long[..81].join(","), "whole entries only");
+        assert_eq!(with(" , ").baggage(), None);
+    }
+
+    #[cfg(feature = "otel")]
+    #[test]
+    fn a_baggage_header_decodes_to_its_entries_and_skips_malformed_ones() {
+        let baggage = otel::baggage("tenant=acme%20co;ttl=5, =nokey, novalue, user = 42");
+        assert_eq!(baggage.len(), 2, "{baggage:?}");
+        assert_eq!(
+            baggage.get("tenant").map(ToString::to_string).as_deref(),
+            Some("acme co")
+        );
+        assert_eq!(
+            baggage.get("user").map(ToString::to_string).as_deref(),
+            Some("42")
         );
     }
 }

@@ -92,9 +92,11 @@ pub async fn publish_order_steps<S: Sink<OrderStep>>(pool: &PgPool, sink: S) -> 
 pub const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 /// Its `tracestate`.
 pub const TRACESTATE: &str = "congo=t61rcWkgMzE";
+/// Its `baggage`.
+pub const BAGGAGE: &str = "tenant=acme%20co;ttl=5";
 
-/// Enqueues one [`TracedOrder`] `o-1` whose row holds [`TRACEPARENT`] and
-/// [`TRACESTATE`] (written as an enqueue inside that trace would, here without the
+/// Enqueues one [`TracedOrder`] `o-1` whose row holds [`TRACEPARENT`], [`TRACESTATE`]
+/// and [`BAGGAGE`] (written as an enqueue inside that trace would, here without the
 /// `otel` feature that captures it), and publishes it through `sink`: a relay without
 /// `otel` sends the stored context as it is.
 pub async fn publish_traced_order<S: Sink<TracedOrder>>(pool: &PgPool, sink: S) -> TestResult {
@@ -104,11 +106,14 @@ pub async fn publish_traced_order<S: Sink<TracedOrder>>(pool: &PgPool, sink: S) 
     }
     .enqueue(pool)
     .await?;
-    sqlx::query("UPDATE traced_order_events SET trace_parent = $1, trace_state = $2")
-        .bind(TRACEPARENT)
-        .bind(TRACESTATE)
-        .execute(pool)
-        .await?;
+    sqlx::query(
+        "UPDATE traced_order_events SET trace_parent = $1, trace_state = $2, trace_baggage = $3",
+    )
+    .bind(TRACEPARENT)
+    .bind(TRACESTATE)
+    .bind(BAGGAGE)
+    .execute(pool)
+    .await?;
     let relay = start(Relay::<TracedOrder, _>::new(pool.clone(), sink));
     wait_until("SENT", Duration::from_secs(30), async || {
         outbox::stats::<TracedOrder>(pool).await.unwrap().sent == 1

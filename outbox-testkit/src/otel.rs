@@ -3,10 +3,12 @@
 
 use std::sync::OnceLock;
 
+use opentelemetry::baggage::BaggageExt as _;
 use opentelemetry::trace::{SpanId, SpanKind, TraceId, TracerProvider as _};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use tracing::Instrument as _;
 use tracing::subscriber::DefaultGuard;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use tracing_subscriber::layer::SubscriberExt as _;
 
 use super::TestResult;
@@ -59,14 +61,19 @@ impl Exported {
             .collect()
     }
 
-    /// Enqueues `orders` inside an HTTP-request-like span, in one business
-    /// transaction; returns the request span's trace and span ids.
+    /// Enqueues `orders` inside an HTTP-request-like span carrying the baggage
+    /// [`BAGGAGE`] (as a service's incoming request would), in one business transaction;
+    /// returns the request span's trace and span ids.
     pub async fn enqueue_in_a_request(
         &self,
         pool: &sqlx::PgPool,
         orders: &[TracedOrder],
     ) -> TestResult<(TraceId, SpanId)> {
         let request = tracing::info_span!("POST /orders", otel.kind = "server");
+        let _ = request.set_parent(
+            opentelemetry::Context::new()
+                .with_baggage([opentelemetry::KeyValue::new(BAGGAGE.0, BAGGAGE.1)]),
+        );
         async {
             let mut tx = pool.begin().await?;
             for order in orders {
@@ -155,6 +162,19 @@ impl Exported {
 fn ask_every_dispatcher() {
     static SECOND: OnceLock<tracing::Dispatch> = OnceLock::new();
     SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
+}
+
+/// The baggage entry of every request of [`Exported::enqueue_in_a_request`]: a value
+/// that needs percent-encoding in the `baggage` header.
+pub const BAGGAGE: (&str, &str) = ("tenant", "acme co");
+
+/// The baggage entry `key` of the current span's context, as the consumer's code reads it.
+pub fn current_baggage(key: &str) -> Option<String> {
+    tracing::Span::current()
+        .context()
+        .baggage()
+        .get(key)
+        .map(ToString::to_string)
 }
 
 /// The attribute `key` of `span`, as text.

@@ -14,6 +14,8 @@ CREATE TABLE "bench_traced_events" (
     trace_parent text,
     -- The trace context's vendor entries (W3C tracestate).
     trace_state text,
+    -- The trace context's baggage (W3C baggage).
+    trace_baggage text,
     "payload" text NOT NULL,
     CHECK ((status = 'INPROGRESS') = (lease_until IS NOT NULL))
 )

@@ -1,17 +1,17 @@
 -- enqueue
 WITH enqueued AS (
-    INSERT INTO "bench_traced_events" (event_id, "payload", trace_parent, trace_state) VALUES ($1, $2, $3::text, $4::text)
+    INSERT INTO "bench_traced_events" (event_id, "payload", trace_parent, trace_state, trace_baggage) VALUES ($1, $2, $3::text, $4::text, $5::text)
     ON CONFLICT (event_id) DO NOTHING RETURNING id)
 SELECT id FROM enqueued, (SELECT pg_notify('bench_traced_events', '') FROM enqueued LIMIT 1) AS notified;
 
 -- enqueue_all
 WITH enqueued AS (
-    INSERT INTO "bench_traced_events" (event_id, "payload", trace_parent, trace_state) SELECT *, $3::text, $4::text FROM unnest($1::text[], $2::text[]) RETURNING id)
+    INSERT INTO "bench_traced_events" (event_id, "payload", trace_parent, trace_state, trace_baggage) SELECT *, $3::text, $4::text, $5::text FROM unnest($1::text[], $2::text[]) RETURNING id)
 SELECT pg_notify('bench_traced_events', '') FROM enqueued LIMIT 1;
 
 -- enqueue_all_skipping
 WITH enqueued AS (
-    INSERT INTO "bench_traced_events" (event_id, "payload", trace_parent, trace_state) SELECT *, $3::text, $4::text FROM unnest($1::text[], $2::text[])
+    INSERT INTO "bench_traced_events" (event_id, "payload", trace_parent, trace_state, trace_baggage) SELECT *, $3::text, $4::text, $5::text FROM unnest($1::text[], $2::text[])
     ON CONFLICT (event_id) DO NOTHING RETURNING event_id)
 SELECT event_id FROM enqueued, (SELECT pg_notify('bench_traced_events', '') FROM enqueued LIMIT 1) AS notified;
 
@@ -37,7 +37,7 @@ UPDATE "bench_traced_events" AS o SET
         ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 10'
             || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."payload", o.trace_parent, o.trace_state;
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."payload", o.trace_parent, o.trace_state, o.trace_baggage;
 
 -- claim_from
 WITH ready AS (
@@ -59,7 +59,7 @@ UPDATE "bench_traced_events" AS o SET
         ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 10'
             || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed, o."payload", o.trace_parent, o.trace_state;
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed, o."payload", o.trace_parent, o.trace_state, o.trace_baggage;
 
 -- complete
 UPDATE "bench_traced_events" SET status = 'SENT', lease_until = NULL, next_attempt_at = statement_timestamp() WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp() RETURNING id;

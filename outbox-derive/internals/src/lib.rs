@@ -159,12 +159,17 @@ pub const PUBLISH_AT: Bookkeeping = column(
     true,
 );
 
-/// The columns of a table declared `#[outbox(traced)]`: the W3C trace context of the
-/// span that enqueued the event (`traceparent`, `tracestate`), NULL when there was none.
-/// The relay's publish of the event continues that trace.
+/// The columns of a table declared `#[outbox(traced)]`, in their order: the W3C trace
+/// context of the span that enqueued the event (`traceparent`, `tracestate`) and its W3C
+/// `baggage`, NULL when there was none. The relay's publish of the event continues that
+/// trace.
+pub const TRACED: [Bookkeeping; 3] = [TRACE_PARENT, TRACE_STATE, TRACE_BAGGAGE];
+/// See [`TRACED`].
 pub const TRACE_PARENT: Bookkeeping = column("trace_parent", "text", "text", true);
-/// See [`TRACE_PARENT`].
+/// See [`TRACED`].
 pub const TRACE_STATE: Bookkeeping = column("trace_state", "text", "text", true);
+/// See [`TRACED`].
+pub const TRACE_BAGGAGE: Bookkeeping = column("trace_baggage", "text", "text", true);
 
 /// The columns the claim statements return before the payload, in order: what a
 /// [`Claim`](https://docs.rs/outbox) is made of.

@@ -264,6 +264,8 @@ pub mod header {
     pub const TRACEPARENT: &str = "traceparent";
     /// Its vendor entries, when there are any.
     pub const TRACESTATE: &str = "tracestate";
+    /// The W3C baggage that goes with the trace context, when there is any.
+    pub const BAGGAGE: &str = "baggage";
 }
 
 #[cfg(all(test, any_broker))]

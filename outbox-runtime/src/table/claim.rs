@@ -16,7 +16,7 @@ use crate::id::{EventId, Generation};
 use crate::spec::Outbox;
 use crate::trace::TraceContext;
 use outbox_internals::claim_header as header;
-use outbox_internals::{TRACE_PARENT, TRACE_STATE};
+use outbox_internals::{TRACE_BAGGAGE, TRACE_PARENT, TRACE_STATE};
 
 /// Ownership of one outbox row for the duration of a lease.
 ///
@@ -276,7 +276,11 @@ pub(crate) fn decode_claim<T: Outbox>(
     let trace = if T::SPEC.traced {
         let parent: Option<String> = row.try_get(TRACE_PARENT.name)?;
         let state: Option<String> = row.try_get(TRACE_STATE.name)?;
-        parent.and_then(|parent| TraceContext::parse(&parent, state.as_deref()))
+        let baggage: Option<String> = row.try_get(TRACE_BAGGAGE.name)?;
+        parent.and_then(|parent| {
+            TraceContext::parse(&parent, state.as_deref())
+                .map(|t| t.with_baggage(baggage.as_deref()))
+        })
     } else {
         None
     };

@@ -82,7 +82,8 @@ impl Extras {
             let trace = self.trace.as_ref();
             query = query
                 .bind(trace.map(|t| t.traceparent().to_owned()))
-                .bind(trace.and_then(|t| t.tracestate().map(str::to_owned)));
+                .bind(trace.and_then(|t| t.tracestate().map(str::to_owned)))
+                .bind(trace.and_then(|t| t.baggage().map(str::to_owned)));
         }
         query
     }

@@ -814,14 +814,15 @@ pub fn event_id<M: rdkafka::Message>(message: &M) -> Option<&str> {
     header_value(message, header::EVENT_ID)
 }
 
-/// The trace context a record carries (its [`header::TRACEPARENT`] and
-/// [`header::TRACESTATE`] headers), for the consumer's span
+/// The trace context a record carries (its [`header::TRACEPARENT`],
+/// [`header::TRACESTATE`] and [`header::BAGGAGE`] headers), for the consumer's span
 /// (`outbox::trace::consumer_span`); `None` without one, or with a malformed one.
 pub fn trace<M: rdkafka::Message>(message: &M) -> Option<TraceContext> {
     TraceContext::parse(
         header_value(message, header::TRACEPARENT)?,
         header_value(message, header::TRACESTATE),
     )
+    .map(|trace| trace.with_baggage(header_value(message, header::BAGGAGE)))
 }
 
 /// A record's [`Consumed`](crate::inbox::Consumed), for each of rdkafka's message types.

@@ -190,6 +190,12 @@ fn headers<T: Outbox>(
             .and_then(|trace| trace.tracestate())
             .map(|state| (header::TRACESTATE, state.to_owned())),
     )
+    .chain(
+        delivery
+            .trace()
+            .and_then(|trace| trace.baggage())
+            .map(|baggage| (header::BAGGAGE, baggage.to_owned())),
+    )
 }
 
 /// A message that will not be acknowledged: the sink's own answer, or the client's error

@@ -469,14 +469,15 @@ pub fn event_id(message: &async_nats::Message) -> Option<&str> {
     header_value(message, header::EVENT_ID)
 }
 
-/// The trace context a message carries (its [`header::TRACEPARENT`] and
-/// [`header::TRACESTATE`] headers), for the consumer's span
+/// The trace context a message carries (its [`header::TRACEPARENT`],
+/// [`header::TRACESTATE`] and [`header::BAGGAGE`] headers), for the consumer's span
 /// (`outbox::trace::consumer_span`); `None` without one, or with a malformed one.
 pub fn trace(message: &async_nats::Message) -> Option<TraceContext> {
     TraceContext::parse(
         header_value(message, header::TRACEPARENT)?,
         header_value(message, header::TRACESTATE),
     )
+    .map(|trace| trace.with_baggage(header_value(message, header::BAGGAGE)))
 }
 
 impl crate::inbox::Consumed for async_nats::Message {
