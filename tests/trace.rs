@@ -308,7 +308,7 @@ impl outbox::inbox::Consumed for Garbage {
         "own"
     }
 
-    fn destination(&self) -> &str {
+    fn destination(&self) -> &'static str {
         "orders"
     }
 

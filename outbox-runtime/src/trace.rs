@@ -423,24 +423,21 @@ pub(crate) mod otel {
             KeyValue::new("outbox.attempt", i64::from(delivery.attempt())),
             KeyValue::new("outbox.generation", delivery.generation().get()),
         ];
-        match destination {
-            Some(destination) => {
-                attributes.push(KeyValue::new("messaging.system", destination.system()));
-                attributes.extend(
-                    destination
-                        .attributes()
-                        .iter()
-                        .map(|(key, value)| KeyValue::new(*key, value.clone())),
-                );
-                attributes.push(KeyValue::new(
-                    "messaging.destination.name",
-                    destination.into_name(),
-                ));
-            }
-            None => {
-                attributes.push(KeyValue::new("messaging.system", "outbox"));
-                attributes.push(KeyValue::new("messaging.destination.name", table));
-            }
+        if let Some(destination) = destination {
+            attributes.push(KeyValue::new("messaging.system", destination.system()));
+            attributes.extend(
+                destination
+                    .attributes()
+                    .iter()
+                    .map(|(key, value)| KeyValue::new(*key, value.clone())),
+            );
+            attributes.push(KeyValue::new(
+                "messaging.destination.name",
+                destination.name().to_owned(),
+            ));
+        } else {
+            attributes.push(KeyValue::new("messaging.system", "outbox"));
+            attributes.push(KeyValue::new("messaging.destination.name", table));
         }
         attributes
     }

@@ -1,7 +1,7 @@
 //! A traced service exporting its spans over OTLP/HTTP: a request enqueues an order's
 //! event, the relay publishes it in the request's trace, and the collector that
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` names receives one trace (`POST /orders`, then
-//! `send traced_orders`, its child).
+//! `send traced_order_events`, its child).
 //!
 //! ```text
 //! docker run -p 4318:4318 otel/opentelemetry-collector   # or Jaeger, Tempo, ...
@@ -25,9 +25,10 @@ use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::{Layer as _, SubscriberExt as _};
 use tracing_subscriber::util::SubscriberInitExt as _;
 
-/// The event: `traced` keeps the enqueuing span's trace context in the row.
+/// The event: `traced` keeps the enqueuing span's trace context in the row. (Its table is
+/// the one the repository's traced tests use, so that the `checked` build knows it.)
 #[derive(outbox::Outbox, Debug, Clone)]
-#[outbox(table = "traced_orders", traced)]
+#[outbox(table = "traced_order_events", traced)]
 struct OrderPlaced {
     #[outbox(event_id)]
     order_id: String,

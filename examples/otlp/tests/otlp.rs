@@ -146,7 +146,7 @@ async fn the_request_and_the_relays_send_reach_the_collector_as_one_trace() -> T
         .named("POST /orders")
         .try_into()
         .map_err(|spans| format!("one request span: {spans:?}\n{}", describe(&output)))?;
-    let sends = received.named("send traced_orders");
+    let sends = received.named("send traced_order_events");
     assert!(!sends.is_empty(), "no send span: {}", describe(&output));
     assert_eq!(service, "shop");
     assert_eq!(
@@ -169,11 +169,11 @@ async fn the_request_and_the_relays_send_reach_the_collector_as_one_trace() -> T
         );
         assert_eq!(
             text(&send.attributes, "outbox.table").as_deref(),
-            Some("traced_orders")
+            Some("traced_order_events")
         );
     }
 
-    let status: Vec<(String,)> = sqlx::query_as("SELECT status FROM traced_orders")
+    let status: Vec<(String,)> = sqlx::query_as("SELECT status FROM traced_order_events")
         .fetch_all(schema.pool())
         .await?;
     assert_eq!(status, [("SENT".to_owned(),)]);
@@ -195,7 +195,7 @@ async fn without_a_collector_the_event_is_published_all_the_same() -> TestResult
         "the failed export is logged: {}",
         describe(&output)
     );
-    let status: Vec<(String,)> = sqlx::query_as("SELECT status FROM traced_orders")
+    let status: Vec<(String,)> = sqlx::query_as("SELECT status FROM traced_order_events")
         .fetch_all(schema.pool())
         .await?;
     assert_eq!(status, [("SENT".to_owned(),)], "{}", describe(&output));
@@ -203,6 +203,11 @@ async fn without_a_collector_the_event_is_published_all_the_same() -> TestResult
     Ok(())
 }
 
+/// `bytes` as lowercase hex digits, as a trace id is printed.
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+    use std::fmt::Write as _;
+    bytes.iter().fold(String::new(), |mut hex, byte| {
+        let _ = write!(hex, "{byte:02x}");
+        hex
+    })
 }

@@ -39,11 +39,6 @@ impl Destination {
         &self.name
     }
 
-    /// The destination's name, taken.
-    pub(crate) fn into_name(self) -> String {
-        self.name
-    }
-
     /// The system's own attributes.
     pub fn attributes(&self) -> &[(&'static str, String)] {
         &self.attributes
