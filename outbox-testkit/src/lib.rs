@@ -50,7 +50,6 @@ pub mod events;
 pub mod lab;
 pub mod logs;
 pub mod nats_server;
-#[cfg(feature = "otel")]
 pub mod otel;
 pub mod proxy;
 pub mod role;

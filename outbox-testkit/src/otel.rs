@@ -1,4 +1,4 @@
-//! The trace tests' side of OpenTelemetry (feature `otel`): spans exported in memory,
+//! The trace tests' side of OpenTelemetry: spans exported in memory,
 //! a request that enqueues traced orders, and the one trace a consumer's inbox must end.
 
 use std::sync::OnceLock;
