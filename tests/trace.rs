@@ -1,7 +1,7 @@
 //! One trace from the request to the consumer (`#[outbox(traced)]`, feature `otel`): an
 //! HTTP-request-like span enqueues an order inside its business transaction, a relay
 //! publishes it (through real NATS JetStream, or in memory), and a consumer handles it
-//! under `outbox::trace::consumer_span`. OpenTelemetry's in-memory exporter shows one
+//! in the inbox's span. OpenTelemetry's in-memory exporter shows one
 //! trace: request -> send (producer, one per attempt, a retry or a reclaim included) ->
 //! process (consumer).
 
@@ -195,7 +195,7 @@ async fn no_trace_or_a_malformed_one_is_left_out_and_never_fails() -> TestResult
         "no trace to continue: a child of the relay's own batch span"
     );
 
-    let span = outbox::trace::consumer_span(&Garbage);
+    let span = Garbage.consumer_span();
     drop(span.entered());
     let process = exported.named("process orders");
     assert_eq!(process.len(), 1);

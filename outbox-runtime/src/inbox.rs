@@ -67,6 +67,23 @@ pub trait Consumed {
     /// The trace context it carries (its `traceparent`, `tracestate` and `baggage`
     /// headers), if a valid one.
     fn trace(&self) -> Option<TraceContext>;
+
+    /// A consumer's span for handling it (feature `otel`): `process <destination>`,
+    /// span kind consumer, OpenTelemetry's messaging attributes, a child of the trace
+    /// context it carries (with its baggage), so the consumer's work joins the trace that
+    /// enqueued the event; a root span without one. Enter it (or `instrument` the
+    /// handling with it) around the effect. [`Inbox::span`] is the same span with the
+    /// inbox's consumer as the consumer group.
+    #[cfg(feature = "otel")]
+    fn consumer_span(&self) -> tracing::Span {
+        crate::trace::otel::consumer_span(
+            self.system(),
+            self.destination(),
+            self.event_id().unwrap_or_default(),
+            None,
+            self.trace().as_ref(),
+        )
+    }
 }
 
 /// Whether [`Inbox::receive`] saw an event for the first time.
@@ -166,7 +183,13 @@ impl Inbox {
     /// ```
     #[cfg(feature = "otel")]
     pub fn span(&self, message: &impl Consumed) -> tracing::Span {
-        crate::trace::otel::consumer_span(message, Some(&self.consumer))
+        crate::trace::otel::consumer_span(
+            message.system(),
+            message.destination(),
+            message.event_id().unwrap_or_default(),
+            Some(&self.consumer),
+            message.trace().as_ref(),
+        )
     }
 
     /// Records `event_id` for this consumer, in the caller's transaction: returns

@@ -53,8 +53,9 @@ pub use spec::{Column, MigrationStep, Outbox, PgQuery, TableSpec};
 pub use table::claim::Claim;
 pub use table::claiming::{claim, claim_batch};
 pub use table::enqueue::{
-    Enqueued, Schedule, enqueue, enqueue_all, enqueue_all_scheduled, enqueue_scheduled,
+    Enqueued, enqueue, enqueue_all, enqueue_all_scheduled, enqueue_scheduled,
 };
+pub use table::extras::Schedule;
 pub use table::operations::{discard_dead, prune_sent, requeue_all_dead, requeue_dead, stats};
 pub use table::operator::Stats;
 pub use table::row::Retried;

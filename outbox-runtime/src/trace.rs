@@ -13,8 +13,8 @@
 //!   attributes), a child of the enqueuing span: one trace from the request, through
 //!   each attempt of the relay (a retry or a reclaim after a crash is a new span of the
 //!   same trace, with its attempt and generation), to the consumer, whose span
-//!   continues it (`Inbox::span` with the feature, or `consumer_span` from the context
-//!   each broker module's `trace` reads). The relay makes its spans with OpenTelemetry's
+//!   continues it (`Inbox::span` with the feature, or the message's own
+//!   `Consumed::consumer_span`). The relay makes its spans with OpenTelemetry's
 //!   API, from the global tracer provider or the one `Relay::tracer_provider` names;
 //! - without it, or without a provider that records, the stored context as it is, so a
 //!   consumer's span is a child of the enqueuing one.
@@ -155,18 +155,6 @@ fn bounded_list(list: &str, max: usize, what: &str) -> Option<String> {
         kept.push_str(entry);
     }
     (!kept.is_empty()).then_some(kept)
-}
-
-/// A consumer's span for handling one `message` (feature `otel`) of a NATS, Kafka or
-/// RabbitMQ client, or of your own broker ([`Consumed`](crate::inbox::Consumed)):
-/// `process <destination>`, span kind consumer, a child of the trace context the message
-/// carries, so the consumer's work joins the trace that enqueued the event; a root span
-/// without one. Enter it (or `instrument` the handling with it) around the effect.
-/// [`Inbox::span`](crate::inbox::Inbox::span) is the same span with the inbox's
-/// consumer as the consumer group.
-#[cfg(feature = "otel")]
-pub fn consumer_span(message: &impl crate::inbox::Consumed) -> tracing::Span {
-    otel::consumer_span(message, None)
 }
 
 /// Where the relay's `send` spans come from (feature `otel`): OpenTelemetry's global
@@ -473,27 +461,31 @@ pub(crate) mod otel {
         }
     }
 
-    /// See [`super::consumer_span`]; `consumer`, an inbox's consumer name, as the
-    /// consumer group.
+    /// A consumer's span for handling one message of `system`, received from
+    /// `destination`: `process <destination>`, span kind consumer, a child of the `trace`
+    /// it carries; `consumer`, an inbox's consumer name, as the consumer group. (See
+    /// [`Consumed::consumer_span`](crate::inbox::Consumed::consumer_span).)
     pub(crate) fn consumer_span(
-        message: &impl crate::inbox::Consumed,
+        system: &'static str,
+        destination: &str,
+        event_id: &str,
         consumer: Option<&str>,
+        trace: Option<&TraceContext>,
     ) -> tracing::Span {
-        let destination = message.destination();
         let span = tracing::info_span!(
             target: "outbox",
             "process",
             otel.name = %format!("process {destination}"),
             otel.kind = "consumer",
-            messaging.system = message.system(),
+            messaging.system = system,
             messaging.operation.type = "process",
             messaging.operation.name = "process",
             messaging.destination.name = destination,
-            messaging.message.id = message.event_id().unwrap_or_default(),
+            messaging.message.id = event_id,
             messaging.consumer.group.name = consumer,
             outbox.duplicate = tracing::field::Empty,
         );
-        set_parent(&span, message.trace().as_ref());
+        set_parent(&span, trace);
         span
     }
 }

@@ -9,6 +9,7 @@ pub(crate) mod batch;
 pub(crate) mod claim;
 pub(crate) mod claiming;
 pub(crate) mod enqueue;
+pub(crate) mod extras;
 pub mod metric;
 pub(crate) mod operations;
 pub(crate) mod operator;

@@ -23,7 +23,7 @@ use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, PgExecutor, Postgres, Row as _};
 use tokio::time::Instant;
 
-use super::enqueue::Extras;
+use super::extras::Extras;
 use super::operator::{Operations, Stats, interval_to_duration};
 use super::row::{Lease, Outcome, Owned, Retried};
 use crate::error::{OnTable as _, OutboxError, storable_reason};
@@ -89,7 +89,7 @@ fn insert<'q, T: Outbox>(
     statement: Statement,
     event_ids: &'q [&'q str],
     events: &'q [T],
-    extras: &Extras,
+    extras: &'q Extras,
 ) -> Query<'q, Postgres, PgArguments> {
     extras.bind::<T>(T::bind_all(
         events,

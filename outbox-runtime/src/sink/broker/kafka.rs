@@ -816,7 +816,7 @@ pub fn event_id<M: rdkafka::Message>(message: &M) -> Option<&str> {
 
 /// The trace context a record carries (its [`header::TRACEPARENT`],
 /// [`header::TRACESTATE`] and [`header::BAGGAGE`] headers), for the consumer's span
-/// (`outbox::trace::consumer_span`); `None` without one, or with a malformed one.
+/// (`Consumed::consumer_span`); `None` without one, or with a malformed one.
 pub fn trace<M: rdkafka::Message>(message: &M) -> Option<TraceContext> {
     TraceContext::parse(
         header_value(message, header::TRACEPARENT)?,

@@ -471,7 +471,7 @@ pub fn event_id(message: &async_nats::Message) -> Option<&str> {
 
 /// The trace context a message carries (its [`header::TRACEPARENT`],
 /// [`header::TRACESTATE`] and [`header::BAGGAGE`] headers), for the consumer's span
-/// (`outbox::trace::consumer_span`); `None` without one, or with a malformed one.
+/// (`Consumed::consumer_span`); `None` without one, or with a malformed one.
 pub fn trace(message: &async_nats::Message) -> Option<TraceContext> {
     TraceContext::parse(
         header_value(message, header::TRACEPARENT)?,

@@ -640,7 +640,7 @@ pub fn event_id(delivery: &lapin::message::Delivery) -> Option<&str> {
 
 /// The trace context a message carries (its [`header::TRACEPARENT`],
 /// [`header::TRACESTATE`] and [`header::BAGGAGE`] headers), for the consumer's span
-/// (`outbox::trace::consumer_span`); `None` without one, or with a malformed one.
+/// (`Consumed::consumer_span`); `None` without one, or with a malformed one.
 pub fn trace(delivery: &lapin::message::Delivery) -> Option<TraceContext> {
     TraceContext::parse(
         header_value(delivery, header::TRACEPARENT)?,
