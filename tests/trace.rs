@@ -98,6 +98,83 @@ async fn the_relays_send_is_a_producer_span_in_the_trace_that_enqueued_the_event
     Ok(())
 }
 
+/// Records the `traceparent` each event was handed to it with.
+#[derive(Clone, Default)]
+struct Contexts(std::sync::Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>);
+
+impl Sink<TracedOrder> for Contexts {
+    async fn publish(&self, batch: &[Delivery<'_, TracedOrder>]) -> Vec<Result<(), SinkError>> {
+        let mut seen = self.0.lock().unwrap();
+        batch
+            .iter()
+            .map(|delivery| {
+                let parent = delivery.trace().map(|t| t.traceparent().to_owned());
+                seen.push((delivery.event().name.clone(), parent));
+                Ok(())
+            })
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn an_event_of_an_unsampled_request_gets_no_send_span_and_keeps_its_context() -> TestResult {
+    let exported = Exported::install();
+    let db = schema_from_zero(&[TracedOrder::migrations()]).await?;
+    let pool = db.pool();
+    let (trace_id, request) = exported
+        .enqueue_in_a_request(pool, &[order("sampled"), order("unsampled")])
+        .await?;
+    // As a request its sampler left out would have stored it: flags 00.
+    let unsampled = format!("00-{trace_id}-{request}-00");
+    sqlx::query("UPDATE traced_order_events SET trace_parent = $1 WHERE event_id = 'unsampled'")
+        .bind(&unsampled)
+        .execute(pool)
+        .await?;
+
+    // A relay whose sampler records every span it is asked for: the relay does not ask
+    // for one under a request that was not sampled.
+    let relays_spans = opentelemetry_sdk::trace::InMemorySpanExporter::default();
+    let always_on = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_sampler(opentelemetry_sdk::trace::Sampler::AlwaysOn)
+        .with_simple_exporter(relays_spans.clone())
+        .build();
+    let sink = Contexts::default();
+    let relay =
+        start(Relay::<TracedOrder, _>::new(pool.clone(), sink.clone()).tracer_provider(&always_on));
+    wait_until("both SENT", Duration::from_secs(10), async || {
+        outbox::stats::<TracedOrder>(pool).await.unwrap().sent == 2
+    })
+    .await;
+    relay.stop().await?;
+
+    let sends: Vec<SpanData> = relays_spans
+        .get_finished_spans()?
+        .into_iter()
+        .filter(|span| span.name == "send traced_order_events")
+        .collect();
+    let [send] = sends.as_slice() else {
+        panic!("a send span for the sampled request's event alone: {sends:?}");
+    };
+    assert_eq!(
+        attribute(send, "messaging.message.id").as_deref(),
+        Some("sampled")
+    );
+    let handed = sink.0.lock().unwrap().clone();
+    assert!(
+        handed.contains(&("unsampled".to_owned(), Some(unsampled))),
+        "the stored context, as it is, for the consumer to continue: {handed:?}"
+    );
+    assert!(
+        handed.contains(&(
+            "sampled".to_owned(),
+            Some(format!("00-{trace_id}-{}-01", send.span_context.span_id()))
+        )),
+        "the sampled one under its send span: {handed:?}"
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
+
 /// Refuses each event's first attempt (transient), then publishes it.
 #[derive(Default)]
 struct FailsOnce(AtomicBool);

@@ -91,6 +91,12 @@ impl TraceContext {
         &self.parent[3..35]
     }
 
+    /// Whether the request it comes from was sampled: the `sampled` flag of its
+    /// `traceparent`.
+    pub fn is_sampled(&self) -> bool {
+        u8::from_str_radix(&self.parent[53..55], 16).is_ok_and(|flags| flags & 1 == 1)
+    }
+
     /// The context of the current [`tracing`] span (feature `otel`): `None` without a
     /// span that OpenTelemetry samples or records, or without the feature.
     pub fn current() -> Option<Self> {
@@ -226,7 +232,7 @@ impl SendTracer {
 #[must_use = "the spans end with the sink's results"]
 pub(crate) struct SendSpans {
     #[cfg(feature = "otel")]
-    spans: Vec<opentelemetry::global::BoxedSpan>,
+    spans: Vec<Option<opentelemetry::global::BoxedSpan>>,
 }
 
 impl SendSpans {
@@ -352,14 +358,15 @@ pub(crate) mod otel {
     /// the OpenTelemetry API directly: a `tracing` span per event costs about three times
     /// as much. A delivery then carries its span's context, where the span records.
     ///
-    /// The attributes are given once the span is known to record: an event whose request
-    /// was not sampled costs its span's start alone (a parent-based sampler decides on
-    /// the parent, not on attributes).
+    /// An event whose request was not sampled gets no span: the relay follows the
+    /// request's decision (the `sampled` flag of its `traceparent`), as a parent-based
+    /// sampler would, without the SDK's work for a span nobody records, and sends the
+    /// stored context as it is. The attributes are given once a span is known to record.
     pub(super) fn send_spans<T: crate::Outbox, S: crate::sink::Sink<T>>(
         tracer: &BoxedTracer,
         sink: &S,
         deliveries: &mut [crate::sink::Delivery<'_, T>],
-    ) -> Vec<BoxedSpan> {
+    ) -> Vec<Option<BoxedSpan>> {
         let table = T::SPEC.table;
         // The relay's batch span: the parent of an event enqueued outside a trace.
         let mut batch = None;
@@ -367,6 +374,9 @@ pub(crate) mod otel {
         deliveries
             .iter_mut()
             .map(|delivery| {
+                if delivery.trace().is_some_and(|trace| !trace.is_sampled()) {
+                    return None;
+                }
                 let enqueued_in = delivery.trace().and_then(parent);
                 let mut span = tracer
                     .span_builder(name)
@@ -386,7 +396,7 @@ pub(crate) mod otel {
                         delivery.trace = Some(std::borrow::Cow::Owned(own));
                     }
                 }
-                span
+                Some(span)
             })
             .collect()
     }
@@ -448,10 +458,11 @@ pub(crate) mod otel {
 
     /// See [`super::SendSpans::end`].
     pub(super) fn end_sends(
-        spans: Vec<BoxedSpan>,
+        spans: Vec<Option<BoxedSpan>>,
         results: Option<&[Result<(), crate::sink::SinkError>]>,
     ) {
-        for (i, mut span) in spans.into_iter().enumerate() {
+        for (i, span) in spans.into_iter().enumerate() {
+            let Some(mut span) = span else { continue };
             match results.and_then(|results| results.get(i)) {
                 Some(Ok(())) => {}
                 Some(Err(error)) => span.set_status(Status::error(error.to_string())),
@@ -502,6 +513,9 @@ mod tests {
         assert_eq!(trace.traceparent(), PARENT);
         assert_eq!(trace.tracestate(), Some("congo=t61rcWkgMzE"));
         assert_eq!(trace.trace_id(), "0af7651916cd43dd8448eb211c80319c");
+        assert!(trace.is_sampled());
+        let unsampled = &PARENT.replace("-01", "-00");
+        assert!(!TraceContext::parse(unsampled, None).unwrap().is_sampled());
         for malformed in [
             "",
             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
