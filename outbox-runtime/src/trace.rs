@@ -361,7 +361,8 @@ pub(crate) mod otel {
     /// An event whose request was not sampled gets no span: the relay follows the
     /// request's decision (the `sampled` flag of its `traceparent`), as a parent-based
     /// sampler would, without the SDK's work for a span nobody records, and sends the
-    /// stored context as it is. The attributes are given once a span is known to record.
+    /// stored context as it is. The others are asked for with their attributes, which the
+    /// span takes as they are (set afterwards, each would grow its list).
     pub(super) fn send_spans<T: crate::Outbox, S: crate::sink::Sink<T>>(
         tracer: &BoxedTracer,
         sink: &S,
@@ -378,9 +379,10 @@ pub(crate) mod otel {
                     return None;
                 }
                 let enqueued_in = delivery.trace().and_then(parent);
-                let mut span = tracer
+                let span = tracer
                     .span_builder(name)
                     .with_kind(SpanKind::Producer)
+                    .with_attributes(send_attributes(sink, table, delivery))
                     .start_with_context(
                         tracer,
                         match &enqueued_in {
@@ -388,13 +390,12 @@ pub(crate) mod otel {
                             None => batch.get_or_insert_with(|| tracing::Span::current().context()),
                         },
                     );
-                if span.is_recording() {
-                    span.set_attributes(send_attributes(sink, table, delivery));
-                    if let Some(mut own) = of(span.span_context()) {
-                        // The request's baggage goes on with its trace.
-                        own.baggage = delivery.trace().and_then(|t| t.baggage.clone());
-                        delivery.trace = Some(std::borrow::Cow::Owned(own));
-                    }
+                if span.is_recording()
+                    && let Some(mut own) = of(span.span_context())
+                {
+                    // The request's baggage goes on with its trace.
+                    own.baggage = delivery.trace().and_then(|t| t.baggage.clone());
+                    delivery.trace = Some(std::borrow::Cow::Owned(own));
                 }
                 Some(span)
             })
@@ -409,8 +410,17 @@ pub(crate) mod otel {
         table: &'static str,
         delivery: &crate::sink::Delivery<'_, T>,
     ) -> Vec<KeyValue> {
-        let destination = sink.destination(delivery.event());
-        let mut attributes = vec![
+        let (system, name, own) = match sink.destination(delivery.event()) {
+            Some(destination) => {
+                let (system, name, own) = destination.into_parts();
+                (system, opentelemetry::Value::from(name), own)
+            }
+            None => ("outbox", table.into(), Vec::new()),
+        };
+        let mut attributes = Vec::with_capacity(8 + own.len());
+        attributes.extend([
+            KeyValue::new("messaging.system", system),
+            KeyValue::new("messaging.destination.name", name),
             KeyValue::new("messaging.operation.type", "send"),
             KeyValue::new("messaging.operation.name", "send"),
             KeyValue::new(
@@ -420,23 +430,11 @@ pub(crate) mod otel {
             KeyValue::new("outbox.table", table),
             KeyValue::new("outbox.attempt", i64::from(delivery.attempt())),
             KeyValue::new("outbox.generation", delivery.generation().get()),
-        ];
-        if let Some(destination) = destination {
-            attributes.push(KeyValue::new("messaging.system", destination.system()));
-            attributes.extend(
-                destination
-                    .attributes()
-                    .iter()
-                    .map(|(key, value)| KeyValue::new(*key, value.clone())),
-            );
-            attributes.push(KeyValue::new(
-                "messaging.destination.name",
-                destination.name().to_owned(),
-            ));
-        } else {
-            attributes.push(KeyValue::new("messaging.system", "outbox"));
-            attributes.push(KeyValue::new("messaging.destination.name", table));
-        }
+        ]);
+        attributes.extend(
+            own.into_iter()
+                .map(|(key, value)| KeyValue::new(key, value)),
+        );
         attributes
     }
 

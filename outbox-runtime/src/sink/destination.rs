@@ -39,6 +39,12 @@ impl Destination {
         &self.name
     }
 
+    /// The system, the name and the system's own attributes, taken.
+    #[cfg(feature = "otel")]
+    pub(crate) fn into_parts(self) -> (&'static str, String, Vec<(&'static str, String)>) {
+        (self.system, self.name, self.attributes)
+    }
+
     /// The system's own attributes.
     pub fn attributes(&self) -> &[(&'static str, String)] {
         &self.attributes
