@@ -98,9 +98,12 @@ async fn the_relays_send_is_a_producer_span_in_the_trace_that_enqueued_the_event
     Ok(())
 }
 
-/// Records the `traceparent` each event was handed to it with.
+/// An event's name, and the `traceparent` it was handed to the sink with.
+type Handed = (String, Option<String>);
+
+/// Records what each event was handed to it with.
 #[derive(Clone, Default)]
-struct Contexts(std::sync::Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>);
+struct Contexts(std::sync::Arc<std::sync::Mutex<Vec<Handed>>>);
 
 impl Sink<TracedOrder> for Contexts {
     async fn publish(&self, batch: &[Delivery<'_, TracedOrder>]) -> Vec<Result<(), SinkError>> {
