@@ -76,14 +76,20 @@ pub trait Consumed {
     /// inbox's consumer as the consumer group.
     #[cfg(feature = "otel")]
     fn consumer_span(&self) -> tracing::Span {
-        crate::trace::otel::consumer_span(
-            self.system(),
-            self.destination(),
-            self.event_id().unwrap_or_default(),
-            None,
-            self.trace().as_ref(),
-        )
+        process_span(self, None)
     }
+}
+
+/// The span of `consumer` (none: the group unnamed) processing `message`.
+#[cfg(feature = "otel")]
+fn process_span(message: &(impl Consumed + ?Sized), consumer: Option<&str>) -> tracing::Span {
+    crate::trace::otel::consumer_span(
+        message.system(),
+        message.destination(),
+        message.event_id().unwrap_or_default(),
+        consumer,
+        message.trace().as_ref(),
+    )
 }
 
 /// Whether [`Inbox::receive`] saw an event for the first time.
@@ -183,13 +189,7 @@ impl Inbox {
     /// ```
     #[cfg(feature = "otel")]
     pub fn span(&self, message: &impl Consumed) -> tracing::Span {
-        crate::trace::otel::consumer_span(
-            message.system(),
-            message.destination(),
-            message.event_id().unwrap_or_default(),
-            Some(&self.consumer),
-            message.trace().as_ref(),
-        )
+        process_span(message, Some(&self.consumer))
     }
 
     /// Records `event_id` for this consumer, in the caller's transaction: returns

@@ -94,8 +94,8 @@ pub trait Sink<T>: Send + Sync + 'static {
     /// Where the sink publishes `event`, for the relay's `send` span of a traced event
     /// (feature `otel`): the broker sinks name their system and the subject, topic or
     /// exchange. The default, `None`, leaves the span naming the outbox's table under the
-    /// system `outbox`. Asked only while a span records. A sink that wraps another
-    /// forwards this call.
+    /// system `outbox`. Asked once per span, never for an unsampled request. A sink that
+    /// wraps another forwards this call.
     fn destination(&self, event: &T) -> Option<Destination> {
         let _ = event;
         None
