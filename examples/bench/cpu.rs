@@ -22,6 +22,28 @@ impl Bench {
     }
 }
 
+/// CPU time a piece of work took (seconds, or per event): the server's and this
+/// process's.
+#[derive(Clone, Copy)]
+pub(super) struct Work {
+    pub(super) server: f64,
+    pub(super) client: f64,
+}
+
+impl Work {
+    pub(super) fn total(self) -> f64 {
+        self.server + self.client
+    }
+
+    /// Per event of `n`, in µs (ms per 1,000 events).
+    pub(super) fn per_event(self, n: usize) -> Self {
+        Self {
+            server: self.server * 1e6 / n as f64,
+            client: self.client * 1e6 / n as f64,
+        }
+    }
+}
+
 /// CPU time so far: the machine's (busy and total ticks, `/proc/stat`), the
 /// postmaster's process tree's (its children's and, through its `cutime`, those that
 /// have exited), and this process's.
@@ -52,11 +74,14 @@ impl Cpu {
         Some(self.server?.saturating_sub(before.server?) as f64 / TICKS_PER_SECOND / seconds)
     }
 
-    /// The CPU seconds of the server's process tree and this process since `before`.
-    pub(super) fn work_seconds(&self, before: &Self) -> Option<f64> {
+    /// The CPU seconds of the server's process tree and of this process since `before`.
+    pub(super) fn work_seconds(&self, before: &Self) -> Option<Work> {
         let server = self.server?.saturating_sub(before.server?);
         let client = self.client?.saturating_sub(before.client?);
-        Some((server + client) as f64 / TICKS_PER_SECOND)
+        Some(Work {
+            server: server as f64 / TICKS_PER_SECOND,
+            client: client as f64 / TICKS_PER_SECOND,
+        })
     }
 
     pub(super) fn client_cores(&self, before: &Self, seconds: f64) -> Option<f64> {

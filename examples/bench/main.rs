@@ -330,7 +330,7 @@ impl Bench {
         events: &[T],
         batch: u32,
         workers: usize,
-    ) -> Result<(f64, Option<f64>)> {
+    ) -> Result<(f64, Option<cpu::Work>)> {
         self.fill_with(events).await?;
         self.drain_filled::<T>(events.len(), batch, workers).await
     }
@@ -341,7 +341,7 @@ impl Bench {
         n: usize,
         batch: u32,
         workers: usize,
-    ) -> Result<(f64, Option<f64>)> {
+    ) -> Result<(f64, Option<cpu::Work>)> {
         let postmaster = self.postmaster().await;
         let pool = self.pool(workers + 1).await?;
         let stop = CancellationToken::new();
@@ -357,7 +357,7 @@ impl Bench {
         match self.pending::<T>().await? {
             0 => Ok((
                 n as f64 / elapsed.as_secs_f64(),
-                cpu.map(|seconds| seconds * 1e6 / n as f64),
+                cpu.map(|work| work.per_event(n)),
             )),
             left => Err(format!("the relay stopped with {left} events not recorded").into()),
         }

@@ -74,10 +74,10 @@ impl Bench {
                 }
             }
             let ratio = Figure::of(with.iter().zip(&without).map(|(o, u)| o.0 / u.0).collect());
-            let cpu = |drains: &[(f64, Option<f64>)]| {
+            let cpu = |drains: &[(f64, Option<super::cpu::Work>)]| {
                 drains
                     .iter()
-                    .map(|d| d.1)
+                    .map(|d| d.1.map(super::cpu::Work::total))
                     .collect::<Option<Vec<f64>>>()
                     .map(Figure::of)
             };
@@ -85,7 +85,7 @@ impl Bench {
             let cpu_ratio = with
                 .iter()
                 .zip(&without)
-                .map(|(o, u)| Some(u.1? / o.1?))
+                .map(|(o, u)| Some(u.1?.total() / o.1?.total()))
                 .collect::<Option<Vec<f64>>>()
                 .map(Figure::of);
             let shown =

@@ -93,6 +93,7 @@ impl Bench {
 
 #[cfg(feature = "otel")]
 mod with_otel {
+    use std::fmt::Write as _;
     use std::time::Instant;
 
     use opentelemetry::trace::TracerProvider as _;
@@ -103,6 +104,7 @@ mod with_otel {
     use tracing::Instrument as _;
     use tracing_subscriber::layer::SubscriberExt as _;
 
+    use super::super::cpu::Work;
     use super::super::{Args, Bench, BenchEvent, Figure, Result, payload};
 
     /// An exporter that drops every batch.
@@ -222,9 +224,9 @@ mod with_otel {
                             .await?;
                         let through =
                             self.relay_through_filled::<B, BenchTracedEvent>(broker, n, workers);
-                        Ok(through.await?.0)
+                        Ok((through.await?.0, None))
                     },
-                    async || Ok(self.relay_through(broker, &events, workers).await?.0),
+                    async || Ok((self.relay_through(broker, &events, workers).await?.0, None)),
                 )
                 .await?;
                 self.line(&pairs.row(&format!("| {} | {workers} ", B::NAME)));
@@ -240,18 +242,20 @@ mod with_otel {
                 "Drain of {n} events, each enqueued by a request of its own (no-op sink, batch \
                  100), one `send` span per event of a sampled request for the traced type:\n"
             ));
-            self.line("| concurrency | traced events/s | untraced events/s | traced / untraced |");
-            self.line("|---|---|---|---|");
+            self.line(
+                "| concurrency | traced events/s | untraced events/s | traced / untraced | \
+                 relay CPU µs/event, traced / untraced | server CPU µs/event, traced / untraced |",
+            );
+            self.line("|---|---|---|---|---|---|");
             for workers in [1, 4] {
                 let pairs = alternate(
                     args.runs,
                     async || {
                         self.fill_requests(&traced_events, args.trace_sampled)
                             .await?;
-                        let drained = self.drain_filled::<BenchTracedEvent>(n, 100, workers);
-                        Ok(drained.await?.0)
+                        self.drain_filled::<BenchTracedEvent>(n, 100, workers).await
                     },
-                    async || self.drain_relay(&events, 100, workers).await,
+                    async || self.drain_relay_cpu(&events, 100, workers).await,
                 )
                 .await?;
                 self.line(&pairs.row(&format!("| {workers} ")));
@@ -260,36 +264,56 @@ mod with_otel {
         }
     }
 
-    /// Traced and untraced rates of the same runs, and their ratios.
+    /// A run's events/s, and the CPU it took per event where it was measured.
+    type Measured = (f64, Option<Work>);
+
+    /// Traced and untraced rates of the same runs, their ratios, and the CPU per event
+    /// of each side where every run measured it.
     #[derive(Default)]
     struct Pairs {
         traced: Vec<f64>,
         untraced: Vec<f64>,
         ratios: Vec<f64>,
+        cpu: Option<Vec<(Work, Work)>>,
     }
 
     impl Pairs {
-        /// A table row: `cells` (`| a | b `), then the two rates and their ratio.
+        /// A table row: `cells` (`| a | b `), then the two rates and their ratio, then
+        /// (where measured) the relay's and the server's CPU per event, traced / untraced.
         fn row(self, cells: &str) -> String {
             let ratio = Figure::of(self.ratios);
-            format!(
+            let mut row = format!(
                 "{cells}| {} | {} | **{:.2}** ({:.2}–{:.2}) |",
                 Figure::of(self.traced).show(""),
                 Figure::of(self.untraced).show(""),
                 ratio.median,
                 ratio.min,
                 ratio.max,
-            )
+            );
+            if let Some(cpu) = self.cpu {
+                let side = |of: fn(&(Work, Work)) -> f64| Figure::of(cpu.iter().map(of).collect());
+                let (relay, relay_untraced) = (side(|c| c.0.client), side(|c| c.1.client));
+                let (server, server_untraced) = (side(|c| c.0.server), side(|c| c.1.server));
+                let _ = write!(
+                    row,
+                    " {:.1} / {:.1} | {:.1} / {:.1} |",
+                    relay.median, relay_untraced.median, server.median, server_untraced.median
+                );
+            }
+            row
         }
     }
 
     /// `runs` runs of `traced` and `untraced`, alternating which goes first.
     async fn alternate(
         runs: usize,
-        mut traced: impl AsyncFnMut() -> Result<f64>,
-        mut untraced: impl AsyncFnMut() -> Result<f64>,
+        mut traced: impl AsyncFnMut() -> Result<Measured>,
+        mut untraced: impl AsyncFnMut() -> Result<Measured>,
     ) -> Result<Pairs> {
-        let mut pairs = Pairs::default();
+        let mut pairs = Pairs {
+            cpu: Some(Vec::new()),
+            ..Pairs::default()
+        };
         for run in 0..runs {
             let (t, u) = if run % 2 == 0 {
                 let t = traced().await?;
@@ -298,9 +322,13 @@ mod with_otel {
                 let u = untraced().await?;
                 (traced().await?, u)
             };
-            pairs.traced.push(t);
-            pairs.untraced.push(u);
-            pairs.ratios.push(t / u);
+            pairs.traced.push(t.0);
+            pairs.untraced.push(u.0);
+            pairs.ratios.push(t.0 / u.0);
+            pairs.cpu = pairs.cpu.zip(t.1.zip(u.1)).map(|(mut cpu, both)| {
+                cpu.push(both);
+                cpu
+            });
         }
         Ok(pairs)
     }
