@@ -638,7 +638,7 @@ impl Bench {
 
             self.fill(n).await?;
             let sql = BenchEvent::SPEC.sql();
-            let claim = sql.claim_limited(1);
+            let claim = sql.claim_limited(1, true);
             let started = Instant::now();
             loop {
                 let row: Option<sqlx::postgres::PgRow> =
@@ -1059,7 +1059,7 @@ async fn explain_claim(pool: &PgPool) -> Result<String> {
     let mut tx = pool.begin().await?;
     let prepare = format!(
         "PREPARE bench_claim AS {}",
-        BenchEvent::SPEC.sql().claim_limited(100)
+        BenchEvent::SPEC.sql().claim_limited(100, true)
     );
     sqlx::raw_sql(sqlx::AssertSqlSafe(prepare))
         .execute(&mut *tx)

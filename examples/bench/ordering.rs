@@ -206,7 +206,7 @@ impl Bench {
             .await?;
         let explain = format!(
             "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
-            BenchOrderedEvent::SPEC.sql().claim_limited(BATCH)
+            BenchOrderedEvent::SPEC.sql().claim_limited(BATCH, true)
         );
         let lines: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
             .fetch_all(&mut *tx)

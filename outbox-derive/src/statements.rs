@@ -46,6 +46,11 @@ const SENT_AT: &str = "next_attempt_at = statement_timestamp()";
 /// The row limit in the claims' texts, where the runtime writes the number.
 pub(crate) const LIMIT: &str = "\u{0}";
 
+/// In a keyed table's claims, where the runtime writes whether the claim takes runs of
+/// a key (`1`, the relay's) or one event per key (`0`, a claim made by hand): the room
+/// left for runs is multiplied by it.
+pub(crate) const RUNS: &str = "\u{1}";
+
 /// What every statement of one table is written from.
 pub(crate) struct Table<'m> {
     model: &'m Model,
@@ -176,12 +181,12 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             Definition { sql, checked }
         }
         Statement::Claim => {
-            let sql = claim(table, "1");
+            let sql = claim(table, "1").replace(RUNS, "1");
             let checked = quote!(::sqlx::query!(#sql).fetch_all(pool).await?;);
             Definition { sql, checked }
         }
         Statement::ClaimFrom => {
-            let sql = claim_from(table, "1");
+            let sql = claim_from(table, "1").replace(RUNS, "1");
             let checked = quote!(::sqlx::query!(#sql, 0_i64).fetch_all(pool).await?;);
             Definition { sql, checked }
         }
@@ -750,26 +755,116 @@ fn claim(table: &Table<'_>, limit: &str) -> String {
     let t = &table.name;
     let (ready, in_progress) = (Status::Ready.as_sql(), Status::InProgress.as_sql());
     let (c, in_turn) = (candidate(table), in_turn(table));
-    let (reached, parking) = if table.model.key().is_some() {
-        (", next_attempt_at, id", parking(table, limit))
+    let (head, reached, runs, parking) = match table.model.key() {
+        Some(key) => {
+            let head = format!(", {}, attempts", quoted(&key.column));
+            let heads = "SELECT * FROM expired UNION ALL SELECT id, ctid, {head} FROM ready"
+                .replace("{head}", &head[2..]);
+            (
+                head,
+                ", next_attempt_at, id",
+                runs(
+                    table,
+                    &heads,
+                    &format!(
+                        "({limit} - (SELECT count(*) FROM expired) - (SELECT count(*) FROM ready)) * {RUNS}"
+                    ),
+                ),
+                parking(table, limit),
+            )
+        }
+        None => (String::new(), "", String::new(), String::new()),
+    };
+    let (run, run_reclaimed) = if runs.is_empty() {
+        ("", "")
     } else {
-        ("", String::new())
+        (
+            " UNION ALL SELECT ctid FROM run_members",
+            " UNION ALL SELECT id FROM run_members WHERE expired",
+        )
     };
     format!(
         "WITH expired AS (\n\
-         \x20   SELECT id, ctid FROM {t}{c}\n\
+         \x20   SELECT id, ctid{head} FROM {t}{c}\n\
          \x20   WHERE status = '{in_progress}' AND lease_until <= statement_timestamp(){in_turn}\n\
          \x20   ORDER BY lease_until, id LIMIT {limit} FOR UPDATE SKIP LOCKED\n\
          ), ready AS (\n\
-         \x20   SELECT ctid{reached} FROM {t}{c}\n\
+         \x20   SELECT ctid{reached}{head} FROM {t}{c}\n\
          \x20   WHERE status = '{ready}' AND next_attempt_at <= statement_timestamp(){in_turn}\n\
          \x20   ORDER BY next_attempt_at, id LIMIT {limit} - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED\n\
-         ){parking}{}",
+         ){runs}{parking}{}",
         take(
             table,
-            "SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready",
-            "o.id = ANY(ARRAY(SELECT id FROM expired))"
+            &format!("SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready{run}"),
+            &format!("o.id = ANY(ARRAY(SELECT id FROM expired{run_reclaimed}))")
         )
+    )
+}
+
+/// For a keyed table, the claim's runs: after the `heads` (a query of `id, ctid, key,
+/// attempts`: the first event still to go of each key, claimed by this statement), the
+/// events that follow each in its key, claimed with it so that one claim carries a
+/// key's events in order, up to `room` more rows (the batch's rest).
+///
+/// A run is the events after its head, in id order, up to the first that may not go
+/// now: one scheduled for later, one waiting out a retry's delay (attempted before and
+/// not yet due; an event never attempted whose time is in the future was set aside by
+/// [`parking`], and may go), one in flight under a live lease, one that would move to
+/// `DEAD` on this claim (its budget spent), or one `DEAD` where that holds the key. An
+/// expired claim may follow in a run: the run is then reclaimed as a whole, in order.
+///
+/// Keys share the batch: every head first (the `ready` scan), then the runs by depth
+/// (each key's first follower, then each key's second, ..), so one hot key takes only
+/// the room its peers leave. The candidates are found in the statement's snapshot, then
+/// locked, skipping any another transaction holds or changed since; a run ends before
+/// the first that was not locked, so it stays contiguous.
+fn runs(table: &Table<'_>, heads: &str, room: &str) -> String {
+    let Some(key) = table.model.key() else {
+        return String::new();
+    };
+    let (t, k, max) = (&table.name, quoted(&key.column), table.model.max_attempts);
+    let (ready, in_progress, sent) = (
+        Status::Ready.as_sql(),
+        Status::InProgress.as_sql(),
+        Status::Sent.as_sql(),
+    );
+    let (scheduled, publish_at) = if table.model.scheduled.is_some() {
+        let p = PUBLISH_AT.name;
+        (
+            format!(" AND (q.{p} IS NULL OR q.{p} <= statement_timestamp())"),
+            format!(", q.{p}"),
+        )
+    } else {
+        (String::new(), String::new())
+    };
+    format!(
+        ", run_candidates AS (\n\
+         \x20   SELECT ctid, id, head, expired FROM (\n\
+         \x20       SELECT q.ctid, q.id, h.id AS head, q.status = '{in_progress}' AS expired,\n\
+         \x20           row_number() OVER (PARTITION BY h.id ORDER BY q.id) AS depth,\n\
+         \x20           bool_and(q.attempts < {max} AND (\n\
+         \x20               q.status = '{ready}' AND (q.next_attempt_at <= statement_timestamp() OR q.attempts = 0){scheduled}\n\
+         \x20               OR q.status = '{in_progress}' AND q.lease_until <= statement_timestamp()))\n\
+         \x20               OVER (PARTITION BY h.id ORDER BY q.id) AS in_run\n\
+         \x20       FROM ({heads}) AS h CROSS JOIN LATERAL (\n\
+         \x20           SELECT q.ctid, q.id, q.status, q.attempts, q.next_attempt_at, q.lease_until{publish_at} FROM {t} AS q\n\
+         \x20           WHERE (q.{k}, q.id) > (h.{k}, h.id)\n\
+         \x20               AND (q.{k}, q.id) <= (h.{k}, {last}) AND q.status <> '{sent}'{blocking}\n\
+         \x20           ORDER BY q.{k}, q.id LIMIT {room}) AS q\n\
+         \x20       WHERE h.attempts < {max}) AS q\n\
+         \x20   WHERE in_run\n\
+         \x20   ORDER BY depth, id LIMIT {room}\n\
+         ), run_locked AS (\n\
+         \x20   SELECT ctid FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM run_candidates))\n\
+         \x20   FOR UPDATE SKIP LOCKED\n\
+         ), run_members AS (\n\
+         \x20   SELECT c.ctid, c.id, c.expired FROM run_candidates AS c\n\
+         \x20   WHERE NOT EXISTS (SELECT FROM run_candidates AS m\n\
+         \x20       WHERE m.head = c.head AND m.id <= c.id\n\
+         \x20           AND m.ctid <> ALL(ARRAY(SELECT ctid FROM run_locked)))\n\
+         )",
+        blocking = blocking(table, "q"),
+        last = i64::MAX,
     )
 }
 
@@ -831,10 +926,10 @@ fn parking(table: &Table<'_>, limit: &str) -> String {
          \x20       SELECT c.ctid, pg_notify('{channel}', '') FROM {t} AS c\n\
          \x20       WHERE c.status = '{ready}' AND c.next_attempt_at <= statement_timestamp()\n\
          \x20           AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))\n\
-         \x20           AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready))\n\
+         \x20           AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))\n\
          \x20           AND EXISTS (SELECT FROM {t} AS p\n\
          \x20               WHERE p.{k} = c.{k} AND p.id < c.id AND p.status IN ({waiting})\n\
-         \x20                   AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready))\n\
+         \x20                   AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))\n\
          \x20               FOR SHARE SKIP LOCKED)\n\
          \x20       ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED) AS waiting)))",
         channel = table.model.table
@@ -885,15 +980,34 @@ fn claim_from(table: &Table<'_>, limit: &str) -> String {
     let t = &table.name;
     let ready = Status::Ready.as_sql();
     let (c, in_turn) = (candidate(table), in_turn(table));
+    let (head, runs, run, reclaimed) = match table.model.key() {
+        Some(key) => (
+            format!(", id, {}, attempts", quoted(&key.column)),
+            runs(
+                table,
+                "SELECT * FROM ready",
+                &format!("({limit} - (SELECT count(*) FROM ready)) * {RUNS}"),
+            ),
+            " UNION ALL SELECT ctid FROM run_members",
+            "o.id = ANY(ARRAY(SELECT id FROM run_members WHERE expired))",
+        ),
+        None => (String::new(), String::new(), "", "false"),
+    };
+    // `runs` reads the heads as `id, ctid, key, attempts`.
+    let columns = if head.is_empty() {
+        "ctid".to_owned()
+    } else {
+        format!("id, ctid{}", &head[4..])
+    };
     format!(
         "WITH ready AS (\n\
-         \x20   SELECT ctid FROM {t}{c}\n\
+         \x20   SELECT {columns} FROM {t}{c}\n\
          \x20   WHERE status = '{ready}'\n\
          \x20       AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'\n\
          \x20       AND next_attempt_at <= statement_timestamp(){in_turn}\n\
          \x20   ORDER BY next_attempt_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED\n\
-         ){}",
-        take(table, "SELECT ctid FROM ready", "false")
+         ){runs}{}",
+        take(table, &format!("SELECT ctid FROM ready{run}"), reclaimed)
     )
 }
 

@@ -56,17 +56,36 @@ impl Statements {
     /// planning per 1.2 ms execution). Without parameters it is planned once per
     /// connection and limit, kept prepared by sqlx, and planned again only when the
     /// table's statistics change.
+    ///
+    /// On a keyed table, `runs` says whether the claim may take a run of a key (its
+    /// first event still to go, and the events after it, in the batch's room) or one
+    /// event per key.
     #[must_use]
-    pub fn claim_limited(&self, limit: u32) -> String {
-        self.claim.join(&limit.to_string())
+    pub fn claim_limited(&self, limit: u32, runs: bool) -> String {
+        with_runs(self.claim.join(&limit.to_string()), runs)
     }
 
     /// [`Statement::ClaimFrom`] of up to `limit` rows, written as
     /// [`claim_limited`](Self::claim_limited) writes the claim.
     #[must_use]
-    pub fn claim_from_limited(&self, limit: u32) -> String {
-        self.claim_from.join(&limit.to_string())
+    pub fn claim_from_limited(&self, limit: u32, runs: bool) -> String {
+        with_runs(self.claim_from.join(&limit.to_string()), runs)
     }
+}
+
+/// `claim` with its runs' factor written: `1` with runs, `0` without.
+fn with_runs(claim: String, runs: bool) -> String {
+    if claim.contains(RUNS) {
+        claim.replace(RUNS, if runs { "1" } else { "0" })
+    } else {
+        claim
+    }
+}
+
+/// Where a keyed table's claims say whether they take runs (the derive writes it).
+const RUNS: char = '\u{1}';
+
+impl Statements {
 }
 
 /// `d` truncated to whole microseconds: a PostgreSQL `interval` holds no finer unit,

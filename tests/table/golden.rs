@@ -19,8 +19,8 @@ fn statements(table: TableMigrations) -> String {
         .into_iter()
         .map(|statement| {
             let text = match statement {
-                Statement::Claim => sql.claim_limited(100),
-                Statement::ClaimFrom => sql.claim_from_limited(100),
+                Statement::Claim => sql.claim_limited(100, true),
+                Statement::ClaimFrom => sql.claim_from_limited(100, true),
                 other => sql.get(other).to_owned(),
             };
             format!("-- {}\n{text};\n", statement.name())

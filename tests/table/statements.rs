@@ -380,7 +380,7 @@ async fn the_claim_is_planned_once_per_connection_not_on_every_batch() -> TestRe
     let (generic, custom): (i64, i64) = sqlx::query_as(
         "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
     )
-    .bind(Budgeted::SPEC.sql().claim_limited(2))
+    .bind(Budgeted::SPEC.sql().claim_limited(2, true))
     .fetch_one(&mut *conn)
     .await?;
     assert_eq!((generic, custom), (3, 0), "one plan, used three times");
@@ -402,7 +402,7 @@ async fn a_claim_never_reads_the_whole_table() -> TestResult {
     )
     .execute(db.pool())
     .await?;
-    let explain = format!("EXPLAIN {}", Budgeted::SPEC.sql().claim_limited(100));
+    let explain = format!("EXPLAIN {}", Budgeted::SPEC.sql().claim_limited(100, true));
     let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
         .fetch_all(db.pool())
         .await?;

@@ -17,17 +17,41 @@ SELECT event_id FROM enqueued, (SELECT pg_notify('bench_ordered_events', '') FRO
 
 -- claim
 WITH expired AS (
-    SELECT id, ctid FROM "bench_ordered_events" AS c
+    SELECT id, ctid, "key", attempts FROM "bench_ordered_events" AS c
     WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()
         AND NOT EXISTS (SELECT FROM "bench_ordered_events" AS p
             WHERE p."key" = c."key" AND p.id < c.id AND p.status <> 'SENT')
     ORDER BY lease_until, id LIMIT 100 FOR UPDATE SKIP LOCKED
 ), ready AS (
-    SELECT ctid, next_attempt_at, id FROM "bench_ordered_events" AS c
+    SELECT ctid, next_attempt_at, id, "key", attempts FROM "bench_ordered_events" AS c
     WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()
         AND NOT EXISTS (SELECT FROM "bench_ordered_events" AS p
             WHERE p."key" = c."key" AND p.id < c.id AND p.status <> 'SENT')
     ORDER BY next_attempt_at, id LIMIT 100 - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED
+), run_candidates AS (
+    SELECT ctid, id, head, expired FROM (
+        SELECT q.ctid, q.id, h.id AS head, q.status = 'INPROGRESS' AS expired,
+            row_number() OVER (PARTITION BY h.id ORDER BY q.id) AS depth,
+            bool_and(q.attempts < 10 AND (
+                q.status = 'READY' AND (q.next_attempt_at <= statement_timestamp() OR q.attempts = 0)
+                OR q.status = 'INPROGRESS' AND q.lease_until <= statement_timestamp()))
+                OVER (PARTITION BY h.id ORDER BY q.id) AS in_run
+        FROM (SELECT * FROM expired UNION ALL SELECT id, ctid, "key", attempts FROM ready) AS h CROSS JOIN LATERAL (
+            SELECT q.ctid, q.id, q.status, q.attempts, q.next_attempt_at, q.lease_until FROM "bench_ordered_events" AS q
+            WHERE (q."key", q.id) > (h."key", h.id)
+                AND (q."key", q.id) <= (h."key", 9223372036854775807) AND q.status <> 'SENT'
+            ORDER BY q."key", q.id LIMIT (100 - (SELECT count(*) FROM expired) - (SELECT count(*) FROM ready)) * 1) AS q
+        WHERE h.attempts < 10) AS q
+    WHERE in_run
+    ORDER BY depth, id LIMIT (100 - (SELECT count(*) FROM expired) - (SELECT count(*) FROM ready)) * 1
+), run_locked AS (
+    SELECT ctid FROM "bench_ordered_events" WHERE ctid = ANY(ARRAY(SELECT ctid FROM run_candidates))
+    FOR UPDATE SKIP LOCKED
+), run_members AS (
+    SELECT c.ctid, c.id, c.expired FROM run_candidates AS c
+    WHERE NOT EXISTS (SELECT FROM run_candidates AS m
+        WHERE m.head = c.head AND m.id <= c.id
+            AND m.ctid <> ALL(ARRAY(SELECT ctid FROM run_locked)))
 ), reach AS (
     SELECT at, id FROM (
         SELECT next_attempt_at AS at, id, 0 AS last FROM ready
@@ -42,10 +66,10 @@ WITH expired AS (
         SELECT c.ctid, pg_notify('bench_ordered_events', '') FROM "bench_ordered_events" AS c
         WHERE c.status = 'READY' AND c.next_attempt_at <= statement_timestamp()
             AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
-            AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready))
+            AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))
             AND EXISTS (SELECT FROM "bench_ordered_events" AS p
                 WHERE p."key" = c."key" AND p.id < c.id AND p.status IN ('READY', 'DEAD')
-                    AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready))
+                    AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))
                 FOR SHARE SKIP LOCKED)
         ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED) AS waiting)))
 UPDATE "bench_ordered_events" AS o SET
@@ -59,18 +83,42 @@ UPDATE "bench_ordered_events" AS o SET
             THEN 'lease expired on claim ' || o.attempts || ' of 10: attempt budget exhausted'
         ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 10'
             || coalesce('; the last error: ' || o.last_error, '') END
-WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."key", o."payload", o."key"::text AS outbox_key;
+WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."key", o."payload", o."key"::text AS outbox_key;
 
 -- claim_from
 WITH ready AS (
-    SELECT ctid FROM "bench_ordered_events" AS c
+    SELECT id, ctid, "key", attempts FROM "bench_ordered_events" AS c
     WHERE status = 'READY'
         AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'
         AND next_attempt_at <= statement_timestamp()
         AND NOT EXISTS (SELECT FROM "bench_ordered_events" AS p
             WHERE p."key" = c."key" AND p.id < c.id AND p.status <> 'SENT')
     ORDER BY next_attempt_at, id LIMIT 100 FOR UPDATE SKIP LOCKED
+), run_candidates AS (
+    SELECT ctid, id, head, expired FROM (
+        SELECT q.ctid, q.id, h.id AS head, q.status = 'INPROGRESS' AS expired,
+            row_number() OVER (PARTITION BY h.id ORDER BY q.id) AS depth,
+            bool_and(q.attempts < 10 AND (
+                q.status = 'READY' AND (q.next_attempt_at <= statement_timestamp() OR q.attempts = 0)
+                OR q.status = 'INPROGRESS' AND q.lease_until <= statement_timestamp()))
+                OVER (PARTITION BY h.id ORDER BY q.id) AS in_run
+        FROM (SELECT * FROM ready) AS h CROSS JOIN LATERAL (
+            SELECT q.ctid, q.id, q.status, q.attempts, q.next_attempt_at, q.lease_until FROM "bench_ordered_events" AS q
+            WHERE (q."key", q.id) > (h."key", h.id)
+                AND (q."key", q.id) <= (h."key", 9223372036854775807) AND q.status <> 'SENT'
+            ORDER BY q."key", q.id LIMIT (100 - (SELECT count(*) FROM ready)) * 1) AS q
+        WHERE h.attempts < 10) AS q
+    WHERE in_run
+    ORDER BY depth, id LIMIT (100 - (SELECT count(*) FROM ready)) * 1
+), run_locked AS (
+    SELECT ctid FROM "bench_ordered_events" WHERE ctid = ANY(ARRAY(SELECT ctid FROM run_candidates))
+    FOR UPDATE SKIP LOCKED
+), run_members AS (
+    SELECT c.ctid, c.id, c.expired FROM run_candidates AS c
+    WHERE NOT EXISTS (SELECT FROM run_candidates AS m
+        WHERE m.head = c.head AND m.id <= c.id
+            AND m.ctid <> ALL(ARRAY(SELECT ctid FROM run_locked)))
 )
 UPDATE "bench_ordered_events" AS o SET
     status = CASE WHEN o.attempts >= 10 THEN 'DEAD' ELSE 'INPROGRESS' END,
@@ -83,8 +131,8 @@ UPDATE "bench_ordered_events" AS o SET
             THEN 'lease expired on claim ' || o.attempts || ' of 10: attempt budget exhausted'
         ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 10'
             || coalesce('; the last error: ' || o.last_error, '') END
-WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, false AS outbox_reclaimed, o."key", o."payload", o."key"::text AS outbox_key;
+WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."key", o."payload", o."key"::text AS outbox_key;
 
 -- complete
 WITH done AS (

@@ -90,6 +90,8 @@ enum Delivered {
     /// The batch was abandoned before the sink returned (the shutdown grace ran out, or
     /// every row was lost).
     Abandoned,
+    /// Not sent: an earlier event of its key's run in the batch was not published.
+    Held,
 }
 
 impl Delivered {
@@ -130,7 +132,7 @@ impl Delivered {
             },
             // Not sent, or the destination was down: not this event's attempt. The
             // outage's reason is written, for the operators' `status`.
-            Self::Abandoned => Outcome::Release,
+            Self::Abandoned | Self::Held => Outcome::Release,
             Self::Failed(error @ SinkError::Unavailable(_)) => Outcome::Unavailable {
                 error: error.to_string(),
             },
@@ -141,7 +143,9 @@ impl Delivered {
 
 /// The outcomes to record for a sent batch, one per row still owned and not in doubt:
 /// `results` is what the sink returned for `rows`, in order, or `None` for an abandoned
-/// batch. Each failure goes to the `failures` log.
+/// batch. A row of a key's run after one of its key that was not published (see
+/// [`key_runs`](super::key_runs)) was not sent: it is handed back, its attempt not
+/// counted. Each failure goes to the `failures` log.
 pub(super) fn outcomes<T: Outbox>(
     rows: &[InFlight<'_, T>],
     results: Option<Vec<Result<(), SinkError>>>,
@@ -149,8 +153,17 @@ pub(super) fn outcomes<T: Outbox>(
     failures: &FailureLog,
 ) -> Vec<(Owned, Outcome)> {
     let table = T::SPEC.table;
+    let held = results.as_ref().map(|results| {
+        super::key_runs::held(
+            rows.iter().map(|row| row.claim.key()),
+            results.iter().map(Result::is_ok),
+        )
+    });
+    let held = |i: usize| held.as_ref().is_some_and(|held| held.get(i) == Some(&true));
     rows.iter()
         .zip(Delivered::each(results))
+        .enumerate()
+        .map(|(i, (row, delivered))| (row, if held(i) { Delivered::Held } else { delivered }))
         .filter(|(row, _)| row.is_owned())
         .filter_map(
             |(row, delivered)| match delivered.outcome(row.claim.attempt(), retry) {

@@ -14,6 +14,7 @@ mod connection;
 mod failure_log;
 mod frontier;
 mod in_flight;
+mod key_runs;
 mod listen;
 mod outage;
 mod pending;

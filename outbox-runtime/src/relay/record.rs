@@ -54,7 +54,7 @@ pub(crate) async fn record_and_claim<T: Outbox>(
         record::<T>(&mut *tx, outcomes).await?
     };
     // Undecodable rows were moved to DEAD and logged: nothing to publish.
-    let claimed = claim_on::<T>(&mut tx, scope, limit).await?;
+    let claimed = claim_on::<T>(&mut tx, scope, limit, true).await?;
     tx.commit().await.on_table(table)?;
     Ok((claimed, recorded))
 }

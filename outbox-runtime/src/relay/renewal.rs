@@ -133,7 +133,7 @@ pub(super) async fn renew_ahead<T: Outbox>(
                 Needed::ToWait => Duration::ZERO,
                 Needed::ToSend => 2 * every,
             };
-        ahead.retain(|claim| claim.lease_deadline() > enough);
+        super::key_runs::retain_in_order(&mut ahead, |claim| claim.lease_deadline() > enough);
         if ahead.len() < before {
             tracing::warn!(
                 table,
@@ -144,7 +144,7 @@ pub(super) async fn renew_ahead<T: Outbox>(
         return ahead;
     };
     let renewed: HashMap<i64, Lease> = renewed.into_iter().collect();
-    ahead.retain_mut(|claim| {
+    super::key_runs::retain_in_order(&mut ahead, |claim| {
         renewed
             .get(&claim.id())
             .map(|lease| claim.renewed(*lease))

@@ -212,7 +212,19 @@ pub(crate) struct Undecodable {
     id: i64,
     generation: i64,
     event_id: String,
+    key: Option<String>,
     source: sqlx::Error,
+}
+
+impl Undecodable {
+    pub(crate) fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// Its ordering key, on a keyed table.
+    pub(crate) fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
 }
 
 /// What one row returned by a claim statement turned out to be.
@@ -304,6 +316,7 @@ pub(crate) fn decode_claim<T: Outbox>(
             id,
             generation,
             event_id,
+            key,
             source,
         }),
     };

@@ -68,14 +68,16 @@ async fn claim_rows<'a, T: Outbox>(
     let mut conn = conn.acquire().await.on_table(table)?;
     if T::SPEC.key().is_none() {
         if conn.is_in_transaction() {
-            return claim_on(&mut conn, Scope::All, limit).await;
+            return claim_on(&mut conn, Scope::All, limit, false).await;
         }
         // Each claim statement commits on its own: rows claimed before a later step
         // fails (another claim statement, a decode, a move to DEAD) would wait out their
         // lease with an attempt spent. (A transaction around the claim would cost every
         // claim two more round trips.)
         let mut claimed = Vec::new();
-        return match claim_noting::<T>(&mut conn, Scope::All, limit, Some(&mut claimed)).await {
+        return match claim_noting::<T>(&mut conn, Scope::All, limit, false, Some(&mut claimed))
+            .await
+        {
             Ok(batch) => Ok(batch),
             Err(error) => {
                 hand_back::<T>(&mut conn, &claimed, &error).await;
@@ -89,13 +91,13 @@ async fn claim_rows<'a, T: Outbox>(
             .execute(&mut *conn)
             .await
             .on_table(table)?;
-        return claim_on(&mut conn, Scope::All, limit).await;
+        return claim_on(&mut conn, Scope::All, limit, false).await;
     }
     let mut tx = conn
         .begin_with(begin_limited::<T>(BEGIN_WITHOUT_JIT))
         .await
         .on_table(table)?;
-    let claimed = claim_on(&mut tx, Scope::All, limit).await?;
+    let claimed = claim_on(&mut tx, Scope::All, limit, false).await?;
     tx.commit().await.on_table(table)?;
     Ok(claimed)
 }
@@ -155,13 +157,17 @@ async fn hand_back<T: Outbox>(conn: &mut PgConnection, claimed: &[Owned], error:
     }
 }
 
-/// [`claim_rows`] in `scope`, on a connection (or in a transaction) the caller holds.
+/// [`claim_rows`] in `scope`, on a connection (or in a transaction) the caller holds;
+/// on a keyed table with `runs`, a key's events after its first may come with it (a
+/// run, which only a publisher that sends a key's events in order may take: the
+/// relay's claims, not [`claim_batch`]).
 pub(crate) async fn claim_on<T: Outbox>(
     conn: &mut PgConnection,
     scope: Scope,
     limit: u32,
+    runs: bool,
 ) -> Result<ClaimedBatch<T>, OutboxError> {
-    claim_noting(conn, scope, limit, None).await
+    claim_noting(conn, scope, limit, runs, None).await
 }
 
 /// [`claim_on`], noting in `claimed`, if given, each row its statements claim as soon as
@@ -170,6 +176,7 @@ async fn claim_noting<T: Outbox>(
     conn: &mut PgConnection,
     scope: Scope,
     limit: u32,
+    runs: bool,
     mut claimed: Option<&mut Vec<Owned>>,
 ) -> Result<ClaimedBatch<T>, OutboxError> {
     let mut claims = Vec::new();
@@ -182,8 +189,10 @@ async fn claim_noting<T: Outbox>(
         let wanted = limit.saturating_sub(u32::try_from(found).unwrap_or(u32::MAX));
         let sent = Instant::now();
         let rows = match scope {
-            Scope::All => statements::claim::<T>(&mut *conn, wanted).await?,
-            Scope::ReadyFrom(from) => statements::claim_from::<T>(&mut *conn, from, wanted).await?,
+            Scope::All => statements::claim::<T>(&mut *conn, wanted, runs).await?,
+            Scope::ReadyFrom(from) => {
+                statements::claim_from::<T>(&mut *conn, from, wanted, runs).await?
+            }
         };
         took += sent.elapsed();
         if let Some(claimed) = claimed.as_deref_mut() {
@@ -210,9 +219,33 @@ async fn claim_noting<T: Outbox>(
     }
     let found = claims.len() + undecodable.len();
     let full = limit > 0 && found >= usize::try_from(limit).unwrap_or(usize::MAX);
+    // A run goes on only past events that go: what follows an undecodable event of its
+    // key (now `DEAD`) is handed back, to wait behind it as its key's rule says.
+    let behind: Vec<Owned> = if runs && !undecodable.is_empty() {
+        let mut behind = Vec::new();
+        claims.retain(|claim| {
+            let after_bad = claim.key().is_some_and(|key| {
+                undecodable
+                    .iter()
+                    .any(|bad| bad.key() == Some(key) && bad.id() < claim.id())
+            });
+            if after_bad {
+                behind.push(Owned::of(claim));
+            }
+            !after_bad
+        });
+        behind
+    } else {
+        Vec::new()
+    };
     let mut errors = Vec::with_capacity(undecodable.len());
     for bad in undecodable {
         errors.push(dead_letter::<T>(conn, bad).await?);
+    }
+    if !behind.is_empty() {
+        let release: Vec<(Owned, Outcome)> =
+            behind.into_iter().map(|row| (row, Outcome::Release)).collect();
+        batch::record::<T>(conn, &release).await?;
     }
     // UPDATE .. RETURNING does not promise an order; publish in id order.
     claims.sort_unstable_by_key(Claim::id);

@@ -105,14 +105,16 @@ fn is_unique_violation(error: &sqlx::Error) -> bool {
 }
 
 /// [`Statement::Claim`] of up to `limit` rows, the limit written into its text
-/// ([`claim_limited`](crate::spec::Statements::claim_limited)): the rows claimed, which
+/// ([`claim_limited`](crate::spec::Statements::claim_limited)), with runs of a key or
+/// not: the rows claimed, which
 /// [`decode_claim`](super::claim::decode_claim) reads.
 pub(crate) async fn claim<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     limit: u32,
+    runs: bool,
 ) -> Result<Vec<PgRow>, OutboxError> {
     let spec = T::SPEC;
-    sqlx::query(AssertSqlSafe(spec.sql.claim_limited(limit)))
+    sqlx::query(AssertSqlSafe(spec.sql.claim_limited(limit, runs)))
         .fetch_all(executor)
         .await
         .on_table(spec.table)
@@ -124,9 +126,10 @@ pub(crate) async fn claim_from<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     from: i64,
     limit: u32,
+    runs: bool,
 ) -> Result<Vec<PgRow>, OutboxError> {
     let spec = T::SPEC;
-    sqlx::query(AssertSqlSafe(spec.sql.claim_from_limited(limit)))
+    sqlx::query(AssertSqlSafe(spec.sql.claim_from_limited(limit, runs)))
         .bind(from)
         .fetch_all(executor)
         .await

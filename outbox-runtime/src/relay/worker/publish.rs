@@ -5,6 +5,7 @@ use tracing::Instrument as _;
 
 use super::super::connection::Connection;
 use super::super::in_flight::{self, InFlight};
+use super::super::key_runs;
 use super::super::pending::Pending;
 use super::send::Answer;
 use super::{Ahead, Batch, Worker};
@@ -23,7 +24,8 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         conn: &mut Connection<'_>,
         earlier: &Pending,
     ) -> (Pending, Option<Ahead<T>>) {
-        let Batch { claims, full } = batch;
+        let Batch { mut claims, full } = batch;
+        let layers = key_runs::arrange(&mut claims);
         let table = T::SPEC.table;
         let span = tracing::info_span!(
             "outbox.batch",
@@ -53,7 +55,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     (db.held, ahead)
                 }
             });
-            let (answer, lease_deadline, ahead) = self.send(&rows, &deliveries, conn, beside).await;
+            let (answer, lease_deadline, ahead) = self.send(&rows, &deliveries, &layers, conn, beside).await;
             let unavailable = self.note_destination(&answer);
             // The claim ahead found nothing: it is as fresh as a short batch's.
             // (Not one whose rows were all dropped since: the claim was full.)

@@ -10,7 +10,7 @@ use tokio::time::{Instant, sleep_until};
 use super::super::connection::{Connection, spare_connection};
 use super::super::in_flight::InFlight;
 use super::super::renewal::{self, Needed, Renewal};
-use super::super::sink_panics;
+use super::super::key_runs::{self, Layers};
 use super::{Ahead, Worker};
 use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
@@ -39,7 +39,8 @@ impl Answer {
 }
 
 impl<T: Outbox, S: Sink<T>> Worker<T, S> {
-    /// Runs the sink on `deliveries`, renewing the leases of their `rows` meanwhile, and
+    /// Runs the sink on `deliveries`, arranged in `layers` (a key's run goes out in
+    /// order, [`key_runs`]), renewing the leases of their `rows` meanwhile, and
     /// runs `beside` (a transaction that has taken the worker's connection, and gives it
     /// back) to its end. Returns what the sink answered, when the earliest lease of the
     /// rows still owned ends, and what `beside` returned.
@@ -52,6 +53,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         &self,
         rows: &[InFlight<'_, T>],
         deliveries: &[Delivery<'_, T>],
+        layers: &Layers,
         conn: &mut Connection<'_>,
         beside: Option<B>,
     ) -> (Answer, Instant, Option<Ahead<T>>)
@@ -67,7 +69,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let mut withdrawn = false;
         let mut sending = pin!(tokio::time::timeout(
             relay.send_timeout,
-            sink_panics::publish_contained::<T, S>(&relay.sink, deliveries)
+            key_runs::publish::<T, S>(&relay.sink, deliveries, layers)
         ));
         let busy = beside.is_some();
         let mut beside = pin!(futures_util::future::OptionFuture::from(beside));

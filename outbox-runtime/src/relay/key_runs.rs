@@ -1,0 +1,195 @@
+//! Runs of a key: on a keyed table, one claim carries a key's next events together (its
+//! head, the first still to go, and the events after it), and they go out in order.
+//!
+//! The batch is arranged in layers: every key's first event, then every key's second,
+//! and so on. The sink gets one layer at a time, so a key's event is published only
+//! after the one before it was acknowledged, while different keys go out together.
+//! (Handing a whole run over at once would let a broker hold event k + 1 while k
+//! failed: a negative acknowledgement, a timeout or a lost connection on k does not
+//! stop k + 1, already on the wire.) Once an event of a run is not published, the
+//! events after it are not sent at all: they are handed back unattempted, and wait
+//! behind it as if they had never been claimed.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use super::sink_panics::publish_contained;
+use crate::sink::{Delivery, Sink, SinkError};
+use crate::spec::Outbox;
+use crate::table::claim::Claim;
+
+/// Where each layer of an arranged batch starts and ends, in order.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Layers(Vec<Range<usize>>);
+
+/// Arranges `claims` in layers ([`Layers`]): every key's first event, in id order,
+/// then every key's second, .. . A batch in which no key repeats (an unkeyed table, or
+/// a run-less claim) is one layer, left as it was claimed.
+pub(super) fn arrange<T: Outbox>(claims: &mut [Claim<T>]) -> Layers {
+    let whole = Layers(vec![0..claims.len()]);
+    if T::SPEC.key().is_none() || claims.len() < 2 {
+        return whole;
+    }
+    claims.sort_unstable_by_key(Claim::id);
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(claims.len());
+    // Each claim's depth in its key's run, by id: 0 for a head and a NULL key.
+    let depths: HashMap<i64, usize> = claims
+        .iter()
+        .map(|claim| {
+            let depth = claim.key().map_or(0, |key| {
+                let next = seen.entry(key).or_default();
+                *next += 1;
+                *next - 1
+            });
+            (claim.id(), depth)
+        })
+        .collect();
+    let deepest = depths.values().copied().max().unwrap_or(0);
+    if deepest == 0 {
+        return whole;
+    }
+    claims.sort_by_key(|claim| (depths[&claim.id()], claim.id()));
+    let mut layers = Vec::with_capacity(deepest + 1);
+    let mut start = 0;
+    for depth in 0..=deepest {
+        let len = claims[start..]
+            .iter()
+            .take_while(|claim| depths[&claim.id()] == depth)
+            .count();
+        layers.push(start..start + len);
+        start += len;
+    }
+    Layers(layers)
+}
+
+/// Keeps the `claims` for which `keep` holds, and of a key's run only what can still go
+/// in order: a claim after (by id) a dropped one of its key is dropped too. (Its lease
+/// ends, and it is claimed again behind the other.)
+pub(super) fn retain_in_order<T: Outbox>(
+    claims: &mut Vec<Claim<T>>,
+    mut keep: impl FnMut(&mut Claim<T>) -> bool,
+) {
+    let mut dropped: Vec<(String, i64)> = Vec::new();
+    claims.retain_mut(|claim| {
+        let kept = keep(claim);
+        if !kept && let Some(key) = claim.key() {
+            dropped.push((key.to_owned(), claim.id()));
+        }
+        kept
+    });
+    if !dropped.is_empty() {
+        claims.retain(|claim| {
+            claim.key().is_none_or(|key| {
+                !dropped
+                    .iter()
+                    .any(|(gone, id)| gone == key && *id < claim.id())
+            })
+        });
+    }
+}
+
+/// The reason a held event's placeholder result carries: never recorded (a held event is
+/// handed back), only seen in the sink's results while the batch is out.
+const HELD: &str = "not sent: an earlier event of its key in this batch was not published";
+
+/// Publishes an arranged `batch` through `sink`, one layer at a time; an event whose
+/// key's run broke in an earlier layer (its event there was not published) is not sent.
+/// Returns one result per delivery, in order (a held event's is an error).
+pub(super) async fn publish<T, S: Sink<T>>(
+    sink: &S,
+    batch: &[Delivery<'_, T>],
+    layers: &Layers,
+) -> Vec<Result<(), SinkError>> {
+    if layers.0.len() < 2 {
+        return publish_contained(sink, batch).await;
+    }
+    let mut results: Vec<Result<(), SinkError>> = Vec::with_capacity(batch.len());
+    let mut broken: Vec<&str> = Vec::new();
+    for layer in &layers.0 {
+        // A delivery no longer owned is not sent either, and ends its key's run.
+        let going = |delivery: &Delivery<'_, T>| {
+            delivery.is_owned() && delivery.key.is_none_or(|key| !broken.contains(&key))
+        };
+        // The layer's events that go, in stretches of neighbours: one call each
+        // (nearly always one: runs rarely break).
+        let mut stretch = layer.start;
+        while stretch < layer.end {
+            let held = batch[stretch..layer.end]
+                .iter()
+                .take_while(|delivery| !going(delivery))
+                .count();
+            results.extend((0..held).map(|_| Err(SinkError::transient(HELD))));
+            stretch += held;
+            let sent = batch[stretch..layer.end]
+                .iter()
+                .take_while(|delivery| going(delivery))
+                .count();
+            if sent > 0 {
+                results.extend(publish_one_layer(sink, &batch[stretch..stretch + sent]).await);
+                stretch += sent;
+            }
+        }
+        for (delivery, result) in batch[layer.clone()].iter().zip(&results[layer.clone()]) {
+            if let (Some(key), Err(_)) = (delivery.key, result) {
+                if !broken.contains(&key) {
+                    broken.push(key);
+                }
+            }
+        }
+    }
+    results
+}
+
+/// The results of one stretch of a layer, exactly one per delivery.
+async fn publish_one_layer<T, S: Sink<T>>(
+    sink: &S,
+    stretch: &[Delivery<'_, T>],
+) -> Vec<Result<(), SinkError>> {
+    let mut results = publish_contained(sink, stretch).await;
+    // A sink that returned fewer results than events: the missing ones failed.
+    results.resize_with(stretch.len(), || {
+        Err(SinkError::transient(
+            "the sink returned no result for this event",
+        ))
+    });
+    results.truncate(stretch.len());
+    results
+}
+
+/// Which rows of an arranged batch were held back: those after an event of their key
+/// (earlier in the batch) that was not published, or that nothing was recorded for.
+/// `keys` and `published` are in the batch's order.
+pub(super) fn held<'k>(
+    keys: impl Iterator<Item = Option<&'k str>>,
+    published: impl Iterator<Item = bool>,
+) -> Vec<bool> {
+    let mut broken: Vec<&str> = Vec::new();
+    keys.zip(published)
+        .map(|(key, published)| {
+            let Some(key) = key else { return false };
+            if broken.contains(&key) {
+                return true;
+            }
+            if !published {
+                broken.push(key);
+            }
+            false
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::held;
+
+    #[test]
+    fn a_run_is_held_after_its_first_event_not_published() {
+        let keys = [Some("a"), Some("b"), None, Some("a"), Some("b"), Some("a")];
+        let published = [false, true, false, true, true, true];
+        assert_eq!(
+            held(keys.into_iter(), published.into_iter()),
+            [false, false, false, true, false, true],
+            "a's events after its failed first are held; b and the unkeyed event are not"
+        );
+    }
+}
