@@ -5,7 +5,8 @@
 //! The sink writes every event it takes into `ordering_deliveries` (the broker's log),
 //! and a trigger notes when each `SENT` is recorded. Then, per order:
 //! - every event was delivered, and the first deliveries came in sequence order;
-//! - no event was first delivered before its predecessor's `SENT` was recorded;
+//! - no event was first delivered before its predecessor's `SENT` was recorded, or,
+//!   in a run of its key, before its predecessor in the same claim was acknowledged;
 //! - a consumer reading the log in delivery order through an [`outbox::Inbox`] applies
 //!   each event exactly once, in sequence order, though it sees duplicates (a relay
 //!   killed after its sink took a batch, a paused owner's late send).
@@ -91,6 +92,7 @@ async fn relay_child(url: &str) -> i32 {
     let sink = Broker {
         pool: pool.clone(),
         rng: Mutex::new(seed.map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed)),
+        delivered: Mutex::default(),
     };
     let relay = Relay::<OrderedChaosEvent, _>::new(pool, sink)
         .batch_size(50)
@@ -110,15 +112,50 @@ async fn relay_child(url: &str) -> i32 {
 
 /// The broker: slow enough that the relays are busy when chaos strikes; takes a batch refusing about one event in twenty
 /// (transient), and logs what it took in `ordering_deliveries`, one statement per batch.
+///
+/// Each logged delivery says whether it came in a run, after its predecessor in the
+/// same claim: the predecessor still in flight under the generation this process
+/// delivered it with (nobody claimed it since, so this process's claim of it is the
+/// one that carries this event too).
 struct Broker {
     pool: PgPool,
     /// Its random choices, seeded by the driver.
     rng: Mutex<fastrand::Rng>,
+    /// The generation each event this process delivered was delivered with.
+    delivered: Mutex<HashMap<String, i64>>,
 }
 
 impl Broker {
     fn draw<T>(&self, choose: impl FnOnce(&mut fastrand::Rng) -> T) -> T {
         choose(&mut self.rng.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// For each of `events`, whether it follows its predecessor in a run of this
+    /// process's (see [`Broker`]).
+    async fn in_run(
+        &self,
+        events: impl Iterator<Item = &OrderedChaosEvent>,
+    ) -> Result<Vec<bool>, sqlx::Error> {
+        let previous: Vec<String> = events
+            .map(|e| format!("{}-{}", e.order_id, e.seq - 1))
+            .collect();
+        let flight: HashMap<String, i64> = sqlx::query_as(
+            "SELECT event_id, generation FROM ordered_chaos_events
+             WHERE event_id = ANY($1) AND status = 'INPROGRESS'",
+        )
+        .bind(&previous)
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .collect();
+        let delivered = self
+            .delivered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Ok(previous
+            .iter()
+            .map(|p| flight.get(p).is_some_and(|g| delivered.get(p) == Some(g)))
+            .collect())
     }
 }
 
@@ -141,15 +178,34 @@ impl Sink<OrderedChaosEvent> for Broker {
         let taken = || batch.iter().zip(&results).filter(|(_, r)| r.is_ok());
         let ids: Vec<&str> = taken().map(|(d, _)| d.event_id().as_str()).collect();
         let generations: Vec<i64> = taken().map(|(d, _)| d.generation().get()).collect();
+        let in_run = match self.in_run(taken().map(|(d, _)| d.event())).await {
+            Ok(in_run) => in_run,
+            Err(error) => {
+                return batch
+                    .iter()
+                    .map(|_| Err(SinkError::unavailable(error.to_string())))
+                    .collect();
+            }
+        };
         let logged = sqlx::query(
-            "INSERT INTO ordering_deliveries (event_id, generation, delivered_at)
-             SELECT id, generation, clock_timestamp()
-             FROM unnest($1::text[], $2::bigint[]) AS u(id, generation)",
+            "INSERT INTO ordering_deliveries (event_id, generation, in_run, delivered_at)
+             SELECT id, generation, in_run, clock_timestamp()
+             FROM unnest($1::text[], $2::bigint[], $3::bool[]) AS u(id, generation, in_run)",
         )
-        .bind(ids)
-        .bind(generations)
+        .bind(&ids)
+        .bind(&generations)
+        .bind(in_run)
         .execute(&self.pool)
         .await;
+        if logged.is_ok() {
+            let mut delivered = self
+                .delivered
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            for (id, generation) in ids.iter().zip(generations) {
+                delivered.insert((*id).to_owned(), generation);
+            }
+        }
         if let Err(error) = logged {
             // Not taken after all: nothing of this batch reached the broker's log.
             return batch
@@ -325,7 +381,8 @@ async fn four_relays_under_chaos(seed: u64) -> TestResult {
 async fn setup(pool: &PgPool) -> TestResult {
     sqlx::raw_sql(
         "CREATE TABLE ordering_deliveries (
-             event_id text NOT NULL, generation bigint NOT NULL, delivered_at timestamptz NOT NULL);
+             event_id text NOT NULL, generation bigint NOT NULL, in_run boolean NOT NULL,
+             delivered_at timestamptz NOT NULL);
          CREATE TABLE ordering_sent (event_id text NOT NULL, recorded_at timestamptz NOT NULL);
          CREATE FUNCTION note_sent() RETURNS trigger LANGUAGE plpgsql AS $$
              BEGIN INSERT INTO ordering_sent VALUES (NEW.event_id, clock_timestamp()); RETURN NULL; END $$;
@@ -361,22 +418,32 @@ async fn verify_first_deliveries(pool: &PgPool, total: i64) -> TestResult<i64> {
     .fetch_all(pool)
     .await?;
     assert!(out_of_order.is_empty(), "{out_of_order:?}");
+    // A first delivery comes after its predecessor's SENT, or after the predecessor in
+    // the same run (which the broker acknowledged before).
     let early: Vec<String> = sqlx::query_scalar(
         "WITH first AS (
-             SELECT event_id, min(delivered_at) AS at FROM ordering_deliveries GROUP BY event_id),
+             SELECT DISTINCT ON (event_id) event_id, delivered_at AS at, in_run
+             FROM ordering_deliveries ORDER BY event_id, delivered_at),
          sent AS (SELECT event_id, min(recorded_at) AS at FROM ordering_sent GROUP BY event_id)
          SELECT e.event_id FROM ordered_chaos_events e
          JOIN first f ON f.event_id = e.event_id
          JOIN sent s ON s.event_id = e.order_id || '-' || (e.seq - 1)
-         WHERE f.at < s.at
+         WHERE f.at < s.at AND NOT f.in_run
          LIMIT 10",
     )
     .fetch_all(pool)
     .await?;
     assert!(
         early.is_empty(),
-        "delivered before the predecessor's SENT: {early:?}"
+        "delivered before the predecessor's SENT, and not after it in a run: {early:?}"
     );
+    let (in_runs,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM (SELECT DISTINCT ON (event_id) in_run FROM ordering_deliveries
+         ORDER BY event_id, delivered_at) AS f WHERE in_run",
+    )
+    .fetch_one(pool)
+    .await?;
+    assert!(in_runs > 0, "the relays claimed runs of a key");
 
     Ok(deliveries)
 }

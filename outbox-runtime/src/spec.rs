@@ -85,8 +85,7 @@ fn with_runs(claim: String, runs: bool) -> String {
 /// Where a keyed table's claims say whether they take runs (the derive writes it).
 const RUNS: char = '\u{1}';
 
-impl Statements {
-}
+impl Statements {}
 
 /// `d` truncated to whole microseconds: a PostgreSQL `interval` holds no finer unit,
 /// and sqlx refuses to encode a `Duration` with a sub-microsecond remainder (jittered

@@ -1,7 +1,7 @@
 //! The relay against real PostgreSQL, one module per topic: publication, wake-ups,
 //! leases and fencing, failures and backoff, the operator's repairs, shutdown, the claim
 //! transaction, errors that stop it; a destination that is down; per-key ordering; the
-//! `delete_sent` retention mode; the monitor's gauges.
+//! runs of a key; the `delete_sent` retention mode; the monitor's gauges.
 
 mod claims;
 mod delete_sent;
@@ -12,6 +12,7 @@ mod operations;
 mod ordering;
 mod publishing;
 mod retries;
+mod runs;
 mod shutdown;
 mod unavailable;
 mod wakeups;

@@ -434,8 +434,8 @@ impl InOrder {
             .await
             .unwrap();
             let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-            let in_run = status == "INPROGRESS"
-                && seen.acknowledged.get(&previous) == Some(&generation);
+            let in_run =
+                status == "INPROGRESS" && seen.acknowledged.get(&previous) == Some(&generation);
             if in_run {
                 seen.in_runs += 1;
             } else if status != "SENT" {

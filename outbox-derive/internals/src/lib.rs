@@ -324,8 +324,22 @@ pub const OWN_TABLES: [&str; 2] = [CATALOG_TABLE, INBOX_TABLE];
 /// Inside a statement, an unqualified table name that is also a step's name means the
 /// step, not the table: no event type's table may take one of these names.
 pub const STATEMENT_STEPS: [&str; 16] = [
-    "done", "doomed", "enqueued", "expired", "next", "other", "parked", "reach", "ready",
-    "requeued", "run_candidates", "run_locked", "run_members", "sent", "u", "woken",
+    "done",
+    "doomed",
+    "enqueued",
+    "expired",
+    "next",
+    "other",
+    "parked",
+    "reach",
+    "ready",
+    "requeued",
+    "run_candidates",
+    "run_locked",
+    "run_members",
+    "sent",
+    "u",
+    "woken",
 ];
 
 /// The prefix of every table that holds a table's applied migrations

@@ -243,8 +243,10 @@ async fn claim_noting<T: Outbox>(
         errors.push(dead_letter::<T>(conn, bad).await?);
     }
     if !behind.is_empty() {
-        let release: Vec<(Owned, Outcome)> =
-            behind.into_iter().map(|row| (row, Outcome::Release)).collect();
+        let release: Vec<(Owned, Outcome)> = behind
+            .into_iter()
+            .map(|row| (row, Outcome::Release))
+            .collect();
         batch::record::<T>(conn, &release).await?;
     }
     // UPDATE .. RETURNING does not promise an order; publish in id order.

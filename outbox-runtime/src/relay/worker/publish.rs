@@ -55,7 +55,8 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     (db.held, ahead)
                 }
             });
-            let (answer, lease_deadline, ahead) = self.send(&rows, &deliveries, &layers, conn, beside).await;
+            let (answer, lease_deadline, ahead) =
+                self.send(&rows, &deliveries, &layers, conn, beside).await;
             let unavailable = self.note_destination(&answer);
             // The claim ahead found nothing: it is as fresh as a short batch's.
             // (Not one whose rows were all dropped since: the claim was full.)

@@ -9,8 +9,8 @@ use tokio::time::{Instant, sleep_until};
 
 use super::super::connection::{Connection, spare_connection};
 use super::super::in_flight::InFlight;
-use super::super::renewal::{self, Needed, Renewal};
 use super::super::key_runs::{self, Layers};
+use super::super::renewal::{self, Needed, Renewal};
 use super::{Ahead, Worker};
 use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;

@@ -1,0 +1,293 @@
+//! Runs of a key: the relay claims a key's first event still to go together with the
+//! events after it, and publishes them in order, each acknowledged before the next
+//! goes, while other keys go out beside them. What follows an event that was not
+//! published is handed back unattempted and waits behind it, as if never claimed.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use outbox::relay::Backoff;
+use outbox::{Delivery, Outbox, Relay, Sink, SinkError};
+use outbox_testkit::events::{KeyedReminder, LenientStep, OrderStep};
+use outbox_testkit::rows::row_of;
+use outbox_testkit::running::start;
+use outbox_testkit::schema::schema_with;
+use outbox_testkit::{TestResult, wait_until};
+
+/// An event's name, as the tests script and read it.
+trait Named {
+    fn name(&self) -> &str;
+}
+
+impl Named for OrderStep {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Named for LenientStep {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Named for KeyedReminder {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// A sink that writes down each call's events, in order, and answers as scripted: an
+/// event's scripted failures first, then success.
+#[derive(Clone, Default)]
+struct Scripted {
+    calls: Arc<Mutex<Vec<Vec<String>>>>,
+    failures: Arc<Mutex<HashMap<String, VecDeque<SinkError>>>>,
+}
+
+impl Scripted {
+    fn failing(self, name: &str, errors: impl IntoIterator<Item = SinkError>) -> Self {
+        self.failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.to_owned(), errors.into_iter().collect());
+        self
+    }
+
+    fn calls(&self) -> Vec<Vec<String>> {
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Every delivery, in the order the sink got them.
+    fn deliveries(&self) -> Vec<String> {
+        self.calls().concat()
+    }
+}
+
+impl<T: Named + Send + Sync> Sink<T> for Scripted {
+    async fn publish(&self, batch: &[Delivery<'_, T>]) -> Vec<Result<(), SinkError>> {
+        let names: Vec<String> = batch.iter().map(|d| d.event().name().to_owned()).collect();
+        let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        let results = names
+            .iter()
+            .map(|name| {
+                failures
+                    .get_mut(name)
+                    .and_then(VecDeque::pop_front)
+                    .map_or(Ok(()), Err)
+            })
+            .collect();
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(names);
+        results
+    }
+}
+
+fn step(name: &str, order_id: i64) -> OrderStep {
+    OrderStep {
+        name: name.into(),
+        order_id,
+    }
+}
+
+/// A relay of one worker, batches of `batch`, quick retries.
+fn relay<T: Outbox, S: Sink<T>>(pool: &sqlx::PgPool, sink: S, batch: u32) -> Relay<T, S> {
+    Relay::new(pool.clone(), sink)
+        .batch_size(batch)
+        .poll_interval(Duration::from_millis(100))
+        .retry_backoff(Backoff::new(
+            Duration::from_millis(50),
+            Duration::from_millis(50),
+        ))
+}
+
+/// Asserts that no call of the sink had two events of one key (by the events' names'
+/// first letter).
+fn one_per_key_per_call(calls: &[Vec<String>]) {
+    for call in calls {
+        let mut keys: Vec<char> = call.iter().filter_map(|n| n.chars().next()).collect();
+        keys.sort_unstable();
+        let before = keys.len();
+        keys.dedup();
+        assert_eq!(
+            keys.len(),
+            before,
+            "a call with two events of a key: {call:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_run_goes_out_an_event_at_a_time_and_what_follows_a_failure_waits_unattempted()
+-> TestResult {
+    let db = schema_with(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    let events = ["a1", "a2", "a3", "a4", "a5"].map(|name| step(name, 1));
+    OrderStep::enqueue_all(&events, pool).await?;
+    OrderStep::enqueue_all(&[step("b1", 2)], pool).await?;
+    let sink = Scripted::default().failing("a3", [SinkError::transient("the broker said no")]);
+
+    let running = start(relay::<OrderStep, _>(pool, sink.clone(), 10));
+    wait_until("every event is SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 6
+    })
+    .await;
+    running.stop().await?;
+
+    // One claim took the whole of key 1 with b1: each key's first event together, then
+    // a2, then a3, which failed: a4 and a5 were not sent, and went after a3's retry.
+    let calls = sink.calls();
+    one_per_key_per_call(&calls);
+    assert_eq!(calls[..3], [vec!["a1", "b1"], vec!["a2"], vec!["a3"]]);
+    assert_eq!(
+        sink.deliveries()[4..],
+        ["a3", "a4", "a5"],
+        "after the failed a3: {calls:?}"
+    );
+    // The events handed back were not charged an attempt.
+    assert_eq!(row_of::<OrderStep>(pool, "a3").await.attempts, 2);
+    for name in ["a1", "a2", "a4", "a5", "b1"] {
+        assert_eq!(row_of::<OrderStep>(pool, name).await.attempts, 1, "{name}");
+    }
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_dead_event_in_a_run_holds_the_rest_of_its_key() -> TestResult {
+    let db = schema_with(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    let events = ["a1", "a2", "a3"].map(|name| step(name, 1));
+    OrderStep::enqueue_all(&events, pool).await?;
+    let sink = Scripted::default().failing("a2", [SinkError::permanent("malformed")]);
+
+    let running = start(relay::<OrderStep, _>(pool, sink.clone(), 10));
+    wait_until("a1 SENT, a2 DEAD", Duration::from_secs(30), async || {
+        let stats = outbox::stats::<OrderStep>(pool).await.unwrap();
+        (stats.sent, stats.dead) == (1, 1)
+    })
+    .await;
+    running.stop().await?;
+
+    assert_eq!(sink.deliveries(), ["a1", "a2"], "a3 was never sent");
+    let a3 = row_of::<OrderStep>(pool, "a3").await;
+    assert_eq!((a3.status.as_str(), a3.attempts), ("READY", 0));
+    assert!(
+        OrderStep::claim(pool).await?.is_none(),
+        "a3 waits for an operator"
+    );
+    assert_eq!(outbox::stats::<OrderStep>(pool).await?.held_keys, 1);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn with_dead_releases_key_a_dead_event_in_a_run_lets_the_rest_go_after_it() -> TestResult {
+    let db = schema_with(&[LenientStep::migrations()]).await?;
+    let pool = db.pool();
+    let order = uuid::Uuid::now_v7();
+    let events = ["a1", "a2", "a3"].map(|name| LenientStep {
+        name: name.into(),
+        order_id: order,
+    });
+    LenientStep::enqueue_all(&events, pool).await?;
+    let sink = Scripted::default().failing("a2", [SinkError::permanent("malformed")]);
+
+    let running = start(relay::<LenientStep, _>(pool, sink.clone(), 10));
+    wait_until(
+        "a1 and a3 SENT, a2 DEAD",
+        Duration::from_secs(30),
+        async || {
+            let stats = outbox::stats::<LenientStep>(pool).await.unwrap();
+            (stats.sent, stats.dead) == (2, 1)
+        },
+    )
+    .await;
+    running.stop().await?;
+
+    // a3 was handed back when a2 failed, and went once a2 was DEAD.
+    let calls = sink.calls();
+    assert_eq!(calls, [vec!["a1"], vec!["a2"], vec!["a3"]]);
+    assert_eq!(row_of::<LenientStep>(pool, "a3").await.attempts, 1);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_run_ends_before_an_event_scheduled_for_later() -> TestResult {
+    let db = schema_with(&[KeyedReminder::migrations()]).await?;
+    let pool = db.pool();
+    let reminder = |name: &str| KeyedReminder {
+        name: name.into(),
+        account: 7,
+    };
+    reminder("r1").enqueue(pool).await?;
+    reminder("r2")
+        .enqueue_after(Duration::from_millis(500), pool)
+        .await?;
+    reminder("r3").enqueue(pool).await?;
+    let sink = Scripted::default();
+
+    let running = start(relay::<KeyedReminder, _>(pool, sink.clone(), 10));
+    wait_until(
+        "every reminder is SENT",
+        Duration::from_secs(30),
+        async || outbox::stats::<KeyedReminder>(pool).await.unwrap().sent == 3,
+    )
+    .await;
+    running.stop().await?;
+
+    // r1's run stopped at r2, not yet due; r3 went after r2, in its run.
+    let calls = sink.calls();
+    assert_eq!(calls[0], ["r1"]);
+    assert_eq!(sink.deliveries(), ["r1", "r2", "r3"], "{calls:?}");
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn keys_share_a_batch_every_key_first_then_the_runs() -> TestResult {
+    let db = schema_with(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    // One hot key (h, 30 events) enqueued before five quiet ones (one event each).
+    let hot: Vec<OrderStep> = (1..=30).map(|n| step(&format!("h{n}"), 1)).collect();
+    OrderStep::enqueue_all(&hot, pool).await?;
+    let quiet = [("m1", 2), ("n1", 3), ("o1", 4), ("p1", 5), ("q1", 6)];
+    OrderStep::enqueue_all(&quiet.map(|(name, key)| step(name, key)), pool).await?;
+    let sink = Scripted::default();
+
+    let running = start(relay::<OrderStep, _>(pool, sink.clone(), 10));
+    wait_until("every event is SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 35
+    })
+    .await;
+    running.stop().await?;
+
+    // The first batch of ten: the hot key's first event and every quiet key's, then the
+    // four events after h1 in the room they left.
+    let calls = sink.calls();
+    one_per_key_per_call(&calls);
+    assert_eq!(calls[0], ["h1", "m1", "n1", "o1", "p1", "q1"]);
+    assert_eq!(calls[1..5], [["h2"], ["h3"], ["h4"], ["h5"]]);
+    // The hot key's later batches are runs of ten, in order.
+    let hot_order: Vec<String> = sink
+        .deliveries()
+        .into_iter()
+        .filter(|name| name.starts_with('h'))
+        .collect();
+    let expected: Vec<String> = (1..=30).map(|n| format!("h{n}")).collect();
+    assert_eq!(hot_order, expected);
+    assert!(
+        calls.len() <= 30 + 1,
+        "one call per layer: {} calls",
+        calls.len()
+    );
+    db.drop_schema().await?;
+    Ok(())
+}
