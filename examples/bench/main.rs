@@ -108,8 +108,7 @@ struct Args {
     /// transaction.
     #[arg(long, value_name = "EVENTS/S,..", value_delimiter = ',', default_value = "500,5000", value_parser = clap::value_parser!(u32).range(1..))]
     wakeup_rates: Vec<u32>,
-    /// Key counts of the ordering section's drains (`1`: one hot key); 1,000 keys or
-    /// more drain 100,000 events, fewer keys 2,000.
+    /// Key counts of the ordering section's drains of 100,000 events (`1`: one hot key).
     #[arg(long, value_name = "KEYS,..", value_delimiter = ',', default_value = "100000,1000,10,1", value_parser = clap::value_parser!(u32).range(1..))]
     ordering_keys: Vec<u32>,
     /// Leave out the ordering section's part 2 (the claim beside a large history).

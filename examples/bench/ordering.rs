@@ -4,10 +4,10 @@
 //! cargo run --release --example bench -- --only ordering
 //! ```
 //!
-//! 1. A backlog drained by a relay (batch 100, 4 workers, no-op sink), ordered vs the
-//!    same columns unordered, in one run, for a range of key counts. With few keys the
-//!    ordered relay publishes one event per key per claim and its rate is bounded by
-//!    the number of keys, not by the database: those rows take smaller backlogs.
+//! 1. A backlog of 100,000 events drained by a relay (batch 100, 4 workers, no-op sink),
+//!    ordered vs the same columns unordered, in one run, for a range of key counts. With
+//!    few keys, each claim carries runs of a key: its first event still to go and the
+//!    ones after it, published in order.
 //! 2. The claim beside a large history: the claim of 100 from a backlog of distinct keys,
 //!    timed on a small table and again beside 1,000,000 `SENT` rows and 100,000 keys
 //!    held back by a `DEAD` event (each with a later event set aside behind it), with
@@ -23,8 +23,8 @@ use outbox_testkit::app::{BenchKeyedEvent, BenchOrderedEvent};
 
 const BATCH: u32 = 100;
 const WORKERS: usize = 4;
-/// Events of a row whose rate is bounded by its keys: enough for a steady rate.
-const FEW_KEYS_EVENTS: usize = 2_000;
+/// Events of each row of part 1.
+const EVENTS: usize = 100_000;
 /// Claims timed per table in part 2.
 const CLAIMS: usize = 200;
 
@@ -35,10 +35,10 @@ impl Bench {
             "Part 1: the relay drains a backlog (batch {BATCH}, {WORKERS} workers, no-op sink, \
              100-byte payloads), once with `#[outbox(key)]` on `key` and once with `key` a plain \
              column, the two in turn (order reversed every other run), {} runs. Events are \
-             enqueued with keys round-robin, as many customers' orders arrive. With 10 keys or \
-             one, the ordered relay has at most one event per key in flight: its rate is one \
-             claim → publish → record cycle per key at a time, so those rows drain \
-             {FEW_KEYS_EVENTS} events. CPU: the server's process tree's and the bench's \
+             enqueued with keys round-robin, as many customers' orders arrive, {EVENTS} per \
+             row. Each claim takes every key's first event still to go, then, in the room \
+             left, runs of each key after it, published layer by layer (a key's event after \
+             the one before it was acknowledged). CPU: the server's process tree's and the bench's \
              (the relay's), per 1,000 events, while the relay ran; on a shared machine it \
              varies far less than events/s, and unordered / ordered CPU is what an ordered \
              event costs the database and the relay, relative to an unordered one.\n",
@@ -51,11 +51,7 @@ impl Bench {
         self.line("|---|---|---|---|---|---|---|---|");
         for &keys in &args.ordering_keys {
             let keys = keys as usize;
-            let n = if keys >= 1_000 {
-                100_000
-            } else {
-                FEW_KEYS_EVENTS
-            };
+            let n = EVENTS;
             let ordered: Vec<BenchOrderedEvent> = (0..n)
                 .map(|i| BenchOrderedEvent {
                     key: i64::try_from(i % keys).unwrap_or_default(),

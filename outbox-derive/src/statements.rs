@@ -905,7 +905,12 @@ fn parking(table: &Table<'_>, limit: &str) -> String {
         return String::new();
     };
     let (t, k, lease) = (&table.name, quoted(&key.column), &table.lease);
-    let (ready, dead) = (Status::Ready.as_sql(), Status::Dead.as_sql());
+    let (ready, dead, sent) = (
+        Status::Ready.as_sql(),
+        Status::Dead.as_sql(),
+        Status::Sent.as_sql(),
+    );
+    let before = before_in_key(&k, "p", "c");
     let waiting = if dead_releases(table) {
         format!("'{ready}'")
     } else {
@@ -928,9 +933,9 @@ fn parking(table: &Table<'_>, limit: &str) -> String {
          \x20           AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))\n\
          \x20           AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))\n\
          \x20           AND EXISTS (SELECT FROM {t} AS p\n\
-         \x20               WHERE p.{k} = c.{k} AND p.id < c.id AND p.status IN ({waiting})\n\
+         \x20               WHERE {before} AND p.status <> '{sent}' AND p.status IN ({waiting})\n\
          \x20                   AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))\n\
-         \x20               FOR SHARE SKIP LOCKED)\n\
+         \x20               ORDER BY p.{k} DESC, p.id DESC LIMIT 1 FOR SHARE SKIP LOCKED)\n\
          \x20       ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED) AS waiting)))",
         channel = table.model.table
     )
@@ -951,9 +956,10 @@ fn candidate(table: &Table<'_>) -> &'static str {
 /// expired and to be reclaimed first) hold it back; `DEAD` ones too, unless the type
 /// says `dead_releases_key`. A candidate is checked against the claim's snapshot, which
 /// sees every earlier event of its key that committed before the claim began: one probe
-/// of the key's index, no extra round trip. Two events of one key are never claimed
-/// together, since the later one always sees the earlier one still to go. A NULL key
-/// (an event enqueued before the key existed) equals nothing: never held back.
+/// of the key's index ([`before_in_key`]), no extra round trip. Two events of one key
+/// are never both in turn, since the later one always sees the earlier one still to go:
+/// the events after a key's first come only in its run ([`runs`]). A NULL key (an event
+/// enqueued before the key existed) equals nothing: never held back.
 fn in_turn(table: &Table<'_>) -> String {
     let Some(key) = table.model.key() else {
         return String::new();
@@ -961,8 +967,24 @@ fn in_turn(table: &Table<'_>) -> String {
     let (t, k, sent) = (&table.name, quoted(&key.column), Status::Sent.as_sql());
     let dead = blocking(table, "p");
     format!(
-        "\n\x20       AND NOT EXISTS (SELECT FROM {t} AS p\n\
-         \x20           WHERE p.{k} = c.{k} AND p.id < c.id AND p.status <> '{sent}'{dead})"
+        "\n\x20       AND (SELECT p.id FROM {t} AS p\n\
+         \x20           WHERE {before} AND p.status <> '{sent}'{dead}\n\
+         \x20           ORDER BY p.{k} DESC, p.id DESC LIMIT 1) IS NULL",
+        before = before_in_key(&k, "p", "c"),
+    )
+}
+
+/// The events of `of`'s key before it, as `alias`: a range of the key's index, by row
+/// comparisons on `(key, id)`, which only that index orders. A probe written so is one
+/// short scan of the index, whatever the planner believes of the key's values. (With
+/// `p.key = c.key AND p.id < c.id`, after an `ANALYZE` that saw one hot key, the
+/// planner hashed the whole table for every claim and compared each candidate with
+/// every event of its key: 128 s for a claim beside 20,000 events of one key, where
+/// this probe took 1.6 s, and every claim after the first far less.)
+fn before_in_key(k: &str, alias: &str, of: &str) -> String {
+    format!(
+        "({alias}.{k}, {alias}.id) < ({of}.{k}, {of}.id) AND ({alias}.{k}, {alias}.id) >= ({of}.{k}, {first})",
+        first = i64::MIN,
     )
 }
 

@@ -19,14 +19,16 @@ SELECT event_id FROM enqueued, (SELECT pg_notify('ordered_chaos_events', '') FRO
 WITH expired AS (
     SELECT id, ctid, "order_id", attempts FROM "ordered_chaos_events" AS c
     WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()
-        AND NOT EXISTS (SELECT FROM "ordered_chaos_events" AS p
-            WHERE p."order_id" = c."order_id" AND p.id < c.id AND p.status <> 'SENT')
+        AND (SELECT p.id FROM "ordered_chaos_events" AS p
+            WHERE (p."order_id", p.id) < (c."order_id", c.id) AND (p."order_id", p.id) >= (c."order_id", -9223372036854775808) AND p.status <> 'SENT'
+            ORDER BY p."order_id" DESC, p.id DESC LIMIT 1) IS NULL
     ORDER BY lease_until, id LIMIT 100 FOR UPDATE SKIP LOCKED
 ), ready AS (
     SELECT ctid, next_attempt_at, id, "order_id", attempts FROM "ordered_chaos_events" AS c
     WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()
-        AND NOT EXISTS (SELECT FROM "ordered_chaos_events" AS p
-            WHERE p."order_id" = c."order_id" AND p.id < c.id AND p.status <> 'SENT')
+        AND (SELECT p.id FROM "ordered_chaos_events" AS p
+            WHERE (p."order_id", p.id) < (c."order_id", c.id) AND (p."order_id", p.id) >= (c."order_id", -9223372036854775808) AND p.status <> 'SENT'
+            ORDER BY p."order_id" DESC, p.id DESC LIMIT 1) IS NULL
     ORDER BY next_attempt_at, id LIMIT 100 - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED
 ), run_candidates AS (
     SELECT ctid, id, head, expired FROM (
@@ -68,9 +70,9 @@ WITH expired AS (
             AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
             AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))
             AND EXISTS (SELECT FROM "ordered_chaos_events" AS p
-                WHERE p."order_id" = c."order_id" AND p.id < c.id AND p.status IN ('READY', 'DEAD')
+                WHERE (p."order_id", p.id) < (c."order_id", c.id) AND (p."order_id", p.id) >= (c."order_id", -9223372036854775808) AND p.status <> 'SENT' AND p.status IN ('READY', 'DEAD')
                     AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))
-                FOR SHARE SKIP LOCKED)
+                ORDER BY p."order_id" DESC, p.id DESC LIMIT 1 FOR SHARE SKIP LOCKED)
         ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED) AS waiting)))
 UPDATE "ordered_chaos_events" AS o SET
     status = CASE WHEN o.attempts >= 1000 THEN 'DEAD' ELSE 'INPROGRESS' END,
@@ -92,8 +94,9 @@ WITH ready AS (
     WHERE status = 'READY'
         AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'
         AND next_attempt_at <= statement_timestamp()
-        AND NOT EXISTS (SELECT FROM "ordered_chaos_events" AS p
-            WHERE p."order_id" = c."order_id" AND p.id < c.id AND p.status <> 'SENT')
+        AND (SELECT p.id FROM "ordered_chaos_events" AS p
+            WHERE (p."order_id", p.id) < (c."order_id", c.id) AND (p."order_id", p.id) >= (c."order_id", -9223372036854775808) AND p.status <> 'SENT'
+            ORDER BY p."order_id" DESC, p.id DESC LIMIT 1) IS NULL
     ORDER BY next_attempt_at, id LIMIT 100 FOR UPDATE SKIP LOCKED
 ), run_candidates AS (
     SELECT ctid, id, head, expired FROM (

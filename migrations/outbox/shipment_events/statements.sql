@@ -19,14 +19,16 @@ SELECT event_id FROM enqueued, (SELECT pg_notify('shipment_events', '') FROM enq
 WITH expired AS (
     SELECT id, ctid, "parcel", attempts FROM "shipment_events" AS c
     WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()
-        AND NOT EXISTS (SELECT FROM "shipment_events" AS p
-            WHERE p."parcel" = c."parcel" AND p.id < c.id AND p.status <> 'SENT')
+        AND (SELECT p.id FROM "shipment_events" AS p
+            WHERE (p."parcel", p.id) < (c."parcel", c.id) AND (p."parcel", p.id) >= (c."parcel", -9223372036854775808) AND p.status <> 'SENT'
+            ORDER BY p."parcel" DESC, p.id DESC LIMIT 1) IS NULL
     ORDER BY lease_until, id LIMIT 100 FOR UPDATE SKIP LOCKED
 ), ready AS (
     SELECT ctid, next_attempt_at, id, "parcel", attempts FROM "shipment_events" AS c
     WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()
-        AND NOT EXISTS (SELECT FROM "shipment_events" AS p
-            WHERE p."parcel" = c."parcel" AND p.id < c.id AND p.status <> 'SENT')
+        AND (SELECT p.id FROM "shipment_events" AS p
+            WHERE (p."parcel", p.id) < (c."parcel", c.id) AND (p."parcel", p.id) >= (c."parcel", -9223372036854775808) AND p.status <> 'SENT'
+            ORDER BY p."parcel" DESC, p.id DESC LIMIT 1) IS NULL
     ORDER BY next_attempt_at, id LIMIT 100 - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED
 ), run_candidates AS (
     SELECT ctid, id, head, expired FROM (
@@ -68,9 +70,9 @@ WITH expired AS (
             AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
             AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))
             AND EXISTS (SELECT FROM "shipment_events" AS p
-                WHERE p."parcel" = c."parcel" AND p.id < c.id AND p.status IN ('READY', 'DEAD')
+                WHERE (p."parcel", p.id) < (c."parcel", c.id) AND (p."parcel", p.id) >= (c."parcel", -9223372036854775808) AND p.status <> 'SENT' AND p.status IN ('READY', 'DEAD')
                     AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))
-                FOR SHARE SKIP LOCKED)
+                ORDER BY p."parcel" DESC, p.id DESC LIMIT 1 FOR SHARE SKIP LOCKED)
         ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED) AS waiting)))
 UPDATE "shipment_events" AS o SET
     status = CASE WHEN o.attempts >= 10 THEN 'DEAD' ELSE 'INPROGRESS' END,
@@ -92,8 +94,9 @@ WITH ready AS (
     WHERE status = 'READY'
         AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'
         AND next_attempt_at <= statement_timestamp()
-        AND NOT EXISTS (SELECT FROM "shipment_events" AS p
-            WHERE p."parcel" = c."parcel" AND p.id < c.id AND p.status <> 'SENT')
+        AND (SELECT p.id FROM "shipment_events" AS p
+            WHERE (p."parcel", p.id) < (c."parcel", c.id) AND (p."parcel", p.id) >= (c."parcel", -9223372036854775808) AND p.status <> 'SENT'
+            ORDER BY p."parcel" DESC, p.id DESC LIMIT 1) IS NULL
     ORDER BY next_attempt_at, id LIMIT 100 FOR UPDATE SKIP LOCKED
 ), run_candidates AS (
     SELECT ctid, id, head, expired FROM (
