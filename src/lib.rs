@@ -48,8 +48,8 @@
 //! 10), and two flags: `delete_sent` (recording an event as published deletes its row
 //! instead of keeping it `SENT`) and `dead_releases_key` (with an ordering key: a `DEAD`
 //! event no longer holds back its key's later events). Field attributes: `event_id`,
-//! `key` (the ordering key: one key's events are published one at a time, in the order
-//! of their row ids), `json`, `column = "name"`, and `since = N` for an `Option` field
+//! `key` (the ordering key: one key's events are published in the order of their row
+//! ids, each after the one before it), `json`, `column = "name"`, and `since = N` for an `Option` field
 //! added by migration version `N` of the table. The derive's own
 //! documentation, [`Outbox`](derive@Outbox), is the full reference: every attribute,
 //! the field types and their columns, what it generates, and how a table may evolve.

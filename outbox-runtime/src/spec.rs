@@ -216,7 +216,7 @@ impl TableSpec {
     }
 
     /// The column of the ordering key (`#[outbox(key)]`), if the type has one: its
-    /// events are published one at a time per key, in the order they were enqueued.
+    /// events are published in the order they were enqueued, each after the one before.
     pub const fn key(&self) -> Option<&'static str> {
         self.key
     }
