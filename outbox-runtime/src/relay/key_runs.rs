@@ -26,9 +26,11 @@ pub(super) struct Layers(Vec<Range<usize>>);
 /// then every key's second, .. . A batch in which no key repeats (an unkeyed table, or
 /// a run-less claim) is one layer, left as it was claimed.
 pub(super) fn arrange<T: Outbox>(claims: &mut [Claim<T>]) -> Layers {
-    let whole = Layers(vec![0..claims.len()]);
+    // The whole batch as one layer. (`vec![range]` reads as a range of ranges.)
+    let len = claims.len();
+    let whole = || Layers(std::iter::once(0..len).collect());
     if T::SPEC.key().is_none() || claims.len() < 2 {
-        return whole;
+        return whole();
     }
     claims.sort_unstable_by_key(Claim::id);
     let mut seen: HashMap<&str, usize> = HashMap::with_capacity(claims.len());
@@ -46,7 +48,7 @@ pub(super) fn arrange<T: Outbox>(claims: &mut [Claim<T>]) -> Layers {
         .collect();
     let deepest = depths.values().copied().max().unwrap_or(0);
     if deepest == 0 {
-        return whole;
+        return whole();
     }
     claims.sort_by_key(|claim| (depths[&claim.id()], claim.id()));
     let mut layers = Vec::with_capacity(deepest + 1);
@@ -130,10 +132,10 @@ pub(super) async fn publish<T, S: Sink<T>>(
             }
         }
         for (delivery, result) in batch[layer.clone()].iter().zip(&results[layer.clone()]) {
-            if let (Some(key), Err(_)) = (delivery.key, result) {
-                if !broken.contains(&key) {
-                    broken.push(key);
-                }
+            if let (Some(key), Err(_)) = (delivery.key, result)
+                && !broken.contains(&key)
+            {
+                broken.push(key);
             }
         }
     }
