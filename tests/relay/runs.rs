@@ -291,3 +291,71 @@ async fn keys_share_a_batch_every_key_first_then_the_runs() -> TestResult {
     db.drop_schema().await?;
     Ok(())
 }
+
+/// A sink that takes `a1` and then hangs on `a2`, as a publisher paused mid-run does,
+/// until `wake` is notified.
+#[derive(Clone)]
+struct HangsOnA2 {
+    taken: Arc<Mutex<Vec<String>>>,
+    hanging: Arc<tokio::sync::Notify>,
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl Sink<OrderStep> for HangsOnA2 {
+    async fn publish(&self, batch: &[Delivery<'_, OrderStep>]) -> Vec<Result<(), SinkError>> {
+        for delivery in batch {
+            if delivery.event().name == "a2" {
+                self.hanging.notify_one();
+                self.wake.notified().await;
+            }
+            self.taken
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(delivery.event().name.clone());
+        }
+        batch.iter().map(|_| Ok(())).collect()
+    }
+}
+
+#[tokio::test]
+async fn a_run_whose_lease_ends_mid_send_is_reclaimed_whole_and_in_order() -> TestResult {
+    let db = schema_with(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    let events = ["a1", "a2", "a3"].map(|name| step(name, 1));
+    OrderStep::enqueue_all(&events, pool).await?;
+    let stalled = HangsOnA2 {
+        taken: Arc::default(),
+        hanging: Arc::default(),
+        wake: Arc::default(),
+    };
+    let first = start(relay::<OrderStep, _>(pool, stalled.clone(), 10));
+    tokio::time::timeout(Duration::from_secs(30), stalled.hanging.notified()).await?;
+
+    // The first publisher took a1 and hangs on a2; its run's lease ends meanwhile.
+    let expired = sqlx::query(
+        "UPDATE order_step_events SET lease_until = statement_timestamp() - interval '1 second'
+         WHERE status = 'INPROGRESS'",
+    )
+    .execute(pool)
+    .await?;
+    assert_eq!(expired.rows_affected(), 3, "one claim took the whole run");
+    let sink = Scripted::default();
+    let second = start(relay::<OrderStep, _>(pool, sink.clone(), 10));
+    wait_until("the run is SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 3
+    })
+    .await;
+    second.stop().await?;
+
+    // Reclaimed whole: a1 again, then a2 and a3, one after the other.
+    assert_eq!(sink.calls(), [vec!["a1"], vec!["a2"], vec!["a3"]]);
+    for name in ["a1", "a2", "a3"] {
+        assert_eq!(row_of::<OrderStep>(pool, name).await.attempts, 2, "{name}");
+    }
+    // The stale publisher wakes up: its late copies record nothing.
+    stalled.wake.notify_one();
+    first.stop().await?;
+    assert_eq!(outbox::stats::<OrderStep>(pool).await?.sent, 3);
+    db.drop_schema().await?;
+    Ok(())
+}
