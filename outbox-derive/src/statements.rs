@@ -757,9 +757,8 @@ fn claim(table: &Table<'_>, limit: &str) -> String {
     let (c, in_turn) = (candidate(table), in_turn(table));
     let (head, reached, runs, parking) = match table.model.key() {
         Some(key) => {
-            let head = format!(", {}, attempts", quoted(&key.column));
-            let heads = "SELECT * FROM expired UNION ALL SELECT id, ctid, {head} FROM ready"
-                .replace("{head}", &head[2..]);
+            let head = head_columns(key);
+            let heads = format!("SELECT * FROM expired UNION ALL SELECT id, ctid{head} FROM ready");
             (
                 head,
                 ", next_attempt_at, id",
@@ -799,6 +798,12 @@ fn claim(table: &Table<'_>, limit: &str) -> String {
             &format!("o.id = ANY(ARRAY(SELECT id FROM expired{run_reclaimed}))")
         )
     )
+}
+
+/// What a keyed claim's heads select besides their `id` and `ctid`, for [`runs`]: the
+/// key and the attempts made.
+fn head_columns(key: &crate::fields::Field) -> String {
+    format!(", {}, attempts", quoted(&key.column))
 }
 
 /// For a keyed table, the claim's runs: after the `heads` (a query of `id, ctid, key,
@@ -1002,9 +1007,10 @@ fn claim_from(table: &Table<'_>, limit: &str) -> String {
     let t = &table.name;
     let ready = Status::Ready.as_sql();
     let (c, in_turn) = (candidate(table), in_turn(table));
-    let (head, runs, run, reclaimed) = match table.model.key() {
+    let (columns, runs, run, reclaimed) = match table.model.key() {
+        // `runs` reads the heads as `id, ctid, key, attempts`.
         Some(key) => (
-            format!(", id, {}, attempts", quoted(&key.column)),
+            format!("id, ctid{}", head_columns(key)),
             runs(
                 table,
                 "SELECT * FROM ready",
@@ -1013,13 +1019,7 @@ fn claim_from(table: &Table<'_>, limit: &str) -> String {
             " UNION ALL SELECT ctid FROM run_members",
             "o.id = ANY(ARRAY(SELECT id FROM run_members WHERE expired))",
         ),
-        None => (String::new(), String::new(), "", "false"),
-    };
-    // `runs` reads the heads as `id, ctid, key, attempts`.
-    let columns = if head.is_empty() {
-        "ctid".to_owned()
-    } else {
-        format!("id, ctid{}", &head[4..])
+        None => ("ctid".to_owned(), String::new(), "", "false"),
     };
     format!(
         "WITH ready AS (\n\
