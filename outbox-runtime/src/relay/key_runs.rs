@@ -13,6 +13,8 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
+use tokio_util::sync::CancellationToken;
+
 use super::sink_panics::publish_contained;
 use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
@@ -94,13 +96,19 @@ pub(super) fn retain_in_order<T: Outbox>(
 /// handed back), only seen in the sink's results while the batch is out.
 const HELD: &str = "not sent: an earlier event of its key in this batch was not published";
 
+/// The result of an event a withdrawn batch never sent: taken back unsent, as a sink
+/// reports what it took back (handed back, its attempt not counted).
+const WITHDRAWN: &str = "not sent: the batch was withdrawn at shutdown";
+
 /// Publishes an arranged `batch` through `sink`, one layer at a time; an event whose
-/// key's run broke in an earlier layer (its event there was not published) is not sent.
-/// Returns one result per delivery, in order (a held event's is an error).
+/// key's run broke in an earlier layer (its event there was not published) is not sent,
+/// nor is any layer after `withdrawn` (the sink took the batch back at shutdown).
+/// Returns one result per delivery, in order (an event not sent has an error).
 pub(super) async fn publish<T, S: Sink<T>>(
     sink: &S,
     batch: &[Delivery<'_, T>],
     layers: &Layers,
+    withdrawn: &CancellationToken,
 ) -> Vec<Result<(), SinkError>> {
     if layers.0.len() < 2 {
         return publish_contained(sink, batch).await;
@@ -108,6 +116,14 @@ pub(super) async fn publish<T, S: Sink<T>>(
     let mut results: Vec<Result<(), SinkError>> = Vec::with_capacity(batch.len());
     let mut broken: Vec<&str> = Vec::new();
     for layer in &layers.0 {
+        if withdrawn.is_cancelled() {
+            results.extend(
+                layer
+                    .clone()
+                    .map(|_| Err(SinkError::unavailable(WITHDRAWN))),
+            );
+            continue;
+        }
         // A delivery no longer owned is not sent either, and ends its key's run.
         let going = |delivery: &Delivery<'_, T>| {
             delivery.is_owned() && delivery.key.is_none_or(|key| !broken.contains(&key))
@@ -182,7 +198,64 @@ pub(super) fn held<'k>(
 
 #[cfg(test)]
 mod tests {
-    use super::held;
+    use std::sync::Mutex;
+    use std::time::SystemTime;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::{Layers, held, publish};
+    use crate::id::{EventId, Generation};
+    use crate::sink::{Delivery, Sink, SinkError};
+
+    /// A sink that writes down each call's keys and, during its first call, is told to
+    /// take the batch back (as the relay does when its shutdown grace runs out).
+    struct WithdrawnDuringFirstCall {
+        calls: Mutex<Vec<Vec<String>>>,
+        withdrawal: CancellationToken,
+    }
+
+    impl Sink<()> for WithdrawnDuringFirstCall {
+        async fn publish(&self, batch: &[Delivery<'_, ()>]) -> Vec<Result<(), SinkError>> {
+            let keys = batch
+                .iter()
+                .filter_map(|d| d.key.map(str::to_owned))
+                .collect();
+            self.calls.lock().unwrap().push(keys);
+            self.withdrawal.cancel();
+            batch.iter().map(|_| Ok(())).collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_withdrawn_batch_sends_no_further_layer() {
+        let ids = [EventId::from("a1"), EventId::from("a2")];
+        let deliveries: Vec<Delivery<'_, ()>> = ids
+            .iter()
+            .map(|event_id| Delivery {
+                event_id,
+                generation: Generation::new(1),
+                attempt: 1,
+                created_at: SystemTime::UNIX_EPOCH,
+                key: Some("a"),
+                trace: None,
+                event: &(),
+                lost: CancellationToken::new(),
+            })
+            .collect();
+        let sink = WithdrawnDuringFirstCall {
+            calls: Mutex::default(),
+            withdrawal: CancellationToken::new(),
+        };
+        let layers = Layers(vec![0..1, 1..2]);
+        let results = publish(&sink, &deliveries, &layers, &sink.withdrawal).await;
+        assert_eq!(sink.calls.lock().unwrap().len(), 1, "a2 was not sent");
+        assert!(results[0].is_ok());
+        assert!(
+            matches!(&results[1], Err(SinkError::Unavailable(_))),
+            "taken back unsent: {:?}",
+            results[1]
+        );
+    }
 
     #[test]
     fn a_run_is_held_after_its_first_event_not_published() {

@@ -6,6 +6,7 @@ use std::pin::pin;
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
 use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
 
 use super::super::connection::{Connection, spare_connection};
 use super::super::in_flight::InFlight;
@@ -65,11 +66,13 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let started = Instant::now();
         let mut renewal = Renewal::new(rows, started);
         let mut grace: Option<Instant> = None;
-        // The grace ran out and the sink took the batch back: its results are awaited.
+        // The grace ran out and the sink took the batch back: its results are awaited
+        // (and the layers of a batch with runs not yet sent are not).
         let mut withdrawn = false;
+        let withdrawal = CancellationToken::new();
         let mut sending = pin!(tokio::time::timeout(
             relay.send_timeout,
-            key_runs::publish::<T, S>(&relay.sink, deliveries, layers)
+            key_runs::publish::<T, S>(&relay.sink, deliveries, layers, &withdrawal)
         ));
         let busy = beside.is_some();
         let mut beside = pin!(futures_util::future::OptionFuture::from(beside));
@@ -115,6 +118,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     if relay.sink.withdraw().await {
                         tracing::info!(table, "shutdown grace over; the sink took the batch back, awaiting what became of each event");
                         withdrawn = true;
+                        withdrawal.cancel();
                     } else {
                         tracing::info!(table, "shutdown grace over; handing unsent events back");
                         break Answer::Abandoned;
