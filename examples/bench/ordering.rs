@@ -263,7 +263,10 @@ impl Bench {
             "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
             BenchOrderedEvent::SPEC.sql().claim_limited(BATCH, true)
         );
+        // The relay's claim, with no run in flight to continue.
         let lines: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+            .bind(Vec::<i64>::new())
+            .bind(Vec::<i64>::new())
             .fetch_all(&mut *tx)
             .await?;
         tx.rollback().await?;

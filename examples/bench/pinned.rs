@@ -252,7 +252,7 @@ impl Bench {
         let mut lines = vec!["the full claim (a sweep):".to_owned()];
         for (claim, from) in [
             (sql.claim_limited(100, true), None),
-            (sql.claim_from_limited(100, true), Some(from)),
+            (sql.claim_from_limited(100), Some(from)),
         ] {
             if from.is_some() {
                 lines.push("\nthe claim from half a second ago:".to_owned());
@@ -311,7 +311,7 @@ impl Bench {
         let mut queryids = Vec::new();
         for (claim, from) in [
             (sql.claim_limited(BATCH, true), None),
-            (sql.claim_from_limited(BATCH, true), Some(0_i64)),
+            (sql.claim_from_limited(BATCH), Some(0_i64)),
         ] {
             let explain = format!("EXPLAIN (VERBOSE, COSTS OFF) {claim}");
             let explain = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(explain));

@@ -255,13 +255,21 @@ fn scheduled_methods(p: &TokenStream, table: &str) -> TokenStream {
 
 /// The statements, as a call of the derive-only `Statements` constructor: their texts
 /// in the order of `Statement::ALL`, and the claims in pieces, between which the
-/// runtime writes its row limit.
+/// runtime writes its row limit: the relay's (with runs of a key), the one made by hand
+/// (one event per key), and the relay's from a position.
 fn statements(p: &TokenStream, table: &Table<'_>, definitions: &[Definition]) -> TokenStream {
     let texts = definitions.iter().map(|d| &d.sql);
-    let (claim, claim_from) = (table.claim(LIMIT), table.claim_from(LIMIT));
-    let (claim, claim_from) = (claim.split(LIMIT), claim_from.split(LIMIT));
+    let claims = [
+        table.claim(LIMIT, true),
+        table.claim(LIMIT, false),
+        table.claim_from(LIMIT),
+    ];
+    let [runs, each, from] = claims.each_ref().map(|claim| {
+        let pieces = claim.split(LIMIT);
+        quote!(&[#(#pieces),*])
+    });
     quote! {
-        #p::derive_only_statements([#(#texts),*], &[#(#claim),*], &[#(#claim_from),*])
+        #p::derive_only_statements([#(#texts),*], #runs, #each, #from)
     }
 }
 

@@ -67,7 +67,7 @@ fn stand_in(input: &DeriveInput) -> TokenStream {
                 false,
                 false,
                 false,
-                #p::derive_only_statements([#(#statements),*], &[], &[]),
+                #p::derive_only_statements([#(#statements),*], &[], &[], &[]),
                 &[],
                 &[],
             );

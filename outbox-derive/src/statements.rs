@@ -46,11 +46,6 @@ const SENT_AT: &str = "next_attempt_at = statement_timestamp()";
 /// The row limit in the claims' texts, where the runtime writes the number.
 pub(crate) const LIMIT: &str = "\u{0}";
 
-/// In a keyed table's claims, where the runtime writes whether the claim takes runs of
-/// a key (`1`, the relay's) or one event per key (`0`, a claim made by hand): the room
-/// left for runs is multiplied by it.
-pub(crate) const RUNS: &str = "\u{1}";
-
 /// What every statement of one table is written from.
 pub(crate) struct Table<'m> {
     model: &'m Model,
@@ -72,9 +67,10 @@ impl<'m> Table<'m> {
         }
     }
 
-    /// The claim, with `limit` as its row limit.
-    pub(crate) fn claim(&self, limit: &str) -> String {
-        claim(self, limit)
+    /// The claim, with `limit` as its row limit; on a keyed table, with `runs` (the
+    /// relay's) or one event per key (a claim made by hand).
+    pub(crate) fn claim(&self, limit: &str, runs: bool) -> String {
+        claim(self, limit, runs)
     }
 
     /// The claim from a position in the `READY` index, with `limit` as its row limit.
@@ -181,13 +177,26 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             Definition { sql, checked }
         }
         Statement::Claim => {
-            let sql = claim(table, "1").replace(RUNS, "1");
-            let checked = quote!(::sqlx::query!(#sql).fetch_all(pool).await?;);
+            let sql = claim(table, "1", true);
+            let checked = if table.model.key().is_some() {
+                // The claim made by hand too: the same steps, without runs.
+                let each = claim(table, "1", false);
+                quote! {
+                    ::sqlx::query!(#sql, #ids, #ids).fetch_all(pool).await?;
+                    ::sqlx::query!(#each).fetch_all(pool).await?;
+                }
+            } else {
+                quote!(::sqlx::query!(#sql).fetch_all(pool).await?;)
+            };
             Definition { sql, checked }
         }
         Statement::ClaimFrom => {
-            let sql = claim_from(table, "1").replace(RUNS, "1");
-            let checked = quote!(::sqlx::query!(#sql, 0_i64).fetch_all(pool).await?;);
+            let sql = claim_from(table, "1");
+            let checked = if table.model.key().is_some() {
+                quote!(::sqlx::query!(#sql, 0_i64, #ids, #ids).fetch_all(pool).await?;)
+            } else {
+                quote!(::sqlx::query!(#sql, 0_i64).fetch_all(pool).await?;)
+            };
             Definition { sql, checked }
         }
         Statement::Complete => {
@@ -619,9 +628,18 @@ fn wake(table: &Table<'_>, finished: (&str, &str), released: &str, successor: Su
     } else {
         due.to_owned()
     };
+    let finished = match successor {
+        // Of a key's events finished here, only the last can have a successor set
+        // aside: the successors of the ones before it are in flight (a batch's runs
+        // are contiguous). One probe per key, where a run of 100 made 100.
+        Successor::SetAside => format!(
+            "(SELECT DISTINCT ON ({key_of}) * FROM done AS f WHERE {released} ORDER BY {key_of}, {id} DESC)"
+        ),
+        Successor::Latest => "done".to_owned(),
+    };
     format!(
         ",\nnext AS (\n\
-         \x20   SELECT q.id FROM done AS f CROSS JOIN LATERAL (\n\
+         \x20   SELECT q.id FROM {finished} AS f CROSS JOIN LATERAL (\n\
          \x20       SELECT q.id, q.status, q.next_attempt_at FROM {t} AS q\n\
          \x20       WHERE (q.{k}, q.id) > ({key_of}, {id})\n\
          \x20           AND (q.{k}, q.id) <= ({key_of}, {last}) AND q.status <> '{sent}'{}\n\
@@ -747,41 +765,43 @@ fn notify(table: &Table<'_>) -> String {
 /// every row locked is a row claimed, where two branches of `limit` each would lock up
 /// to twice the batch and hold the surplus until commit.
 ///
+/// On a keyed table, with `runs` (the relay's claims), the events after each head in
+/// its key come with it ([`runs`]); without, one event per key (a claim made by hand).
+///
 /// The limit is written into the text, not bound: PostgreSQL plans a statement with a
 /// `LIMIT $1` again on every execution (its generic plan never looks cheap enough),
 /// which cost a third of a 100-row claim; without parameters it is planned once per
-/// connection.
-fn claim(table: &Table<'_>, limit: &str) -> String {
+/// connection. (The relay's keyed claims bind the runs it has in flight, and run with
+/// generic plans.)
+fn claim(table: &Table<'_>, limit: &str, runs: bool) -> String {
     let t = &table.name;
     let (ready, in_progress) = (Status::Ready.as_sql(), Status::InProgress.as_sql());
     let (c, in_turn) = (candidate(table), in_turn(table));
-    let (head, reached, runs, parking) = match table.model.key() {
+    let (head, reached, steps, parking) = match table.model.key() {
         Some(key) => {
             let head = head_columns(key);
-            let heads = format!("SELECT * FROM expired UNION ALL SELECT id, ctid{head} FROM ready");
-            (
-                head,
-                ", next_attempt_at, id",
-                runs(
+            let steps = runs.then(|| {
+                RunSteps::after(
                     table,
-                    &heads,
+                    &format!("SELECT * FROM expired UNION ALL SELECT id, ctid{head} FROM ready"),
                     &format!(
-                        "({limit} - (SELECT count(*) FROM expired) - (SELECT count(*) FROM ready)) * {RUNS}"
+                        "{limit} - (SELECT count(*) FROM expired) - (SELECT count(*) FROM ready)"
                     ),
-                ),
-                parking(table, limit),
-            )
+                    1,
+                )
+            });
+            let parking = parking(table, limit, steps.is_some());
+            (head, ", next_attempt_at, id", steps, parking)
         }
-        None => (String::new(), "", String::new(), String::new()),
+        None => (String::new(), "", None, String::new()),
     };
-    let (run, run_reclaimed) = if runs.is_empty() {
-        ("", "")
-    } else {
+    let (ctes, claimed, reclaimed) = steps.as_ref().map_or_else(Default::default, |steps| {
         (
-            " UNION ALL SELECT ctid FROM run_members",
-            " UNION ALL SELECT id FROM run_members WHERE expired",
+            steps.ctes.as_str(),
+            format!(" UNION ALL {}", RunSteps::CLAIMED),
+            format!(" UNION ALL {}", RunSteps::RECLAIMED),
         )
-    };
+    });
     format!(
         "WITH expired AS (\n\
          \x20   SELECT id, ctid{head} FROM {t}{c}\n\
@@ -791,11 +811,11 @@ fn claim(table: &Table<'_>, limit: &str) -> String {
          \x20   SELECT ctid{reached}{head} FROM {t}{c}\n\
          \x20   WHERE status = '{ready}' AND next_attempt_at <= statement_timestamp(){in_turn}\n\
          \x20   ORDER BY next_attempt_at, id LIMIT {limit} - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED\n\
-         ){runs}{parking}{}",
+         ){ctes}{parking}{}",
         take(
             table,
-            &format!("SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready{run}"),
-            &format!("o.id = ANY(ARRAY(SELECT id FROM expired{run_reclaimed}))")
+            &format!("SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready{claimed}"),
+            &format!("o.id = ANY(ARRAY(SELECT id FROM expired{reclaimed}))")
         )
     )
 }
@@ -806,17 +826,122 @@ fn head_columns(key: &crate::fields::Field) -> String {
     format!(", {}, attempts", quoted(&key.column))
 }
 
+/// A keyed claim's steps after its heads, in the relay's claims: the runs that continue
+/// the claimer's runs in flight (`continued`), and the runs of each head (`run_*`).
+struct RunSteps {
+    ctes: String,
+}
+
+impl RunSteps {
+    /// The rows the steps claim (their `ctid`s).
+    const CLAIMED: &str = "SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members";
+
+    /// Those of them that were expired claims (their ids).
+    const RECLAIMED: &str =
+        "SELECT id FROM continued WHERE expired UNION ALL SELECT id FROM run_members WHERE expired";
+
+    /// The steps after `heads` (a query of `id, ctid, key, attempts`: the first event
+    /// still to go of each key, claimed by this statement), which left `room` rows of
+    /// the batch; the claimer's runs in flight are bound from parameter `$tails` on
+    /// ([`continued`]).
+    fn after(table: &Table<'_>, heads: &str, room: &str, tails: usize) -> Self {
+        let continued = continued(table, room, tails);
+        let heads = format!(
+            "{heads} UNION ALL SELECT id, ctid{} FROM continued",
+            table.model.key().map_or_else(String::new, head_columns)
+        );
+        let room = format!("{room} - (SELECT count(*) FROM continued)");
+        Self {
+            ctes: format!("{continued}{}", runs(table, &heads, &room)),
+        }
+    }
+}
+
+/// For a keyed table, whether an event `q` may go right after the event before it in
+/// its key, in the same claim: not one scheduled for later, nor one waiting out a
+/// retry's delay (attempted before and not yet due: an event never attempted whose time
+/// is in the future was set aside by [`parking`], and may go), nor one in flight under
+/// a live lease, nor one that would move to `DEAD` on this claim (its budget spent), nor
+/// a `DEAD` one. An expired claim may follow: it is reclaimed with the events before it.
+fn may_follow(table: &Table<'_>, q: &str) -> String {
+    let max = table.model.max_attempts;
+    let (ready, in_progress) = (Status::Ready.as_sql(), Status::InProgress.as_sql());
+    let scheduled = if table.model.scheduled.is_some() {
+        let p = PUBLISH_AT.name;
+        format!(" AND ({q}.{p} IS NULL OR {q}.{p} <= statement_timestamp())")
+    } else {
+        String::new()
+    };
+    format!(
+        "{q}.attempts < {max} AND (\n\
+         \x20               {q}.status = '{ready}' AND ({q}.next_attempt_at <= statement_timestamp() OR {q}.attempts = 0){scheduled}\n\
+         \x20               OR {q}.status = '{in_progress}' AND {q}.lease_until <= statement_timestamp())"
+    )
+}
+
+/// The columns [`may_follow`] reads, selected from `q`.
+fn follow_columns(table: &Table<'_>, q: &str) -> String {
+    let publish_at = if table.model.scheduled.is_some() {
+        format!(", {q}.{}", PUBLISH_AT.name)
+    } else {
+        String::new()
+    };
+    format!(
+        "{q}.ctid, {q}.id, {q}.status, {q}.attempts, {q}.next_attempt_at, {q}.lease_until{publish_at}"
+    )
+}
+
+/// For a keyed table, the relay's claim's `continued` CTE: where the claimer has a run of
+/// a key in flight (its last event bound in `$tails` (ids) and `$tails + 1`
+/// (generations), both `bigint[]`, still its own: in flight in that generation, its lease
+/// live), the event right after it in its key, if it may follow ([`may_follow`]), is a
+/// head of this claim, up to `room` of them: the claimer publishes it after the run
+/// before it, and only if that run was published whole (else hands it back). So a hot
+/// key's events go out batch after batch from one relay worker, where each batch would
+/// otherwise wait for the one before to be recorded, and the claim that follows.
+///
+/// The next event is found as [`wake`] finds it, whatever its place in the `READY`
+/// index: a key's backlog is set aside ([`parking`]) while an event before it waits.
+/// The candidates are found in the statement's snapshot, then locked by their `ctid`,
+/// skipping any another transaction holds or changed since.
+fn continued(table: &Table<'_>, room: &str, tails: usize) -> String {
+    let Some(key) = table.model.key() else {
+        return String::new();
+    };
+    let (t, k) = (&table.name, quoted(&key.column));
+    let (in_progress, sent) = (Status::InProgress.as_sql(), Status::Sent.as_sql());
+    format!(
+        ", continued AS (\n\
+         \x20   SELECT id, ctid, {k}, attempts, status = '{in_progress}' AS expired FROM {t}\n\
+         \x20   WHERE ctid = ANY(ARRAY(\n\
+         \x20       SELECT n.ctid FROM unnest(${tails}::bigint[], ${generations}::bigint[]) AS tail(id, generation)\n\
+         \x20       JOIN {t} AS p ON p.id = tail.id AND p.generation = tail.generation\n\
+         \x20           AND p.status || '' = '{in_progress}' AND p.lease_until > statement_timestamp()\n\
+         \x20       CROSS JOIN LATERAL (\n\
+         \x20           SELECT {} FROM {t} AS n\n\
+         \x20           WHERE (n.{k}, n.id) > (p.{k}, p.id)\n\
+         \x20               AND (n.{k}, n.id) <= (p.{k}, {last}) AND n.status <> '{sent}'{blocking}\n\
+         \x20           ORDER BY n.{k}, n.id LIMIT 1) AS n\n\
+         \x20       WHERE {}\n\
+         \x20       ORDER BY p.id LIMIT {room}))\n\
+         \x20   FOR UPDATE SKIP LOCKED\n\
+         )",
+        follow_columns(table, "n"),
+        may_follow(table, "n"),
+        generations = tails + 1,
+        blocking = blocking(table, "n"),
+        last = i64::MAX,
+    )
+}
+
 /// For a keyed table, the claim's runs: after the `heads` (a query of `id, ctid, key,
 /// attempts`: the first event still to go of each key, claimed by this statement), the
 /// events that follow each in its key, claimed with it so that one claim carries a
 /// key's events in order, up to `room` more rows (the batch's rest).
 ///
 /// A run is the events after its head, in id order, up to the first that may not go
-/// now: one scheduled for later, one waiting out a retry's delay (attempted before and
-/// not yet due; an event never attempted whose time is in the future was set aside by
-/// [`parking`], and may go), one in flight under a live lease, one that would move to
-/// `DEAD` on this claim (its budget spent), or one `DEAD` where that holds the key. An
-/// expired claim may follow in a run: the run is then reclaimed as a whole, in order.
+/// now ([`may_follow`]), or one `DEAD` where that holds the key. An expired claim may
+/// follow in a run: the run is then reclaimed as a whole, in order.
 ///
 /// Keys share the batch: every head first (the `ready` scan), then the runs by depth
 /// (each key's first follower, then each key's second, ..), so one hot key takes only
@@ -828,31 +953,15 @@ fn runs(table: &Table<'_>, heads: &str, room: &str) -> String {
         return String::new();
     };
     let (t, k, max) = (&table.name, quoted(&key.column), table.model.max_attempts);
-    let (ready, in_progress, sent) = (
-        Status::Ready.as_sql(),
-        Status::InProgress.as_sql(),
-        Status::Sent.as_sql(),
-    );
-    let (scheduled, publish_at) = if table.model.scheduled.is_some() {
-        let p = PUBLISH_AT.name;
-        (
-            format!(" AND (q.{p} IS NULL OR q.{p} <= statement_timestamp())"),
-            format!(", q.{p}"),
-        )
-    } else {
-        (String::new(), String::new())
-    };
+    let (in_progress, sent) = (Status::InProgress.as_sql(), Status::Sent.as_sql());
     format!(
         ", run_candidates AS (\n\
          \x20   SELECT ctid, id, head, expired FROM (\n\
          \x20       SELECT q.ctid, q.id, h.id AS head, q.status = '{in_progress}' AS expired,\n\
          \x20           row_number() OVER (PARTITION BY h.id ORDER BY q.id) AS depth,\n\
-         \x20           bool_and(q.attempts < {max} AND (\n\
-         \x20               q.status = '{ready}' AND (q.next_attempt_at <= statement_timestamp() OR q.attempts = 0){scheduled}\n\
-         \x20               OR q.status = '{in_progress}' AND q.lease_until <= statement_timestamp()))\n\
-         \x20               OVER (PARTITION BY h.id ORDER BY q.id) AS in_run\n\
+         \x20           bool_and({}) OVER (PARTITION BY h.id ORDER BY q.id) AS in_run\n\
          \x20       FROM ({heads}) AS h CROSS JOIN LATERAL (\n\
-         \x20           SELECT q.ctid, q.id, q.status, q.attempts, q.next_attempt_at, q.lease_until{publish_at} FROM {t} AS q\n\
+         \x20           SELECT {} FROM {t} AS q\n\
          \x20           WHERE (q.{k}, q.id) > (h.{k}, h.id)\n\
          \x20               AND (q.{k}, q.id) <= (h.{k}, {last}) AND q.status <> '{sent}'{blocking}\n\
          \x20           ORDER BY q.{k}, q.id LIMIT {room}) AS q\n\
@@ -868,6 +977,8 @@ fn runs(table: &Table<'_>, heads: &str, room: &str) -> String {
          \x20       WHERE m.head = c.head AND m.id <= c.id\n\
          \x20           AND m.ctid <> ALL(ARRAY(SELECT ctid FROM run_locked)))\n\
          )",
+        may_follow(table, "q"),
+        follow_columns(table, "q"),
         blocking = blocking(table, "q"),
         last = i64::MAX,
     )
@@ -905,7 +1016,7 @@ fn runs(table: &Table<'_>, heads: &str, room: &str) -> String {
 /// every due row when it found fewer than it looked for, and none when expired claims
 /// filled the batch and it looked for nothing. The rows it claimed are passed over
 /// before any lookup.
-fn parking(table: &Table<'_>, limit: &str) -> String {
+fn parking(table: &Table<'_>, limit: &str, runs: bool) -> String {
     let Some(key) = table.model.key() else {
         return String::new();
     };
@@ -936,13 +1047,18 @@ fn parking(table: &Table<'_>, limit: &str) -> String {
          \x20       SELECT c.ctid, pg_notify('{channel}', '') FROM {t} AS c\n\
          \x20       WHERE c.status = '{ready}' AND c.next_attempt_at <= statement_timestamp()\n\
          \x20           AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))\n\
-         \x20           AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))\n\
+         \x20           AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready{claimed}))\n\
          \x20           AND EXISTS (SELECT FROM {t} AS p\n\
          \x20               WHERE {before} AND p.status <> '{sent}' AND p.status IN ({waiting})\n\
-         \x20                   AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))\n\
+         \x20                   AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready{claimed}))\n\
          \x20               ORDER BY p.{k} DESC, p.id DESC LIMIT 1 FOR SHARE SKIP LOCKED)\n\
          \x20       ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED) AS waiting)))",
-        channel = table.model.table
+        channel = table.model.table,
+        claimed = if runs {
+            format!(" UNION ALL {}", RunSteps::CLAIMED)
+        } else {
+            String::new()
+        },
     )
 }
 
@@ -1007,19 +1123,26 @@ fn claim_from(table: &Table<'_>, limit: &str) -> String {
     let t = &table.name;
     let ready = Status::Ready.as_sql();
     let (c, in_turn) = (candidate(table), in_turn(table));
-    let (columns, runs, run, reclaimed) = match table.model.key() {
-        // `runs` reads the heads as `id, ctid, key, attempts`.
+    let (columns, steps, claimed, reclaimed) = match table.model.key() {
+        // The run steps read the heads as `id, ctid, key, attempts`.
         Some(key) => (
             format!("id, ctid{}", head_columns(key)),
-            runs(
+            RunSteps::after(
                 table,
                 "SELECT * FROM ready",
-                &format!("({limit} - (SELECT count(*) FROM ready)) * {RUNS}"),
-            ),
-            " UNION ALL SELECT ctid FROM run_members",
-            "o.id = ANY(ARRAY(SELECT id FROM run_members WHERE expired))",
+                &format!("{limit} - (SELECT count(*) FROM ready)"),
+                2,
+            )
+            .ctes,
+            format!(" UNION ALL {}", RunSteps::CLAIMED),
+            format!("o.id = ANY(ARRAY({}))", RunSteps::RECLAIMED),
         ),
-        None => ("ctid".to_owned(), String::new(), "", "false"),
+        None => (
+            "ctid".to_owned(),
+            String::new(),
+            String::new(),
+            "false".to_owned(),
+        ),
     };
     format!(
         "WITH ready AS (\n\
@@ -1028,8 +1151,12 @@ fn claim_from(table: &Table<'_>, limit: &str) -> String {
          \x20       AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'\n\
          \x20       AND next_attempt_at <= statement_timestamp(){in_turn}\n\
          \x20   ORDER BY next_attempt_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED\n\
-         ){runs}{}",
-        take(table, &format!("SELECT ctid FROM ready{run}"), reclaimed)
+         ){steps}{}",
+        take(
+            table,
+            &format!("SELECT ctid FROM ready{claimed}"),
+            &reclaimed
+        )
     )
 }
 

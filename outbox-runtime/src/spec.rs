@@ -21,9 +21,11 @@ pub type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, PgArguments>;
 #[derive(Debug)]
 pub struct Statements {
     texts: [&'static str; Statement::COUNT],
-    /// The claim, in pieces between which its row limit is written.
+    /// The claims, in pieces between which the row limit is written: the relay's...
     claim: &'static [&'static str],
-    /// The claim from a position, in the same pieces.
+    /// ... one made by hand (one event per key) ...
+    claim_each: &'static [&'static str],
+    /// ... and the relay's from a position.
     claim_from: &'static [&'static str],
 }
 
@@ -33,11 +35,13 @@ pub struct Statements {
 pub const fn derive_only_statements(
     texts: [&'static str; Statement::COUNT],
     claim: &'static [&'static str],
+    claim_each: &'static [&'static str],
     claim_from: &'static [&'static str],
 ) -> Statements {
     Statements {
         texts,
         claim,
+        claim_each,
         claim_from,
     }
 }
@@ -57,35 +61,23 @@ impl Statements {
     /// connection and limit, kept prepared by sqlx, and planned again only when the
     /// table's statistics change.
     ///
-    /// On a keyed table, `runs` says whether the claim may take a run of a key (its
-    /// first event still to go, and the events after it, in the batch's room) or one
-    /// event per key.
+    /// On a keyed table, `runs` says whether the claim may take runs of a key (its
+    /// first event still to go, and the events after it, in the batch's room), as the
+    /// relay's do, or one event per key. With runs, it binds the claimer's runs in
+    /// flight, as [`Statement::Claim`] says (and runs with generic plans).
     #[must_use]
     pub fn claim_limited(&self, limit: u32, runs: bool) -> String {
-        with_runs(self.claim.join(&limit.to_string()), runs)
+        let pieces = if runs { self.claim } else { self.claim_each };
+        pieces.join(&limit.to_string())
     }
 
     /// [`Statement::ClaimFrom`] of up to `limit` rows, written as
-    /// [`claim_limited`](Self::claim_limited) writes the claim.
+    /// [`claim_limited`](Self::claim_limited) writes the claim (with runs).
     #[must_use]
-    pub fn claim_from_limited(&self, limit: u32, runs: bool) -> String {
-        with_runs(self.claim_from.join(&limit.to_string()), runs)
+    pub fn claim_from_limited(&self, limit: u32) -> String {
+        self.claim_from.join(&limit.to_string())
     }
 }
-
-/// `claim` with its runs' factor written: `1` with runs, `0` without.
-fn with_runs(claim: String, runs: bool) -> String {
-    if claim.contains(RUNS) {
-        claim.replace(RUNS, if runs { "1" } else { "0" })
-    } else {
-        claim
-    }
-}
-
-/// Where a keyed table's claims say whether they take runs (the derive writes it).
-const RUNS: char = '\u{1}';
-
-impl Statements {}
 
 /// `d` truncated to whole microseconds: a PostgreSQL `interval` holds no finer unit,
 /// and sqlx refuses to encode a `Duration` with a sub-microsecond remainder (jittered

@@ -10,7 +10,7 @@ use std::time::Duration;
 use outbox::relay::Backoff;
 use outbox::{Delivery, Outbox, Relay, Sink, SinkError};
 use outbox_testkit::events::{KeyedReminder, LenientStep, OrderStep};
-use outbox_testkit::rows::row_of;
+use outbox_testkit::rows::{row_of, status};
 use outbox_testkit::running::start;
 use outbox_testkit::schema::schema_with;
 use outbox_testkit::{TestResult, wait_until};
@@ -356,6 +356,133 @@ async fn a_run_whose_lease_ends_mid_send_is_reclaimed_whole_and_in_order() -> Te
     stalled.wake.notify_one();
     first.stop().await?;
     assert_eq!(outbox::stats::<OrderStep>(pool).await?.sent, 3);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// A sink that, before it answers for `last` (the end of a run), waits until `next`,
+/// the event after it in its key, is claimed: claimed ahead, while the run was out.
+/// Otherwise it answers as `scripted` says.
+#[derive(Clone)]
+struct WaitsForTheClaimAhead {
+    scripted: Scripted,
+    pool: sqlx::PgPool,
+    last: &'static str,
+    next: &'static str,
+    /// Whether `next` was claimed while `last` was out.
+    claimed_ahead: Arc<Mutex<Option<bool>>>,
+}
+
+impl WaitsForTheClaimAhead {
+    fn new(
+        scripted: Scripted,
+        pool: &sqlx::PgPool,
+        last: &'static str,
+        next: &'static str,
+    ) -> Self {
+        Self {
+            scripted,
+            pool: pool.clone(),
+            last,
+            next,
+            claimed_ahead: Arc::default(),
+        }
+    }
+
+    fn claimed_ahead(&self) -> Option<bool> {
+        *self
+            .claimed_ahead
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Sink<OrderStep> for WaitsForTheClaimAhead {
+    async fn publish(&self, batch: &[Delivery<'_, OrderStep>]) -> Vec<Result<(), SinkError>> {
+        if batch.iter().any(|d| d.event().name == self.last) && self.claimed_ahead().is_none() {
+            let claimed = tokio::time::timeout(Duration::from_secs(10), async {
+                while status::<OrderStep>(&self.pool, self.next).await != "INPROGRESS" {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await
+            .is_ok();
+            *self
+                .claimed_ahead
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(claimed);
+        }
+        self.scripted.publish(batch).await
+    }
+}
+
+/// A hot key's 30 events, `h1` to `h30`.
+fn hot_key() -> Vec<OrderStep> {
+    (1..=30).map(|n| step(&format!("h{n}"), 1)).collect()
+}
+
+#[tokio::test]
+async fn while_a_run_is_out_the_worker_claims_its_continuation_ahead() -> TestResult {
+    let db = schema_with(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    OrderStep::enqueue_all(&hot_key(), pool).await?;
+    let sink = WaitsForTheClaimAhead::new(Scripted::default(), pool, "h10", "h11");
+
+    let running = start(relay::<OrderStep, _>(pool, sink.clone(), 10));
+    wait_until("every event is SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 30
+    })
+    .await;
+    running.stop().await?;
+
+    // The batch after h1..h10 (h11 first) was claimed while h10 was out: the key's next
+    // run, continuing the one in flight, instead of waiting for it to be recorded.
+    assert_eq!(
+        sink.claimed_ahead(),
+        Some(true),
+        "h11 claimed while h10 was out"
+    );
+    let expected: Vec<String> = (1..=30).map(|n| format!("h{n}")).collect();
+    assert_eq!(sink.scripted.deliveries(), expected, "once each, in order");
+    one_per_key_per_call(&sink.scripted.calls());
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_continuation_claimed_ahead_waits_unattempted_when_its_run_breaks() -> TestResult {
+    let db = schema_with(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    OrderStep::enqueue_all(&hot_key(), pool).await?;
+    let scripted = Scripted::default().failing("h10", [SinkError::transient("the broker said no")]);
+    let sink = WaitsForTheClaimAhead::new(scripted, pool, "h10", "h11");
+
+    let running = start(relay::<OrderStep, _>(pool, sink.clone(), 10));
+    wait_until("every event is SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 30
+    })
+    .await;
+    running.stop().await?;
+
+    // h11..h20 were claimed ahead while h10 was out, and h10 failed: they were handed
+    // back unsent, and went after h10's retry.
+    assert_eq!(
+        sink.claimed_ahead(),
+        Some(true),
+        "h11 claimed while h10 was out"
+    );
+    let mut expected: Vec<String> = (1..=10).map(|n| format!("h{n}")).collect();
+    expected.extend((10..=30).map(|n| format!("h{n}")));
+    assert_eq!(sink.scripted.deliveries(), expected);
+    assert_eq!(row_of::<OrderStep>(pool, "h10").await.attempts, 2);
+    for n in (1..=9).chain(11..=30) {
+        let name = format!("h{n}");
+        assert_eq!(
+            row_of::<OrderStep>(pool, name.as_str()).await.attempts,
+            1,
+            "{name}"
+        );
+    }
     db.drop_schema().await?;
     Ok(())
 }

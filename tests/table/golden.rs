@@ -12,19 +12,29 @@ use std::path::{Path, PathBuf};
 use outbox::__private::Statement;
 use outbox::schema::TableMigrations;
 
-/// Every statement of `table`, as the runtime runs it (the claims with a limit of 100).
+/// Every statement of `table`, as the runtime runs it (the claims with a limit of 100),
+/// and on a keyed table the claim made by hand (one event per key) after the relay's.
 fn statements(table: TableMigrations) -> String {
     let sql = table.spec().sql();
+    let keyed = table.spec().key().is_some();
     Statement::ALL
         .into_iter()
-        .map(|statement| {
-            let text = match statement {
-                Statement::Claim => sql.claim_limited(100, true),
-                Statement::ClaimFrom => sql.claim_from_limited(100, true),
-                other => sql.get(other).to_owned(),
-            };
-            format!("-- {}\n{text};\n", statement.name())
+        .flat_map(|statement| {
+            let (name, text) = (statement.name(), sql.get(statement).to_owned());
+            match statement {
+                Statement::Claim if keyed => vec![
+                    (name.to_owned(), sql.claim_limited(100, true)),
+                    (
+                        format!("{name} (one event per key)"),
+                        sql.claim_limited(100, false),
+                    ),
+                ],
+                Statement::Claim => vec![(name.to_owned(), sql.claim_limited(100, true))],
+                Statement::ClaimFrom => vec![(name.to_owned(), sql.claim_from_limited(100))],
+                _ => vec![(name.to_owned(), text)],
+            }
         })
+        .map(|(name, text)| format!("-- {name}\n{text};\n"))
         .collect::<Vec<_>>()
         .join("\n")
 }

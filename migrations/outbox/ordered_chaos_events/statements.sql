@@ -30,22 +30,37 @@ WITH expired AS (
             WHERE (p."order_id", p.id) < (c."order_id", c.id) AND (p."order_id", p.id) >= (c."order_id", -9223372036854775808) AND p.status <> 'SENT'
             ORDER BY p."order_id" DESC, p.id DESC LIMIT 1) IS NULL
     ORDER BY next_attempt_at, id LIMIT 100 - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED
+), continued AS (
+    SELECT id, ctid, "order_id", attempts, status = 'INPROGRESS' AS expired FROM "ordered_chaos_events"
+    WHERE ctid = ANY(ARRAY(
+        SELECT n.ctid FROM unnest($1::bigint[], $2::bigint[]) AS tail(id, generation)
+        JOIN "ordered_chaos_events" AS p ON p.id = tail.id AND p.generation = tail.generation
+            AND p.status || '' = 'INPROGRESS' AND p.lease_until > statement_timestamp()
+        CROSS JOIN LATERAL (
+            SELECT n.ctid, n.id, n.status, n.attempts, n.next_attempt_at, n.lease_until FROM "ordered_chaos_events" AS n
+            WHERE (n."order_id", n.id) > (p."order_id", p.id)
+                AND (n."order_id", n.id) <= (p."order_id", 9223372036854775807) AND n.status <> 'SENT'
+            ORDER BY n."order_id", n.id LIMIT 1) AS n
+        WHERE n.attempts < 1000 AND (
+                n.status = 'READY' AND (n.next_attempt_at <= statement_timestamp() OR n.attempts = 0)
+                OR n.status = 'INPROGRESS' AND n.lease_until <= statement_timestamp())
+        ORDER BY p.id LIMIT 100 - (SELECT count(*) FROM expired) - (SELECT count(*) FROM ready)))
+    FOR UPDATE SKIP LOCKED
 ), run_candidates AS (
     SELECT ctid, id, head, expired FROM (
         SELECT q.ctid, q.id, h.id AS head, q.status = 'INPROGRESS' AS expired,
             row_number() OVER (PARTITION BY h.id ORDER BY q.id) AS depth,
             bool_and(q.attempts < 1000 AND (
                 q.status = 'READY' AND (q.next_attempt_at <= statement_timestamp() OR q.attempts = 0)
-                OR q.status = 'INPROGRESS' AND q.lease_until <= statement_timestamp()))
-                OVER (PARTITION BY h.id ORDER BY q.id) AS in_run
-        FROM (SELECT * FROM expired UNION ALL SELECT id, ctid, "order_id", attempts FROM ready) AS h CROSS JOIN LATERAL (
+                OR q.status = 'INPROGRESS' AND q.lease_until <= statement_timestamp())) OVER (PARTITION BY h.id ORDER BY q.id) AS in_run
+        FROM (SELECT * FROM expired UNION ALL SELECT id, ctid, "order_id", attempts FROM ready UNION ALL SELECT id, ctid, "order_id", attempts FROM continued) AS h CROSS JOIN LATERAL (
             SELECT q.ctid, q.id, q.status, q.attempts, q.next_attempt_at, q.lease_until FROM "ordered_chaos_events" AS q
             WHERE (q."order_id", q.id) > (h."order_id", h.id)
                 AND (q."order_id", q.id) <= (h."order_id", 9223372036854775807) AND q.status <> 'SENT'
-            ORDER BY q."order_id", q.id LIMIT (100 - (SELECT count(*) FROM expired) - (SELECT count(*) FROM ready)) * 1) AS q
+            ORDER BY q."order_id", q.id LIMIT 100 - (SELECT count(*) FROM expired) - (SELECT count(*) FROM ready) - (SELECT count(*) FROM continued)) AS q
         WHERE h.attempts < 1000) AS q
     WHERE in_run
-    ORDER BY depth, id LIMIT (100 - (SELECT count(*) FROM expired) - (SELECT count(*) FROM ready)) * 1
+    ORDER BY depth, id LIMIT 100 - (SELECT count(*) FROM expired) - (SELECT count(*) FROM ready) - (SELECT count(*) FROM continued)
 ), run_locked AS (
     SELECT ctid FROM "ordered_chaos_events" WHERE ctid = ANY(ARRAY(SELECT ctid FROM run_candidates))
     FOR UPDATE SKIP LOCKED
@@ -68,10 +83,10 @@ WITH expired AS (
         SELECT c.ctid, pg_notify('ordered_chaos_events', '') FROM "ordered_chaos_events" AS c
         WHERE c.status = 'READY' AND c.next_attempt_at <= statement_timestamp()
             AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
-            AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))
+            AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
             AND EXISTS (SELECT FROM "ordered_chaos_events" AS p
                 WHERE (p."order_id", p.id) < (c."order_id", c.id) AND (p."order_id", p.id) >= (c."order_id", -9223372036854775808) AND p.status <> 'SENT' AND p.status IN ('READY', 'DEAD')
-                    AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))
+                    AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
                 ORDER BY p."order_id" DESC, p.id DESC LIMIT 1 FOR SHARE SKIP LOCKED)
         ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED) AS waiting)))
 UPDATE "ordered_chaos_events" AS o SET
@@ -85,8 +100,57 @@ UPDATE "ordered_chaos_events" AS o SET
             THEN 'lease expired on claim ' || o.attempts || ' of 1000: attempt budget exhausted'
         ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 1000'
             || coalesce('; the last error: ' || o.last_error, '') END
-WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."order_id", o."seq", o."order_id"::text AS outbox_key;
+WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM continued WHERE expired UNION ALL SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."order_id", o."seq", o."order_id"::text AS outbox_key;
+
+-- claim (one event per key)
+WITH expired AS (
+    SELECT id, ctid, "order_id", attempts FROM "ordered_chaos_events" AS c
+    WHERE status = 'INPROGRESS' AND lease_until <= statement_timestamp()
+        AND (SELECT p.id FROM "ordered_chaos_events" AS p
+            WHERE (p."order_id", p.id) < (c."order_id", c.id) AND (p."order_id", p.id) >= (c."order_id", -9223372036854775808) AND p.status <> 'SENT'
+            ORDER BY p."order_id" DESC, p.id DESC LIMIT 1) IS NULL
+    ORDER BY lease_until, id LIMIT 100 FOR UPDATE SKIP LOCKED
+), ready AS (
+    SELECT ctid, next_attempt_at, id, "order_id", attempts FROM "ordered_chaos_events" AS c
+    WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()
+        AND (SELECT p.id FROM "ordered_chaos_events" AS p
+            WHERE (p."order_id", p.id) < (c."order_id", c.id) AND (p."order_id", p.id) >= (c."order_id", -9223372036854775808) AND p.status <> 'SENT'
+            ORDER BY p."order_id" DESC, p.id DESC LIMIT 1) IS NULL
+    ORDER BY next_attempt_at, id LIMIT 100 - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED
+), reach AS (
+    SELECT at, id FROM (
+        SELECT next_attempt_at AS at, id, 0 AS last FROM ready
+        WHERE (SELECT count(*) FROM ready) = 100 - (SELECT count(*) FROM expired)
+        UNION ALL SELECT timestamptz 'infinity', 0, 1
+        WHERE (SELECT count(*) FROM expired) < 100) AS walked
+    ORDER BY last, at DESC, id DESC LIMIT 1
+), parked AS (
+    UPDATE "ordered_chaos_events" AS w
+    SET next_attempt_at = statement_timestamp() + greatest(interval '2 seconds', statement_timestamp() - w.created_at)
+    WHERE w.ctid = ANY(ARRAY(SELECT ctid FROM (
+        SELECT c.ctid, pg_notify('ordered_chaos_events', '') FROM "ordered_chaos_events" AS c
+        WHERE c.status = 'READY' AND c.next_attempt_at <= statement_timestamp()
+            AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
+            AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready))
+            AND EXISTS (SELECT FROM "ordered_chaos_events" AS p
+                WHERE (p."order_id", p.id) < (c."order_id", c.id) AND (p."order_id", p.id) >= (c."order_id", -9223372036854775808) AND p.status <> 'SENT' AND p.status IN ('READY', 'DEAD')
+                    AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready))
+                ORDER BY p."order_id" DESC, p.id DESC LIMIT 1 FOR SHARE SKIP LOCKED)
+        ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED) AS waiting)))
+UPDATE "ordered_chaos_events" AS o SET
+    status = CASE WHEN o.attempts >= 1000 THEN 'DEAD' ELSE 'INPROGRESS' END,
+    generation = CASE WHEN o.attempts >= 1000 THEN o.generation ELSE o.generation + 1 END,
+    attempts = CASE WHEN o.attempts >= 1000 THEN o.attempts ELSE o.attempts + 1 END,
+    lease_until = CASE WHEN o.attempts >= 1000 THEN NULL ELSE statement_timestamp() + interval '2 seconds' END,
+    last_error = CASE
+        WHEN o.attempts < 1000 THEN o.last_error
+        WHEN o.status = 'INPROGRESS'
+            THEN 'lease expired on claim ' || o.attempts || ' of 1000: attempt budget exhausted'
+        ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 1000'
+            || coalesce('; the last error: ' || o.last_error, '') END
+WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready))
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired)) AS outbox_reclaimed, o."order_id", o."seq", o."order_id"::text AS outbox_key;
 
 -- claim_from
 WITH ready AS (
@@ -98,22 +162,37 @@ WITH ready AS (
             WHERE (p."order_id", p.id) < (c."order_id", c.id) AND (p."order_id", p.id) >= (c."order_id", -9223372036854775808) AND p.status <> 'SENT'
             ORDER BY p."order_id" DESC, p.id DESC LIMIT 1) IS NULL
     ORDER BY next_attempt_at, id LIMIT 100 FOR UPDATE SKIP LOCKED
+), continued AS (
+    SELECT id, ctid, "order_id", attempts, status = 'INPROGRESS' AS expired FROM "ordered_chaos_events"
+    WHERE ctid = ANY(ARRAY(
+        SELECT n.ctid FROM unnest($2::bigint[], $3::bigint[]) AS tail(id, generation)
+        JOIN "ordered_chaos_events" AS p ON p.id = tail.id AND p.generation = tail.generation
+            AND p.status || '' = 'INPROGRESS' AND p.lease_until > statement_timestamp()
+        CROSS JOIN LATERAL (
+            SELECT n.ctid, n.id, n.status, n.attempts, n.next_attempt_at, n.lease_until FROM "ordered_chaos_events" AS n
+            WHERE (n."order_id", n.id) > (p."order_id", p.id)
+                AND (n."order_id", n.id) <= (p."order_id", 9223372036854775807) AND n.status <> 'SENT'
+            ORDER BY n."order_id", n.id LIMIT 1) AS n
+        WHERE n.attempts < 1000 AND (
+                n.status = 'READY' AND (n.next_attempt_at <= statement_timestamp() OR n.attempts = 0)
+                OR n.status = 'INPROGRESS' AND n.lease_until <= statement_timestamp())
+        ORDER BY p.id LIMIT 100 - (SELECT count(*) FROM ready)))
+    FOR UPDATE SKIP LOCKED
 ), run_candidates AS (
     SELECT ctid, id, head, expired FROM (
         SELECT q.ctid, q.id, h.id AS head, q.status = 'INPROGRESS' AS expired,
             row_number() OVER (PARTITION BY h.id ORDER BY q.id) AS depth,
             bool_and(q.attempts < 1000 AND (
                 q.status = 'READY' AND (q.next_attempt_at <= statement_timestamp() OR q.attempts = 0)
-                OR q.status = 'INPROGRESS' AND q.lease_until <= statement_timestamp()))
-                OVER (PARTITION BY h.id ORDER BY q.id) AS in_run
-        FROM (SELECT * FROM ready) AS h CROSS JOIN LATERAL (
+                OR q.status = 'INPROGRESS' AND q.lease_until <= statement_timestamp())) OVER (PARTITION BY h.id ORDER BY q.id) AS in_run
+        FROM (SELECT * FROM ready UNION ALL SELECT id, ctid, "order_id", attempts FROM continued) AS h CROSS JOIN LATERAL (
             SELECT q.ctid, q.id, q.status, q.attempts, q.next_attempt_at, q.lease_until FROM "ordered_chaos_events" AS q
             WHERE (q."order_id", q.id) > (h."order_id", h.id)
                 AND (q."order_id", q.id) <= (h."order_id", 9223372036854775807) AND q.status <> 'SENT'
-            ORDER BY q."order_id", q.id LIMIT (100 - (SELECT count(*) FROM ready)) * 1) AS q
+            ORDER BY q."order_id", q.id LIMIT 100 - (SELECT count(*) FROM ready) - (SELECT count(*) FROM continued)) AS q
         WHERE h.attempts < 1000) AS q
     WHERE in_run
-    ORDER BY depth, id LIMIT (100 - (SELECT count(*) FROM ready)) * 1
+    ORDER BY depth, id LIMIT 100 - (SELECT count(*) FROM ready) - (SELECT count(*) FROM continued)
 ), run_locked AS (
     SELECT ctid FROM "ordered_chaos_events" WHERE ctid = ANY(ARRAY(SELECT ctid FROM run_candidates))
     FOR UPDATE SKIP LOCKED
@@ -134,15 +213,15 @@ UPDATE "ordered_chaos_events" AS o SET
             THEN 'lease expired on claim ' || o.attempts || ' of 1000: attempt budget exhausted'
         ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 1000'
             || coalesce('; the last error: ' || o.last_error, '') END
-WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM run_members))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."order_id", o."seq", o."order_id"::text AS outbox_key;
+WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM continued WHERE expired UNION ALL SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."order_id", o."seq", o."order_id"::text AS outbox_key;
 
 -- complete
 WITH done AS (
 UPDATE "ordered_chaos_events" SET status = 'SENT', lease_until = NULL, next_attempt_at = statement_timestamp() WHERE id = $1 AND status || '' = 'INPROGRESS' AND generation = $2 AND lease_until > clock_timestamp()
     RETURNING id, id AS outbox_id, "order_id" AS outbox_key),
 next AS (
-    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
+    SELECT q.id FROM (SELECT DISTINCT ON (f.outbox_key) * FROM done AS f WHERE true ORDER BY f.outbox_key, f.outbox_id DESC) AS f CROSS JOIN LATERAL (
         SELECT q.id, q.status, q.next_attempt_at FROM "ordered_chaos_events" AS q
         WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
             AND (q."order_id", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT'
@@ -178,7 +257,7 @@ FROM unnest($1::bigint[], $2::bigint[]) AS u(id, generation)
 WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation AND o.lease_until > clock_timestamp()
     RETURNING o.id, o.id AS outbox_id, o."order_id" AS outbox_key),
 next AS (
-    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
+    SELECT q.id FROM (SELECT DISTINCT ON (f.outbox_key) * FROM done AS f WHERE true ORDER BY f.outbox_key, f.outbox_id DESC) AS f CROSS JOIN LATERAL (
         SELECT q.id, q.status, q.next_attempt_at FROM "ordered_chaos_events" AS q
         WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
             AND (q."order_id", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT'
@@ -215,7 +294,7 @@ FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::interval[], $5::text[])
 WHERE o.id = u.id AND o.status || '' = 'INPROGRESS' AND o.generation = u.generation AND o.lease_until > clock_timestamp()
     RETURNING o.id, o.status, o.id AS outbox_id, o."order_id" AS outbox_key),
 next AS (
-    SELECT q.id FROM done AS f CROSS JOIN LATERAL (
+    SELECT q.id FROM (SELECT DISTINCT ON (f.outbox_key) * FROM done AS f WHERE f.status = 'SENT' ORDER BY f.outbox_key, f.outbox_id DESC) AS f CROSS JOIN LATERAL (
         SELECT q.id, q.status, q.next_attempt_at FROM "ordered_chaos_events" AS q
         WHERE (q."order_id", q.id) > (f.outbox_key, f.outbox_id)
             AND (q."order_id", q.id) <= (f.outbox_key, 9223372036854775807) AND q.status <> 'SENT'

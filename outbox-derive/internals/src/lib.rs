@@ -252,13 +252,17 @@ statements! {
     /// [`EnqueueAll`](Self::EnqueueAll) that skips event ids already there (or earlier
     /// in the arrays). Returns the `event_id` of every row written.
     EnqueueAllSkipping => "enqueue_all_skipping",
-    /// Claims up to a limit of due `READY` rows and expired `INPROGRESS` rows. No
-    /// parameters: the limit is written into the text (see `Statements::claim_limited`).
-    /// Returns the [`claim_header`] columns, then the payload columns.
+    /// Claims up to a limit of due `READY` rows and expired `INPROGRESS` rows, the
+    /// limit written into the text (see `Statements::claim_limited`). On a table with an
+    /// ordering key, the relay's claim (runs of a key) binds the claimer's runs in
+    /// flight: `$1` the ids and `$2` the generations (`bigint[]`) of the last event of
+    /// each, whose key's next event may follow it in this claim; otherwise no
+    /// parameters. Returns the [`claim_header`] columns, then the payload columns.
     Claim => "claim",
     /// [`Claim`](Self::Claim) of due `READY` rows only, from a position in the `READY`
     /// index on: `$1` the earliest `next_attempt_at` to look at, in microseconds since
-    /// the Unix epoch (`bigint`). Rows due before it are left to `Claim`. Same result.
+    /// the Unix epoch (`bigint`), then on a keyed table the runs in flight as `$2` and
+    /// `$3`. Rows due before it are left to `Claim`. Same result.
     ClaimFrom => "claim_from",
     /// Guarded `INPROGRESS -> SENT`: `$1` id, `$2` generation (`bigint`). Returns `id`.
     Complete => "complete",
@@ -323,7 +327,8 @@ pub const OWN_TABLES: [&str; 2] = [CATALOG_TABLE, INBOX_TABLE];
 /// The names the generated statements give their steps (`WITH ready AS (..)`).
 /// Inside a statement, an unqualified table name that is also a step's name means the
 /// step, not the table: no event type's table may take one of these names.
-pub const STATEMENT_STEPS: [&str; 16] = [
+pub const STATEMENT_STEPS: [&str; 17] = [
+    "continued",
     "done",
     "doomed",
     "enqueued",

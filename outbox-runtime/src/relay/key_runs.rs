@@ -15,10 +15,12 @@ use std::ops::Range;
 
 use tokio_util::sync::CancellationToken;
 
+use super::in_flight::InFlight;
 use super::sink_panics::publish_contained;
 use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 use crate::table::claim::Claim;
+use crate::table::row::Owned;
 
 /// Where each layer of an arranged batch starts and ends, in order.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -90,6 +92,72 @@ pub(super) fn retain_in_order<T: Outbox>(
             })
         });
     }
+}
+
+/// Whether a key repeats in `claims`: the claim took runs, which it does only in the
+/// room its heads left, its scan having found fewer due events than it looked for.
+pub(super) fn took_runs<T: Outbox>(claims: &[Claim<T>]) -> bool {
+    if T::SPEC.key().is_none() {
+        return false;
+    }
+    let mut keys = std::collections::HashSet::with_capacity(claims.len());
+    claims
+        .iter()
+        .filter_map(Claim::key)
+        .any(|key| !keys.insert(key))
+}
+
+/// The last event of each key in `claims` (a batch about to be published): where the
+/// claim ahead may continue its key's run ([`Runs::After`]).
+///
+/// [`Runs::After`]: crate::table::claiming::Runs::After
+pub(super) fn tails<T: Outbox>(claims: &[Claim<T>]) -> Vec<Owned> {
+    if T::SPEC.key().is_none() {
+        return Vec::new();
+    }
+    let mut last: HashMap<&str, &Claim<T>> = HashMap::new();
+    for claim in claims {
+        if let Some(key) = claim.key() {
+            last.entry(key)
+                .and_modify(|tail| {
+                    if claim.id() > tail.id() {
+                        *tail = claim;
+                    }
+                })
+                .or_insert(claim);
+        }
+    }
+    last.into_values().map(Owned::of).collect()
+}
+
+/// Takes out of `ahead` (claimed while `rows` were out, `results` what the sink said of
+/// them, `None` for a batch abandoned) the events of every key of which an event in
+/// `rows` did not go: published, and still owned. Such an event continues its key's run
+/// from `rows` (while they were in flight, nothing else of their keys could be
+/// claimed), so it must not be sent: it is handed back, to wait behind the one that did
+/// not go.
+pub(super) fn take_broken_continuations<T: Outbox>(
+    ahead: &mut Vec<Claim<T>>,
+    rows: &[InFlight<'_, T>],
+    results: Option<&[Result<(), SinkError>]>,
+) -> Vec<Claim<T>> {
+    let went = |i: usize, row: &InFlight<'_, T>| {
+        row.is_owned() && results.is_some_and(|results| matches!(results.get(i), Some(Ok(()))))
+    };
+    let broken: Vec<&str> = rows
+        .iter()
+        .enumerate()
+        .filter(|(i, row)| !went(*i, row))
+        .filter_map(|(_, row)| row.claim().key())
+        .collect();
+    if broken.is_empty() {
+        return Vec::new();
+    }
+    let (behind, kept) = std::mem::take(ahead)
+        .into_iter()
+        .partition(|claim| claim.key().is_some_and(|key| broken.contains(&key)));
+    *ahead = kept;
+    behind
 }
 
 /// The reason a held event's placeholder result carries: never recorded (a held event is

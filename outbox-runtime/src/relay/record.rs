@@ -8,12 +8,14 @@ use sqlx::{Connection as _, PgConnection};
 use crate::error::{OnTable as _, OutboxError};
 use crate::spec::Outbox;
 use crate::table::batch::{Recorded, record};
-use crate::table::claiming::{BEGIN_WITHOUT_JIT, ClaimedBatch, Scope, begin_limited, claim_on};
+use crate::table::claiming::{ClaimedBatch, Runs, Scope, begin_limited, claim_on};
 use crate::table::row::{Outcome, Owned};
 
-/// Records `outcomes`, then claims up to `limit` more rows in `scope`: one transaction,
-/// one commit per batch. Returns the claimed batch, and what recording did. Rows whose
-/// payload does not decode are moved to `DEAD` and not returned as claims.
+/// Records `outcomes`, then claims up to `limit` more rows in `scope`, with runs of a key
+/// (continuing `after`, the last event of each run the worker has in flight): one
+/// transaction, one commit per batch. Returns the claimed batch, and what recording
+/// did. Rows whose payload does not decode are moved to `DEAD` and not returned as
+/// claims.
 ///
 /// The order is what keeps workers from deadlocking. A claim skipping rows that another
 /// worker claimed after the claim's snapshot still locks them (PostgreSQL locks the
@@ -26,6 +28,7 @@ pub(crate) async fn record_and_claim<T: Outbox>(
     outcomes: &[(Owned, Outcome)],
     scope: Scope,
     limit: u32,
+    after: &[Owned],
 ) -> Result<(ClaimedBatch<T>, Recorded), OutboxError> {
     let table = T::SPEC.table;
     let no_outcomes = || Recorded::Sent(HashSet::new());
@@ -37,10 +40,8 @@ pub(crate) async fn record_and_claim<T: Outbox>(
         };
         return Ok((ClaimedBatch::default(), recorded));
     }
-    let keyed = T::SPEC.key().is_some();
     let begin = match scope {
-        Scope::All if keyed => BEGIN_WITHOUT_JIT,
-        Scope::ReadyFrom(_) if keyed => GENERIC_PLANS_WITHOUT_JIT,
+        _ if T::SPEC.key().is_some() => GENERIC_PLANS_WITHOUT_JIT,
         Scope::All => BEGIN,
         Scope::ReadyFrom(_) => GENERIC_PLANS,
     };
@@ -54,7 +55,7 @@ pub(crate) async fn record_and_claim<T: Outbox>(
         record::<T>(&mut *tx, outcomes).await?
     };
     // Undecodable rows were moved to DEAD and logged: nothing to publish.
-    let claimed = claim_on::<T>(&mut tx, scope, limit, true).await?;
+    let claimed = claim_on::<T>(&mut tx, scope, limit, Runs::After(after)).await?;
     tx.commit().await.on_table(table)?;
     Ok((claimed, recorded))
 }
@@ -75,8 +76,11 @@ const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 const GENERIC_PLANS: &str =
     "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL plan_cache_mode = force_generic_plan";
 
-/// [`GENERIC_PLANS`] and [`BEGIN_WITHOUT_JIT`], for a claim from a position on a table
-/// with an ordering key.
+/// [`GENERIC_PLANS`] and [`BEGIN_WITHOUT_JIT`], for a claim on a table with an ordering
+/// key: it binds the runs in flight (and the claim from a position its position), and
+/// its generic plan is the plan a claim without parameters would have.
+///
+/// [`BEGIN_WITHOUT_JIT`]: crate::table::claiming::BEGIN_WITHOUT_JIT
 const GENERIC_PLANS_WITHOUT_JIT: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; \
      SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL jit = off";
 

@@ -158,11 +158,12 @@ impl Wakeups {
 }
 
 impl Claiming<'_> {
-    /// The claim came back with `full` or less than a full batch: a claim that was not
-    /// full answered every signal before it.
-    pub(super) fn answered(mut self, full: bool) {
+    /// The claim came back; `more` when it may have left due events behind (a full
+    /// batch, without runs of a key): a claim that did not answered every signal before
+    /// it.
+    pub(super) fn answered(mut self, more: bool) {
         self.ended = true;
-        self.wakeups.end(self.after, !full);
+        self.wakeups.end(self.after, !more);
     }
 }
 

@@ -311,7 +311,7 @@ mod tests {
             deletes_sent: false,
             scheduled: false,
             traced: false,
-            sql: crate::spec::derive_only_statements([""; Statement::COUNT], &[], &[]),
+            sql: crate::spec::derive_only_statements([""; Statement::COUNT], &[], &[], &[]),
             columns,
             migrations,
         }

@@ -28,6 +28,34 @@ pub(crate) enum Scope {
     ReadyFrom(i64),
 }
 
+/// Whether a claim on a keyed table takes runs of a key (its first event still to go,
+/// and the events after it, in the batch's room), which only a publisher that sends a
+/// key's events in order may take: the relay's claims, not [`claim_batch`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Runs<'a> {
+    /// One event per key.
+    No,
+    /// Runs, and after each of these rows (the last event of each run the claimer has
+    /// in flight, still its own), the next event of its key as a head: the claimer
+    /// sends it after that run, and only if the run went whole.
+    After(&'a [Owned]),
+}
+
+impl<'a> Runs<'a> {
+    /// Whether the claim takes runs.
+    pub(crate) fn taken(self) -> bool {
+        matches!(self, Self::After(_))
+    }
+
+    /// The rows after which runs continue (none without runs).
+    pub(crate) fn after(self) -> &'a [Owned] {
+        match self {
+            Self::No => &[],
+            Self::After(after) => after,
+        }
+    }
+}
+
 /// What a claim statement claimed.
 pub(crate) struct ClaimedBatch<T: Outbox> {
     /// The claims, in id order.
@@ -68,14 +96,14 @@ async fn claim_rows<'a, T: Outbox>(
     let mut conn = conn.acquire().await.on_table(table)?;
     if T::SPEC.key().is_none() {
         if conn.is_in_transaction() {
-            return claim_on(&mut conn, Scope::All, limit, false).await;
+            return claim_on(&mut conn, Scope::All, limit, Runs::No).await;
         }
         // Each claim statement commits on its own: rows claimed before a later step
         // fails (another claim statement, a decode, a move to DEAD) would wait out their
         // lease with an attempt spent. (A transaction around the claim would cost every
         // claim two more round trips.)
         let mut claimed = Vec::new();
-        return match claim_noting::<T>(&mut conn, Scope::All, limit, false, Some(&mut claimed))
+        return match claim_noting::<T>(&mut conn, Scope::All, limit, Runs::No, Some(&mut claimed))
             .await
         {
             Ok(batch) => Ok(batch),
@@ -91,13 +119,13 @@ async fn claim_rows<'a, T: Outbox>(
             .execute(&mut *conn)
             .await
             .on_table(table)?;
-        return claim_on(&mut conn, Scope::All, limit, false).await;
+        return claim_on(&mut conn, Scope::All, limit, Runs::No).await;
     }
     let mut tx = conn
         .begin_with(begin_limited::<T>(BEGIN_WITHOUT_JIT))
         .await
         .on_table(table)?;
-    let claimed = claim_on(&mut tx, Scope::All, limit, false).await?;
+    let claimed = claim_on(&mut tx, Scope::All, limit, Runs::No).await?;
     tx.commit().await.on_table(table)?;
     Ok(claimed)
 }
@@ -157,15 +185,13 @@ async fn hand_back<T: Outbox>(conn: &mut PgConnection, claimed: &[Owned], error:
     }
 }
 
-/// [`claim_rows`] in `scope`, on a connection (or in a transaction) the caller holds;
-/// on a keyed table with `runs`, a key's events after its first may come with it (a
-/// run, which only a publisher that sends a key's events in order may take: the
-/// relay's claims, not [`claim_batch`]).
+/// [`claim_rows`] in `scope`, on a connection (or in a transaction) the caller holds,
+/// with or without [`Runs`]. (A claim from a position, the relay's, always takes runs.)
 pub(crate) async fn claim_on<T: Outbox>(
     conn: &mut PgConnection,
     scope: Scope,
     limit: u32,
-    runs: bool,
+    runs: Runs<'_>,
 ) -> Result<ClaimedBatch<T>, OutboxError> {
     claim_noting(conn, scope, limit, runs, None).await
 }
@@ -176,7 +202,7 @@ async fn claim_noting<T: Outbox>(
     conn: &mut PgConnection,
     scope: Scope,
     limit: u32,
-    runs: bool,
+    runs: Runs<'_>,
     mut claimed: Option<&mut Vec<Owned>>,
 ) -> Result<ClaimedBatch<T>, OutboxError> {
     let mut claims = Vec::new();
@@ -191,7 +217,7 @@ async fn claim_noting<T: Outbox>(
         let rows = match scope {
             Scope::All => statements::claim::<T>(&mut *conn, wanted, runs).await?,
             Scope::ReadyFrom(from) => {
-                statements::claim_from::<T>(&mut *conn, from, wanted, runs).await?
+                statements::claim_from::<T>(&mut *conn, from, wanted, runs.after()).await?
             }
         };
         took += sent.elapsed();
@@ -221,7 +247,7 @@ async fn claim_noting<T: Outbox>(
     let full = limit > 0 && found >= usize::try_from(limit).unwrap_or(usize::MAX);
     // A run goes on only past events that go: what follows an undecodable event of its
     // key (now `DEAD`) is handed back, to wait behind it as its key's rule says.
-    let behind: Vec<Owned> = if runs && !undecodable.is_empty() {
+    let behind: Vec<Owned> = if runs.taken() && !undecodable.is_empty() {
         let mut behind = Vec::new();
         claims.retain(|claim| {
             let after_bad = claim.key().is_some_and(|key| {

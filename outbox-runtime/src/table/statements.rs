@@ -23,6 +23,7 @@ use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, PgExecutor, Postgres, Row as _};
 use tokio::time::Instant;
 
+use super::claiming::Runs;
 use super::extras::Extras;
 use super::operator::{Operations, Stats, interval_to_duration};
 use super::row::{Lease, Outcome, Owned, Retried};
@@ -106,34 +107,49 @@ fn is_unique_violation(error: &sqlx::Error) -> bool {
 
 /// [`Statement::Claim`] of up to `limit` rows, the limit written into its text
 /// ([`claim_limited`](crate::spec::Statements::claim_limited)), with runs of a key or
-/// not: the rows claimed, which
-/// [`decode_claim`](super::claim::decode_claim) reads.
+/// not: the rows claimed, which [`decode_claim`](super::claim::decode_claim) reads.
 pub(crate) async fn claim<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     limit: u32,
-    runs: bool,
+    runs: Runs<'_>,
 ) -> Result<Vec<PgRow>, OutboxError> {
     let spec = T::SPEC;
-    sqlx::query(AssertSqlSafe(spec.sql.claim_limited(limit, runs)))
+    let text = spec.sql.claim_limited(limit, runs.taken());
+    bind_runs::<T>(sqlx::query(AssertSqlSafe(text)), runs)
         .fetch_all(executor)
         .await
         .on_table(spec.table)
 }
 
 /// [`Statement::ClaimFrom`] of up to `limit` rows from `from` on (microseconds since the
-/// Unix epoch), written as [`claim`] is: the rows claimed.
+/// Unix epoch), with runs, written as [`claim`] is: the rows claimed.
 pub(crate) async fn claim_from<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     from: i64,
     limit: u32,
-    runs: bool,
+    after: &[Owned],
 ) -> Result<Vec<PgRow>, OutboxError> {
     let spec = T::SPEC;
-    sqlx::query(AssertSqlSafe(spec.sql.claim_from_limited(limit, runs)))
-        .bind(from)
+    let query = sqlx::query(AssertSqlSafe(spec.sql.claim_from_limited(limit))).bind(from);
+    bind_runs::<T>(query, Runs::After(after))
         .fetch_all(executor)
         .await
         .on_table(spec.table)
+}
+
+/// A keyed claim with runs binds the claimer's runs in flight, as two arrays.
+fn bind_runs<'q, T: Outbox>(
+    query: Query<'q, Postgres, PgArguments>,
+    runs: Runs<'_>,
+) -> Query<'q, Postgres, PgArguments> {
+    match runs {
+        Runs::After(after) if T::SPEC.key().is_some() => {
+            let (ids, generations): (Vec<i64>, Vec<i64>) =
+                after.iter().map(|row| (row.id, row.generation)).unzip();
+            query.bind(ids).bind(generations)
+        }
+        _ => query,
+    }
 }
 
 /// [`Statement::Complete`] of `row`: whether it was recorded (`false`: stale).

@@ -86,6 +86,10 @@ type Ahead<T> = Result<Batch<T>, OutboxError>;
 struct Batch<T: Outbox> {
     claims: Vec<Claim<T>>,
     full: bool,
+    /// Whether other workers may find more due: the batch is full, and without runs of
+    /// a key (a claim takes those only in the room its heads left, having found fewer
+    /// than it looked for).
+    more: bool,
 }
 
 impl<T: Outbox> Batch<T> {
@@ -93,6 +97,7 @@ impl<T: Outbox> Batch<T> {
         Self {
             claims: Vec::new(),
             full: false,
+            more: false,
         }
     }
 
@@ -153,7 +158,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let record_first = state.failures > 0 && !pending.outcomes.is_empty();
         let claim_next = !stopping && !pending.drained && !pending.unavailable && !record_first;
         match self
-            .record_and_claim(&mut state.conn, pending, claim_next)
+            .record_and_claim(&mut state.conn, pending, claim_next, &[])
             .await
         {
             Ok(batch) => {
@@ -200,9 +205,9 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// claimed ahead waited for the batch before it, and one claimed just now may have
     /// had a late commit (a slow one, a pause). `None` when no row is left.
     async fn renew_to_send(conn: &mut Connection<'_>, batch: Batch<T>) -> Option<Batch<T>> {
-        let Batch { claims, full } = batch;
+        let Batch { claims, full, more } = batch;
         let claims = renewal::renew_ahead(conn, claims, Needed::ToSend).await;
-        (!claims.is_empty()).then_some(Batch { claims, full })
+        (!claims.is_empty()).then_some(Batch { claims, full, more })
     }
 
     /// The publish step, with the batch transaction beside it, then the settle step:
@@ -212,7 +217,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         state: &mut State<'_, T>,
         batch: Batch<T>,
     ) -> Result<(), OutboxError> {
-        if batch.full {
+        if batch.more {
             // There may be more: bring in another idle worker, which in turn brings in
             // the next while it finds full batches.
             self.wakeups.more();

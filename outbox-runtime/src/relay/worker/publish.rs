@@ -17,14 +17,19 @@ use crate::table::metric;
 impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// Publishes one claimed batch; returns the outcomes to record. Meanwhile, on the
     /// worker's connection, records the `earlier` outcomes and, after a full batch,
-    /// claims the next one: `None` when there was nothing to do beside the send.
+    /// claims the next one, which may continue this batch's runs of a key: `None` when
+    /// there was nothing to do beside the send. A run continued there keeps its events
+    /// only if its key's events here all went; the others are handed back with the
+    /// outcomes.
     pub(super) async fn publish(
         &self,
         batch: Batch<T>,
         conn: &mut Connection<'_>,
         earlier: &Pending,
     ) -> (Pending, Option<Ahead<T>>) {
-        let Batch { mut claims, full } = batch;
+        let Batch {
+            mut claims, full, ..
+        } = batch;
         let layers = key_runs::arrange(&mut claims);
         let table = T::SPEC.table;
         let span = tracing::info_span!(
@@ -40,6 +45,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             let sends = self.relay.tracer.open(&self.relay.sink, &mut deliveries);
             let rows = InFlight::pair(&claims, &deliveries);
             let claim_next = full && !self.stop.is_cancelled();
+            let tails = key_runs::tails(&claims);
             let beside = (claim_next || !earlier.outcomes.is_empty()).then(|| {
                 // The connection moves to the transaction, and comes back with its result.
                 let mut db = Connection {
@@ -48,14 +54,16 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     held: conn.held.take(),
                 };
                 async move {
-                    let ahead = self.record_and_claim(&mut db, earlier, claim_next).await;
+                    let ahead = self
+                        .record_and_claim(&mut db, earlier, claim_next, &tails)
+                        .await;
                     if ahead.is_err() {
                         db.release();
                     }
                     (db.held, ahead)
                 }
             });
-            let (answer, lease_deadline, ahead) =
+            let (answer, lease_deadline, mut ahead) =
                 self.send(&rows, &deliveries, &layers, conn, beside).await;
             let unavailable = self.note_destination(&answer);
             // The claim ahead found nothing: it is as fresh as a short batch's.
@@ -67,6 +75,12 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             }
             let results = answer.results();
             sends.end(results.as_deref());
+            let continued_broken = match &mut ahead {
+                Some(Ok(next)) => {
+                    key_runs::take_broken_continuations(&mut next.claims, &rows, results.as_deref())
+                }
+                _ => Vec::new(),
+            };
             let mut outcomes =
                 in_flight::outcomes(&rows, results, &self.relay.retry, &self.relay.failures);
             if self.relay.ascii_reasons {
@@ -75,7 +89,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     .map(|(row, outcome)| (row, outcome.in_ascii()))
                     .collect();
             }
-            let pending = Pending {
+            let mut pending = Pending {
                 // With an ordering key, recording a batch lets the next event of each of
                 // its keys go, and nobody is notified: the claim that follows the
                 // recording in its transaction finds them.
@@ -83,6 +97,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                 unavailable: unavailable.is_some(),
                 ..Pending::of(outcomes, lease_deadline)
             };
+            pending.release(&continued_broken);
             (pending, ahead)
         }
         .instrument(span)

@@ -1,6 +1,7 @@
 //! The batch transaction: the outcomes of the batches published, and the next claim.
 
 use super::super::connection::Connection;
+use super::super::key_runs;
 use super::super::pending::Pending;
 use super::super::record;
 use super::{Batch, Worker};
@@ -16,12 +17,15 @@ use outbox_internals::Status;
 impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// Records the `pending` outcomes and, with `claim_next`, claims the next batch in
     /// one transaction, recording first: [`record::record_and_claim`] says why that order.
-    /// The claim starts at the relay's [`Frontier`](crate::relay::frontier::Frontier), or sweeps.
+    /// The claim starts at the relay's [`Frontier`](crate::relay::frontier::Frontier), or
+    /// sweeps, and continues the runs that end at the rows `after` (the last event of
+    /// each key in the batch in flight).
     pub(super) async fn record_and_claim(
         &self,
         conn: &mut Connection<'_>,
         pending: &Pending,
         claim_next: bool,
+        after: &[Owned],
     ) -> Result<Batch<T>, OutboxError> {
         let next = claim_next.then(|| self.frontier.next());
         let (scope, limit) = next
@@ -30,7 +34,8 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let claiming = next.is_some().then(|| self.wakeups.claiming());
         let limit_time = crate::table::claiming::transaction_limit(T::SPEC.lease);
         let transaction = async {
-            record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, scope, limit).await
+            record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, scope, limit, after)
+                .await
         };
         let Ok(done) = tokio::time::timeout(limit_time, transaction).await else {
             conn.discard();
@@ -45,8 +50,9 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         };
         let (claimed, recorded) = done?;
         account::<T>(&pending.outcomes, &recorded);
+        let more = claimed.full && !key_runs::took_runs(&claimed.claims);
         if let Some(claiming) = claiming {
-            claiming.answered(claimed.full);
+            claiming.answered(more);
         }
         if let Some(next) = next {
             next.done(claimed.took);
@@ -55,6 +61,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         Ok(Batch {
             claims: claimed.claims,
             full: claimed.full,
+            more,
         })
     }
 
@@ -70,7 +77,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         pending: Pending,
     ) -> OutboxError {
         if !pending.outcomes.is_empty()
-            && let Err(unrecorded) = self.record_and_claim(conn, &pending, false).await
+            && let Err(unrecorded) = self.record_and_claim(conn, &pending, false, &[]).await
         {
             tracing::error!(table = T::SPEC.table, error = %unrecorded, rows = pending.outcomes.len(),
                 "cannot record the outcomes of a stopping worker; its events will be claimed and published again");
