@@ -27,7 +27,8 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         claim_next: bool,
         after: &[Owned],
     ) -> Result<Batch<T>, OutboxError> {
-        let next = claim_next.then(|| self.frontier.next());
+        // No claim while a keyed table's first sweep runs: only the recording.
+        let next = claim_next.then(|| self.frontier.next()).flatten();
         let (scope, limit) = next
             .as_ref()
             .map_or((Scope::All, 0), |next| (next.scope, self.relay.batch_size));
