@@ -1,5 +1,6 @@
 //! Per-key ordering under chaos: four relay processes publish 1,000 orders × 20 events
-//! (`#[outbox(key)]`) through a sink that fails now and then, while the test SIGKILLs and
+//! and 4 hot orders × 200 events (`#[outbox(key)]`; a hot order's runs go on from
+//! batch to batch) through a sink that fails now and then, while the test SIGKILLs and
 //! restarts them, SIGSTOPs them past their lease and terminates their database sessions.
 //!
 //! The sink writes every event it takes into `ordering_deliveries` (the broker's log),
@@ -41,6 +42,9 @@ const APP: &str = "ordering-relay-";
 const READY: &str = "relay ready";
 const RELAYS: usize = 4;
 const PER_KEY: i32 = 20;
+/// The hot orders, after the others, and their events each.
+const HOT_KEYS: i64 = 4;
+const HOT_PER_KEY: i32 = 200;
 
 fn setting(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -110,8 +114,10 @@ async fn relay_child(url: &str) -> i32 {
     }
 }
 
-/// The broker: slow enough that the relays are busy when chaos strikes; takes a batch refusing about one event in twenty
-/// (transient), and logs what it took in `ordering_deliveries`, one statement per batch.
+/// The broker: slow enough that the relays are busy when chaos strikes (a call takes a
+/// few milliseconds, and one or two more per event); takes a batch refusing about one
+/// event in twenty (transient), and logs what it took in `ordering_deliveries`, one
+/// statement per batch.
 ///
 /// Each logged delivery says whether it came in a run, after its predecessor in the
 /// same claim: the predecessor still in flight under the generation this process
@@ -164,7 +170,9 @@ impl Sink<OrderedChaosEvent> for Broker {
         &self,
         batch: &[Delivery<'_, OrderedChaosEvent>],
     ) -> Vec<Result<(), SinkError>> {
-        sleep(Duration::from_millis(self.draw(|rng| rng.u64(20..100)))).await;
+        let events = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+        let latency = |rng: &mut fastrand::Rng| rng.u64(2..10) + events * rng.u64(1..3);
+        sleep(Duration::from_millis(self.draw(latency))).await;
         let results: Vec<Result<(), SinkError>> = batch
             .iter()
             .map(|_| {
@@ -214,7 +222,8 @@ impl Sink<OrderedChaosEvent> for Broker {
                 .collect();
         }
         // The window in which a kill or a pause leaves a batch sent but not recorded.
-        sleep(Duration::from_millis(self.draw(|rng| rng.u64(50..150)))).await;
+        let window = |rng: &mut fastrand::Rng| rng.u64(5..15) + events * rng.u64(1..4);
+        sleep(Duration::from_millis(self.draw(window))).await;
         results
     }
 }
@@ -280,16 +289,25 @@ async fn four_relays_under_chaos(seed: u64) -> TestResult {
     let pool = db.pool();
     setup(pool).await?;
 
-    // Orders interleaved, as many customers' orders arrive; each order's events in turn.
-    let events: Vec<OrderedChaosEvent> = (0..PER_KEY)
-        .flat_map(|seq| {
-            (0..keys).map(move |order_id| OrderedChaosEvent {
+    // Orders interleaved, as many customers' orders arrive; each order's events in turn,
+    // a hot order's spread over the same waves.
+    let steps = move |order_id: i64| {
+        if order_id < keys {
+            PER_KEY
+        } else {
+            HOT_PER_KEY
+        }
+    };
+    let mut events: Vec<OrderedChaosEvent> = (0..keys + HOT_KEYS)
+        .flat_map(|order_id| {
+            (0..steps(order_id)).map(move |seq| OrderedChaosEvent {
                 name: format!("{order_id}-{seq}"),
                 order_id,
                 seq,
             })
         })
         .collect();
+    events.sort_by_key(|e| (e.seq * HOT_PER_KEY / steps(e.order_id), e.order_id));
     let total = i64::try_from(events.len())?;
     // The business transactions keep coming while the relays are under chaos: a wave
     // per round of chaos (1.6 s on average), as many waves as 2.1 s rounds would take,
@@ -360,18 +378,22 @@ async fn four_relays_under_chaos(seed: u64) -> TestResult {
 
     let deliveries = verify_first_deliveries(pool, total).await?;
     let (applied, skipped) = consume(pool).await?;
-    let complete: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM ordering_effects WHERE last_seq = $1")
-            .bind(PER_KEY - 1)
-            .fetch_one(pool)
-            .await?;
+    let complete: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM ordering_effects
+         WHERE last_seq = CASE WHEN order_id < $1 THEN $2 ELSE $3 END",
+    )
+    .bind(keys)
+    .bind(PER_KEY - 1)
+    .bind(HOT_PER_KEY - 1)
+    .fetch_one(pool)
+    .await?;
     println!(
-        "ordering chaos: {total} events of {keys} orders, {deliveries} deliveries \
+        "ordering chaos: {total} events of {keys} orders and {HOT_KEYS} hot ones, {deliveries} deliveries \
          ({} duplicates, skipped by the inbox: {skipped}), {applied} effects applied; \
          {late} of {rounds} waves enqueued after the chaos; {actions:?}",
         deliveries - total
     );
-    assert_eq!((applied, complete), (total, keys));
+    assert_eq!((applied, complete), (total, keys + HOT_KEYS));
     assert_eq!(skipped, deliveries - total);
     db.drop_schema().await?;
     Ok(())
