@@ -7,6 +7,7 @@ use super::failure_log::FailureLog;
 use crate::sink::{Delivery, SinkError};
 use crate::spec::Outbox;
 use crate::table::claim::Claim;
+use crate::table::key_order::BrokenRuns;
 use crate::table::metric;
 use crate::table::row::{Outcome, Owned};
 
@@ -154,9 +155,10 @@ pub(super) fn outcomes<T: Outbox>(
 ) -> Vec<(Owned, Outcome)> {
     let table = T::SPEC.table;
     let held = results.as_ref().map(|results| {
-        super::key_runs::held(
-            rows.iter().map(|row| row.claim.key()),
-            results.iter().map(Result::is_ok),
+        BrokenRuns::held(
+            rows.iter()
+                .map(|row| row.claim.key())
+                .zip(results.iter().map(Result::is_ok)),
         )
     });
     let held = |i: usize| held.as_ref().is_some_and(|held| held.get(i) == Some(&true));

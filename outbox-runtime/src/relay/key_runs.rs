@@ -20,6 +20,7 @@ use super::sink_panics::publish_contained;
 use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 use crate::table::claim::Claim;
+use crate::table::key_order::BrokenRuns;
 use crate::table::row::Owned;
 
 /// Where each layer of an arranged batch starts and ends, in order.
@@ -68,30 +69,21 @@ pub(super) fn arrange<T: Outbox>(claims: &mut [Claim<T>]) -> Layers {
     Layers(layers)
 }
 
-/// Keeps the `claims` for which `keep` holds, and of a key's run only what can still go
-/// in order: a claim after (by id) a dropped one of its key is dropped too. (Its lease
-/// ends, and it is claimed again behind the other.)
+/// Keeps the `claims` (in id order, as claimed) for which `keep` holds, and of a key's
+/// run only what can still go in order: a claim after a dropped one of its key is
+/// dropped too. (Its lease ends, and it is claimed again behind the other.)
 pub(super) fn retain_in_order<T: Outbox>(
     claims: &mut Vec<Claim<T>>,
     mut keep: impl FnMut(&mut Claim<T>) -> bool,
 ) {
-    let mut dropped: Vec<(String, i64)> = Vec::new();
+    let mut broken = BrokenRuns::default();
     claims.retain_mut(|claim| {
-        let kept = keep(claim);
-        if !kept && let Some(key) = claim.key() {
-            dropped.push((key.to_owned(), claim.id()));
+        let kept = broken.lets_go(claim.key()) && keep(claim);
+        if !kept {
+            broken.break_at(claim.key());
         }
         kept
     });
-    if !dropped.is_empty() {
-        claims.retain(|claim| {
-            claim.key().is_none_or(|key| {
-                !dropped
-                    .iter()
-                    .any(|(gone, id)| gone == key && *id < claim.id())
-            })
-        });
-    }
 }
 
 /// Whether a key repeats in `claims`: the claim took runs, which it does only in the
@@ -144,18 +136,15 @@ pub(super) fn take_broken_continuations<T: Outbox>(
     let went = |i: usize, row: &InFlight<'_, T>| {
         row.is_owned() && results.is_some_and(|results| matches!(results.get(i), Some(Ok(()))))
     };
-    let broken: Vec<&str> = rows
-        .iter()
-        .enumerate()
-        .filter(|(i, row)| !went(*i, row))
-        .filter_map(|(_, row)| row.claim().key())
-        .collect();
-    if broken.is_empty() {
-        return Vec::new();
+    let mut broken = BrokenRuns::default();
+    for (i, row) in rows.iter().enumerate() {
+        if !went(i, row) {
+            broken.break_at(row.claim().key());
+        }
     }
-    let (behind, kept) = std::mem::take(ahead)
+    let (kept, behind) = std::mem::take(ahead)
         .into_iter()
-        .partition(|claim| claim.key().is_some_and(|key| broken.contains(&key)));
+        .partition(|claim| broken.lets_go(claim.key()));
     *ahead = kept;
     behind
 }
@@ -182,7 +171,7 @@ pub(super) async fn publish<T, S: Sink<T>>(
         return publish_contained(sink, batch).await;
     }
     let mut results: Vec<Result<(), SinkError>> = Vec::with_capacity(batch.len());
-    let mut broken: Vec<&str> = Vec::new();
+    let mut broken = BrokenRuns::default();
     for layer in &layers.0 {
         if withdrawn.is_cancelled() {
             results.extend(
@@ -193,9 +182,8 @@ pub(super) async fn publish<T, S: Sink<T>>(
             continue;
         }
         // A delivery no longer owned is not sent either, and ends its key's run.
-        let going = |delivery: &Delivery<'_, T>| {
-            delivery.is_owned() && delivery.key.is_none_or(|key| !broken.contains(&key))
-        };
+        let going =
+            |delivery: &Delivery<'_, T>| delivery.is_owned() && broken.lets_go(delivery.key);
         // The layer's events that go, in stretches of neighbours: one call each
         // (nearly always one: runs rarely break).
         let mut stretch = layer.start;
@@ -216,10 +204,8 @@ pub(super) async fn publish<T, S: Sink<T>>(
             }
         }
         for (delivery, result) in batch[layer.clone()].iter().zip(&results[layer.clone()]) {
-            if let (Some(key), Err(_)) = (delivery.key, result)
-                && !broken.contains(&key)
-            {
-                broken.push(key);
+            if result.is_err() {
+                broken.break_at(delivery.key);
             }
         }
     }
@@ -242,28 +228,6 @@ async fn publish_one_layer<T, S: Sink<T>>(
     results
 }
 
-/// Which rows of an arranged batch were held back: those after an event of their key
-/// (earlier in the batch) that was not published, or that nothing was recorded for.
-/// `keys` and `published` are in the batch's order.
-pub(super) fn held<'k>(
-    keys: impl Iterator<Item = Option<&'k str>>,
-    published: impl Iterator<Item = bool>,
-) -> Vec<bool> {
-    let mut broken: Vec<&str> = Vec::new();
-    keys.zip(published)
-        .map(|(key, published)| {
-            let Some(key) = key else { return false };
-            if broken.contains(&key) {
-                return true;
-            }
-            if !published {
-                broken.push(key);
-            }
-            false
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
@@ -271,7 +235,7 @@ mod tests {
 
     use tokio_util::sync::CancellationToken;
 
-    use super::{Layers, held, publish};
+    use super::{Layers, publish};
     use crate::id::{EventId, Generation};
     use crate::sink::{Delivery, Sink, SinkError};
 
@@ -322,17 +286,6 @@ mod tests {
             matches!(&results[1], Err(SinkError::Unavailable(_))),
             "taken back unsent: {:?}",
             results[1]
-        );
-    }
-
-    #[test]
-    fn a_run_is_held_after_its_first_event_not_published() {
-        let keys = [Some("a"), Some("b"), None, Some("a"), Some("b"), Some("a")];
-        let published = [false, true, false, true, true, true];
-        assert_eq!(
-            held(keys.into_iter(), published.into_iter()),
-            [false, false, false, true, false, true],
-            "a's events after its failed first are held; b and the unkeyed event are not"
         );
     }
 }

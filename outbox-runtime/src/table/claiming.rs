@@ -7,6 +7,7 @@ use tokio::time::Instant;
 
 use super::batch;
 use super::claim::{Claim, Claimed, dead_letter, decode_claim};
+use super::key_order::BrokenRuns;
 use super::row::{Outcome, Owned};
 use super::statements;
 use crate::error::{OnTable as _, OutboxError};
@@ -245,38 +246,37 @@ async fn claim_noting<T: Outbox>(
     }
     let found = claims.len() + undecodable.len();
     let full = limit > 0 && found >= usize::try_from(limit).unwrap_or(usize::MAX);
+    // UPDATE .. RETURNING does not promise an order; publish in id order.
+    claims.sort_unstable_by_key(Claim::id);
     // A run goes on only past events that go: what follows an undecodable event of its
     // key (now `DEAD`) is handed back, to wait behind it as its key's rule says.
-    let behind: Vec<Owned> = if runs.taken() && !undecodable.is_empty() {
-        let mut behind = Vec::new();
+    let mut behind = Vec::new();
+    if runs.taken() && !undecodable.is_empty() {
+        let mut bad: Vec<(i64, Option<&str>)> = undecodable
+            .iter()
+            .map(|bad| (bad.id(), bad.key()))
+            .collect();
+        bad.sort_unstable_by_key(|(id, _)| *id);
+        let mut bad = bad.into_iter().peekable();
+        let mut broken = BrokenRuns::default();
         claims.retain(|claim| {
-            let after_bad = claim.key().is_some_and(|key| {
-                undecodable
-                    .iter()
-                    .any(|bad| bad.key() == Some(key) && bad.id() < claim.id())
-            });
-            if after_bad {
-                behind.push(Owned::of(claim));
+            while let Some((_, key)) = bad.next_if(|(id, _)| *id < claim.id()) {
+                broken.break_at(key);
             }
-            !after_bad
+            let goes = broken.lets_go(claim.key());
+            if !goes {
+                behind.push((Owned::of(claim), Outcome::Release));
+            }
+            goes
         });
-        behind
-    } else {
-        Vec::new()
-    };
+    }
     let mut errors = Vec::with_capacity(undecodable.len());
     for bad in undecodable {
         errors.push(dead_letter::<T>(conn, bad).await?);
     }
     if !behind.is_empty() {
-        let release: Vec<(Owned, Outcome)> = behind
-            .into_iter()
-            .map(|row| (row, Outcome::Release))
-            .collect();
-        batch::record::<T>(conn, &release).await?;
+        batch::record::<T>(conn, &behind).await?;
     }
-    // UPDATE .. RETURNING does not promise an order; publish in id order.
-    claims.sort_unstable_by_key(Claim::id);
     Ok(ClaimedBatch {
         claims,
         undecodable: errors,

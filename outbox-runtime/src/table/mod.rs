@@ -10,6 +10,7 @@ pub(crate) mod claim;
 pub(crate) mod claiming;
 pub(crate) mod enqueue;
 pub(crate) mod extras;
+pub(crate) mod key_order;
 pub mod metric;
 pub(crate) mod operations;
 pub(crate) mod operator;
