@@ -1264,7 +1264,7 @@ async fn run(
         bench.wakeups(args).await?;
     }
     if args.selects(Section::Ordering) {
-        bench.ordering(args).await?;
+        bench.ordering(args, leftovers).await?;
     }
     if args.selects(Section::Sinks) {
         bench.sinks(args).await?;

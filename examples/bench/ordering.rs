@@ -12,13 +12,16 @@
 //!    timed on a small table and again beside 1,000,000 `SENT` rows and 100,000 keys
 //!    held back by a `DEAD` event (each with a later event set aside behind it), with
 //!    the claim's plan.
+//! 3. Against pgmq's grouped FIFO reads: the same key counts, 10,000 events, drained by
+//!    the relay and by pgmq consumers reading with `read_grouped` and `read_grouped_rr`
+//!    (each read groups the whole queue, so a larger backlog would mostly measure that).
 
 use std::fmt::Write as _;
 use std::time::Instant;
 
 use outbox::Outbox;
 
-use super::{Args, Bench, Figure, Result};
+use super::{Args, Bench, Figure, PEER_VT, PeerQueue, PgmqLeftovers, Result};
 use outbox_testkit::app::{BenchKeyedEvent, BenchOrderedEvent};
 
 const BATCH: u32 = 100;
@@ -29,7 +32,7 @@ const EVENTS: usize = 100_000;
 const CLAIMS: usize = 200;
 
 impl Bench {
-    pub(super) async fn ordering(&self, args: &Args) -> Result {
+    pub(super) async fn ordering(&self, args: &Args, leftovers: &PgmqLeftovers) -> Result {
         self.heading("Ordering: per-key ordering vs the same table unordered");
         self.line(&format!(
             "Part 1: the relay drains a backlog (batch {BATCH}, {WORKERS} workers, no-op sink, \
@@ -102,6 +105,7 @@ impl Bench {
             ));
         }
         self.hot_beside_quiet(args).await?;
+        self.against_pgmq_fifo(args, leftovers).await?;
         if args.no_history {
             return Ok(());
         }
@@ -164,6 +168,152 @@ impl Bench {
             hot.show(" ms"),
         ));
         Ok(())
+    }
+
+    /// Part 3: the relay's ordered drain against pgmq consumers reading a queue's
+    /// message groups in order (`x-pgmq-group` = the key), each worker reading a batch
+    /// and deleting it, as pgmq's FIFO documentation shows, with its FIFO index.
+    async fn against_pgmq_fifo(&self, args: &Args, leftovers: &PgmqLeftovers) -> Result {
+        const N: usize = 10_000;
+        let queue = self.peer_queue(leftovers).await?;
+        sqlx::query("SELECT pgmq.create_fifo_index($1)")
+            .bind(&queue.name)
+            .execute(&self.pool)
+            .await?;
+        self.line(&format!(
+            "\nPart 3: the same key counts against pgmq's grouped FIFO reads ({}): {N} \
+             events, 100-byte payloads, drained by the relay as above and by {WORKERS} pgmq \
+             consumers, each reading {BATCH} with `read_grouped` (a group's messages \
+             first, the oldest group first) or `read_grouped_rr` (round robin over the \
+             groups), then deleting them, the key as the message's `x-pgmq-group` header, \
+             with pgmq's FIFO index; a consumer whose read finds nothing visible reads \
+             again after a millisecond until all are deleted. {} runs. (Each read groups \
+             the whole queue: a larger backlog would mostly measure that.)\n",
+            queue.installed, args.runs
+        ));
+        self.line(
+            "| keys | events | relay events/s | pgmq `read_grouped` events/s | pgmq `read_grouped_rr` events/s | relay / `read_grouped` | relay / `read_grouped_rr` |",
+        );
+        self.line("|---|---|---|---|---|---|---|");
+        for &keys in &args.ordering_keys {
+            let keys = keys as usize;
+            let events: Vec<BenchOrderedEvent> = (0..N)
+                .map(|i| BenchOrderedEvent {
+                    key: i64::try_from(i % keys).unwrap_or_default(),
+                    payload: format!("{i:0>100}"),
+                })
+                .collect();
+            let (mut relay, mut grouped, mut round_robin) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..args.runs {
+                relay.push(self.drain_relay_cpu(&events, BATCH, WORKERS).await?.0);
+                grouped.push(
+                    self.drain_pgmq_fifo(&queue, &events, GroupedRead::Groups)
+                        .await?,
+                );
+                round_robin.push(
+                    self.drain_pgmq_fifo(&queue, &events, GroupedRead::RoundRobin)
+                        .await?,
+                );
+            }
+            let ratio = |pgmq: &[f64]| {
+                let ratio = Figure::of(relay.iter().zip(pgmq).map(|(r, p)| r / p).collect());
+                format!(
+                    "**{:.2}** ({:.2}–{:.2})",
+                    ratio.median, ratio.min, ratio.max
+                )
+            };
+            self.line(&format!(
+                "| {keys} | {N} | {} | {} | {} | {} | {} |",
+                Figure::of(relay.clone()).show(""),
+                Figure::of(grouped.clone()).show(""),
+                Figure::of(round_robin.clone()).show(""),
+                ratio(&grouped),
+                ratio(&round_robin),
+            ));
+        }
+        // The peers section measures the queue as `pgmq.create` makes it.
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP INDEX IF EXISTS pgmq.\"q_{}_fifo_idx\"",
+            queue.name
+        )))
+        .execute(&self.pool)
+        .await?;
+        self.empty_queue(&queue).await
+    }
+
+    /// Events/s of pgmq consumers draining `events` (sent to the queue with their key as
+    /// the message group) with the grouped `read`.
+    async fn drain_pgmq_fifo(
+        &self,
+        queue: &PeerQueue,
+        events: &[BenchOrderedEvent],
+        read: GroupedRead,
+    ) -> Result<f64> {
+        let table = BenchOrderedEvent::SPEC.table();
+        self.reset_tables(&format!("{table}, {}", queue.tables))
+            .await?;
+        for chunk in events.chunks(10_000) {
+            let (payloads, groups): (Vec<&str>, Vec<String>) = chunk
+                .iter()
+                .map(|e| (e.payload.as_str(), e.key.to_string()))
+                .unzip();
+            sqlx::query(
+                "SELECT count(*) FROM pgmq.send_batch($1,
+                     (SELECT array_agg(jsonb_build_object('payload', p) ORDER BY i)
+                      FROM unnest($2::text[]) WITH ORDINALITY AS u(p, i)),
+                     (SELECT array_agg(jsonb_build_object('x-pgmq-group', g) ORDER BY i)
+                      FROM unnest($3::text[]) WITH ORDINALITY AS u(g, i)))",
+            )
+            .bind(&queue.name)
+            .bind(payloads)
+            .bind(groups)
+            .execute(&self.pool)
+            .await?;
+        }
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "VACUUM ANALYZE {}",
+            queue.tables
+        )))
+        .execute(&self.pool)
+        .await?;
+
+        let n = events.len();
+        let pool = self.pool(WORKERS + 1).await?;
+        let deleted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..WORKERS {
+            let (pool, name, deleted) = (pool.clone(), queue.name.clone(), deleted.clone());
+            tasks.spawn(async move {
+                use std::sync::atomic::Ordering::Relaxed;
+                while deleted.load(Relaxed) < n {
+                    let ids: Vec<i64> = sqlx::query_scalar(read.sql())
+                        .bind(&name)
+                        .bind(PEER_VT)
+                        .bind(i32::try_from(BATCH).unwrap_or(i32::MAX))
+                        .fetch_all(&pool)
+                        .await?;
+                    if ids.is_empty() {
+                        // Every group's head is in another consumer's hands.
+                        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                        continue;
+                    }
+                    let gone: Vec<i64> = sqlx::query_scalar("SELECT pgmq.delete($1, $2::bigint[])")
+                        .bind(&name)
+                        .bind(&ids)
+                        .fetch_all(&pool)
+                        .await?;
+                    deleted.fetch_add(gone.len(), Relaxed);
+                }
+                Ok::<_, sqlx::Error>(())
+            });
+        }
+        for done in tasks.join_all().await {
+            done?;
+        }
+        let elapsed = started.elapsed();
+        pool.close().await;
+        Ok(n as f64 / elapsed.as_secs_f64())
     }
 
     /// Part 2: claim latency on a small table, then beside a large history.
@@ -274,5 +424,23 @@ impl Bench {
             let _ = writeln!(out, "{l}");
             out
         }))
+    }
+}
+
+/// pgmq's grouped reads.
+#[derive(Clone, Copy)]
+enum GroupedRead {
+    /// `read_grouped`: the oldest group's messages first, as many as the batch holds.
+    Groups,
+    /// `read_grouped_rr`: round robin over the groups.
+    RoundRobin,
+}
+
+impl GroupedRead {
+    fn sql(self) -> &'static str {
+        match self {
+            Self::Groups => "SELECT msg_id FROM pgmq.read_grouped($1, $2, $3)",
+            Self::RoundRobin => "SELECT msg_id FROM pgmq.read_grouped_rr($1, $2, $3)",
+        }
     }
 }
