@@ -44,14 +44,19 @@ impl Bench {
              the one before it was acknowledged). CPU: the server's process tree's and the bench's \
              (the relay's), per 1,000 events, while the relay ran; on a shared machine it \
              varies far less than events/s, and unordered / ordered CPU is what an ordered \
-             event costs the database and the relay, relative to an unordered one.\n",
+             event costs the database and the relay, relative to an unordered one. *Once \
+             sending*: the events recorded after the first batch, over the time from its \
+             recording to the last one's (a `SENT` row's `next_attempt_at` says when it was \
+             recorded): the rate without the relay's first claim, which on a keyed table \
+             sets aside the backlog held behind each key's first event, once.\n",
             args.runs
         ));
         self.line(
             "| keys | events | ordered events/s | unordered events/s | ordered / unordered \
+             | ordered events/s once sending | once sending: ordered / unordered \
              | ordered CPU ms / 1,000 events | unordered | unordered / ordered CPU |",
         );
-        self.line("|---|---|---|---|---|---|---|---|");
+        self.line("|---|---|---|---|---|---|---|---|---|---|");
         for &keys in &args.ordering_keys {
             let keys = keys as usize;
             let n = EVENTS;
@@ -63,16 +68,26 @@ impl Bench {
                 .collect();
             let unordered: Vec<BenchKeyedEvent> = ordered.iter().map(Into::into).collect();
             let (mut with, mut without) = (Vec::new(), Vec::new());
+            let (mut sending_with, mut sending_without) = (Vec::new(), Vec::new());
             for run in 0..args.runs {
-                if run % 2 == 0 {
-                    with.push(self.drain_relay_cpu(&ordered, BATCH, WORKERS).await?);
-                    without.push(self.drain_relay_cpu(&unordered, BATCH, WORKERS).await?);
-                } else {
-                    without.push(self.drain_relay_cpu(&unordered, BATCH, WORKERS).await?);
-                    with.push(self.drain_relay_cpu(&ordered, BATCH, WORKERS).await?);
+                for ordered_now in [run % 2 == 0, run % 2 == 1] {
+                    if ordered_now {
+                        with.push(self.drain_relay_cpu(&ordered, BATCH, WORKERS).await?);
+                        sending_with.push(self.sending_rate::<BenchOrderedEvent>().await?);
+                    } else {
+                        without.push(self.drain_relay_cpu(&unordered, BATCH, WORKERS).await?);
+                        sending_without.push(self.sending_rate::<BenchKeyedEvent>().await?);
+                    }
                 }
             }
             let ratio = Figure::of(with.iter().zip(&without).map(|(o, u)| o.0 / u.0).collect());
+            let sending_ratio = Figure::of(
+                sending_with
+                    .iter()
+                    .zip(&sending_without)
+                    .map(|(o, u)| o / u)
+                    .collect(),
+            );
             let cpu = |drains: &[(f64, Option<super::cpu::Work>)]| {
                 drains
                     .iter()
@@ -90,12 +105,16 @@ impl Bench {
             let shown =
                 |figure: Option<Figure>| figure.map_or_else(|| "-".to_owned(), |f| f.show(""));
             self.line(&format!(
-                "| {keys} | {n} | {} | {} | **{:.2}** ({:.2}–{:.2}) | {} | {} | {} |",
+                "| {keys} | {n} | {} | {} | **{:.2}** ({:.2}–{:.2}) | {} | **{:.2}** ({:.2}–{:.2}) | {} | {} | {} |",
                 Figure::of(with.iter().map(|d| d.0).collect()).show(""),
                 Figure::of(without.iter().map(|d| d.0).collect()).show(""),
                 ratio.median,
                 ratio.min,
                 ratio.max,
+                Figure::of(sending_with.clone()).show(""),
+                sending_ratio.median,
+                sending_ratio.min,
+                sending_ratio.max,
                 shown(cpu_with),
                 shown(cpu_without),
                 cpu_ratio.map_or_else(
@@ -110,6 +129,21 @@ impl Bench {
             return Ok(());
         }
         self.claim_beside_history().await
+    }
+
+    /// Events/s of the drain just done, once sending: the `SENT` rows recorded after the
+    /// first batch, over the time from its recording to the last one's.
+    async fn sending_rate<T: Outbox>(&self) -> Result<f64> {
+        let rate: Option<f64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT (count(*) FILTER (WHERE next_attempt_at > first))::float8
+                 / nullif(extract(epoch FROM max(next_attempt_at) - first)::float8, 0)
+             FROM {table}, (SELECT min(next_attempt_at) AS first FROM {table}) AS f
+             GROUP BY first",
+            table = T::SPEC.table()
+        )))
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(rate.unwrap_or(f64::NAN))
     }
 
     /// Part 1b: keys share a batch. One hot key's backlog of 20,000 events, then one
