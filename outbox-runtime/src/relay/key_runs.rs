@@ -9,6 +9,11 @@
 //! stop k + 1, already on the wire.) Once an event of a run is not published, the
 //! events after it are not sent at all: they are handed back unattempted, and wait
 //! behind it as if they had never been claimed.
+//!
+//! A run goes on from batch to batch: the batch claimed ahead while one is out may
+//! continue that one's runs (after its [`tails`]), and is published after it; a key's
+//! continuation goes only if that key's events in the batch before all went
+//! ([`take_broken_continuations`]).
 
 use std::collections::HashMap;
 use std::ops::Range;
