@@ -289,25 +289,7 @@ async fn four_relays_under_chaos(seed: u64) -> TestResult {
     let pool = db.pool();
     setup(pool).await?;
 
-    // Orders interleaved, as many customers' orders arrive; each order's events in turn,
-    // a hot order's spread over the same waves.
-    let steps = move |order_id: i64| {
-        if order_id < keys {
-            PER_KEY
-        } else {
-            HOT_PER_KEY
-        }
-    };
-    let mut events: Vec<OrderedChaosEvent> = (0..keys + HOT_KEYS)
-        .flat_map(|order_id| {
-            (0..steps(order_id)).map(move |seq| OrderedChaosEvent {
-                name: format!("{order_id}-{seq}"),
-                order_id,
-                seq,
-            })
-        })
-        .collect();
-    events.sort_by_key(|e| (e.seq * HOT_PER_KEY / steps(e.order_id), e.order_id));
+    let events = orders(keys);
     let total = i64::try_from(events.len())?;
     // The business transactions keep coming while the relays are under chaos: a wave
     // per round of chaos (1.6 s on average), as many waves as 2.1 s rounds would take,
@@ -397,6 +379,30 @@ async fn four_relays_under_chaos(seed: u64) -> TestResult {
     assert_eq!(skipped, deliveries - total);
     db.drop_schema().await?;
     Ok(())
+}
+
+/// The events of `keys` orders and the hot ones after them: orders interleaved, as many
+/// customers' orders arrive; each order's events in turn, a hot order's spread over the
+/// same waves.
+fn orders(keys: i64) -> Vec<OrderedChaosEvent> {
+    let steps = move |order_id: i64| {
+        if order_id < keys {
+            PER_KEY
+        } else {
+            HOT_PER_KEY
+        }
+    };
+    let mut events: Vec<OrderedChaosEvent> = (0..keys + HOT_KEYS)
+        .flat_map(|order_id| {
+            (0..steps(order_id)).map(move |seq| OrderedChaosEvent {
+                name: format!("{order_id}-{seq}"),
+                order_id,
+                seq,
+            })
+        })
+        .collect();
+    events.sort_by_key(|e| (e.seq * HOT_PER_KEY / steps(e.order_id), e.order_id));
+    events
 }
 
 /// The broker's log, the trigger that notes each `SENT`, the consumer's effects and inbox.

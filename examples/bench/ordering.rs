@@ -242,12 +242,16 @@ impl Bench {
                 .collect();
             let (mut relay, mut grouped, mut round_robin) = (Vec::new(), Vec::new(), Vec::new());
             // Whether a drain of each read stopped before the end.
-            let mut cut = [false; 2];
+            let (mut grouped_cut, mut round_robin_cut) = (false, false);
             for _ in 0..args.runs {
                 relay.push(self.drain_relay_cpu(&events, BATCH, WORKERS).await?.0);
                 for (read, rates, cut) in [
-                    (GroupedRead::Groups, &mut grouped, &mut cut[0]),
-                    (GroupedRead::RoundRobin, &mut round_robin, &mut cut[1]),
+                    (GroupedRead::Groups, &mut grouped, &mut grouped_cut),
+                    (
+                        GroupedRead::RoundRobin,
+                        &mut round_robin,
+                        &mut round_robin_cut,
+                    ),
                 ] {
                     let (rate, whole) = self.drain_pgmq_fifo(&queue, &events, read).await?;
                     rates.push(rate);
@@ -261,7 +265,8 @@ impl Bench {
                     ratio.median, ratio.min, ratio.max
                 )
             };
-            let cut = cut.map(|cut| if cut { " (first 30 s)" } else { "" });
+            let cut =
+                [grouped_cut, round_robin_cut].map(|cut| if cut { " (first 30 s)" } else { "" });
             self.line(&format!(
                 "| {keys} | {N} | {} | {}{} | {}{} | {} | {} |",
                 Figure::of(relay.clone()).show(""),
