@@ -7,6 +7,7 @@
 //! cargo run --release --example bench -- --only drain --batches 100   # one section, one batch size
 //! cargo run --release --example bench -- --only peers --payloads 2000 # the relay vs pgmq, 2 KB events
 //! cargo run --release --features nats,rabbitmq,kafka --example bench -- --only sinks # the broker sinks
+//! cargo run --release --example bench -- --only cost   # WAL and server CPU per event
 //! cargo run --release --example bench -- --only peers \
 //!     --storage 'fillfactor = 100'   # every table packed, as before the derive's fillfactor
 //! ```
@@ -21,6 +22,7 @@
 // Event counts stay far below 2^52: converting them to f64 for rates is exact.
 #![allow(clippy::cast_precision_loss)]
 
+mod cost;
 mod cpu;
 mod ordering;
 mod pinned;
@@ -45,7 +47,7 @@ use outbox::{Outbox, Relay};
 use outbox_testkit::child::{self, ChildCommand};
 use pgmq::PGMQueueExt;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 type Result<T = (), E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
 
@@ -128,6 +130,9 @@ struct Args {
     /// trace-id ratio; 1: every one).
     #[arg(long, value_name = "RATIO", default_value_t = 1.0, value_parser = trace::ratio)]
     trace_sampled: f64,
+    /// Events per run of the cost section.
+    #[arg(long, value_name = "N", default_value_t = 20_000, value_parser = at_least_one())]
+    cost_events: usize,
     /// Also write the report (Markdown) to this file.
     #[arg(long, value_name = "FILE")]
     out: Option<String>,
@@ -155,6 +160,9 @@ enum Section {
     Trace,
     Memory,
     Peers,
+    /// Only with --only: WAL bytes and server CPU per event, relay vs pgmq vs the INSERT
+    /// alone (a few minutes).
+    Cost,
 }
 
 impl Args {
@@ -171,7 +179,8 @@ impl Args {
                 | Section::Wakeups
                 | Section::Ordering
                 | Section::Sinks
-                | Section::Trace,
+                | Section::Trace
+                | Section::Cost,
             ) => false,
             (None, _) => true,
         }
@@ -228,6 +237,8 @@ struct Bench {
     unchecked: Cell<bool>,
     /// `--storage`, set on each table before it is filled.
     storage: Option<String>,
+    /// Settings of every connection [`Self::pool`] opens (`wal_compression`, ..).
+    session: RefCell<Vec<(&'static str, &'static str)>>,
 }
 
 impl Bench {
@@ -285,13 +296,18 @@ impl Bench {
         Ok(())
     }
 
-    /// A pool with every connection open, so that no run times connecting.
+    /// A pool with every connection open, so that no run times connecting, and
+    /// [`session`](Self::session)'s settings in each.
     async fn pool(&self, connections: usize) -> Result<PgPool> {
         let size = u32::try_from(connections)?;
+        let mut options: PgConnectOptions = self.url.parse()?;
+        for (name, value) in self.session.borrow().iter() {
+            options = options.options([(name, value)]);
+        }
         let pool = PgPoolOptions::new()
             .max_connections(size)
             .min_connections(size)
-            .connect(&self.url)
+            .connect_with(options)
             .await?;
         let mut open = Vec::with_capacity(connections);
         for _ in 0..connections {
@@ -581,9 +597,26 @@ impl Bench {
         .execute(&self.pool)
         .await?;
 
+        Ok(self
+            .consume_pgmq(queue, events.len(), workers, finish)
+            .await?
+            .0)
+    }
+
+    /// Events/s of pgmq consumers draining the `n` messages the queue holds, and the
+    /// CPU time it took per event (as [`Self::drain_filled`]).
+    async fn consume_pgmq(
+        &self,
+        queue: &PeerQueue,
+        n: usize,
+        workers: usize,
+        finish: Finish,
+    ) -> Result<(f64, Option<cpu::Work>)> {
+        let postmaster = self.postmaster().await;
         let pool = self.pool(workers + 1).await?;
         let pgmq = PGMQueueExt::new_with_pool(pool.clone()).await;
         let quantity = i32::try_from(PEER_BATCH)?;
+        let cpu = Cpu::now(postmaster);
         let started = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..workers {
@@ -610,15 +643,15 @@ impl Bench {
             finished += done?;
         }
         let elapsed = started.elapsed();
+        let cpu = Cpu::now(postmaster).work_seconds(&cpu);
         pool.close().await;
-        if finished == events.len() {
-            Ok(finished as f64 / elapsed.as_secs_f64())
+        if finished == n {
+            Ok((
+                n as f64 / elapsed.as_secs_f64(),
+                cpu.map(|work| work.per_event(n)),
+            ))
         } else {
-            Err(format!(
-                "the pgmq consumers finished {finished} of {} messages",
-                events.len()
-            )
-            .into())
+            Err(format!("the pgmq consumers finished {finished} of {n} messages").into())
         }
     }
 
@@ -926,7 +959,7 @@ impl Peer {
 /// How a consumer finishes what it published: deleting it (pgmq's delete, the relay's
 /// `delete_sent`), or keeping it (pgmq's archive, a move to the queue's archive table;
 /// the relay's SENT rows).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Finish {
     Delete,
     Archive,
@@ -1233,6 +1266,7 @@ async fn run(
         report: RefCell::default(),
         unchecked: Cell::default(),
         storage: args.storage.clone(),
+        session: RefCell::default(),
     };
     let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
     bench.line(&format!(
@@ -1277,6 +1311,9 @@ async fn run(
     }
     if args.selects(Section::Peers) {
         bench.peers(args, leftovers).await?;
+    }
+    if args.selects(Section::Cost) {
+        bench.cost(args, leftovers).await?;
     }
     if let Some(path) = &args.out {
         std::fs::write(path, bench.report.take())?;
