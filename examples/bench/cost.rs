@@ -8,6 +8,7 @@ use pgmq::PGMQueueExt;
 use sqlx::PgPool;
 
 use super::cpu::{Cpu, Work};
+use super::waldump::{Breakdown, WalDump};
 use super::{
     Args, Bench, BenchDeletedEvent, BenchEvent, Figure, Finish, PEER_BATCH, PeerMessage,
     PeerQueue, PgmqLeftovers, Result, random_events,
@@ -94,15 +95,16 @@ impl Variant {
 }
 
 /// What one phase cost, per event: WAL bytes, and the server's CPU in µs where it can
-/// be read.
-#[derive(Clone, Copy)]
+/// be read; and where the WAL went (bytes in all), when it was asked for.
+#[derive(Clone)]
 struct Spent {
     wal: f64,
     server: Option<f64>,
+    sources: Breakdown,
 }
 
 /// One subject's run: its enqueue, its drain (none for the INSERT alone) and the vacuum.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Cost {
     enqueue: Spent,
     drain: Option<Spent>,
@@ -110,8 +112,12 @@ struct Cost {
 }
 
 impl Cost {
-    fn wal(self) -> f64 {
-        self.enqueue.wal + self.drain.map_or(0.0, |d| d.wal) + self.vacuum.wal
+    fn wal(&self) -> f64 {
+        self.enqueue.wal + self.drain.as_ref().map_or(0.0, |d| d.wal) + self.vacuum.wal
+    }
+
+    fn phases(&self) -> [Option<&Spent>; 3] {
+        [Some(&self.enqueue), self.drain.as_ref(), Some(&self.vacuum)]
     }
 }
 
@@ -143,6 +149,7 @@ impl Bench {
             queue.installed, args.runs
         ));
         let events = random_events(n, 100);
+        let dump = WalDump::find(&self.pool).await;
         let mut costs = vec![vec![Vec::new(); Subject::ALL.len()]; Variant::ALL.len()];
         for run in 0..args.runs {
             for (v, &variant) in Variant::ALL.iter().enumerate() {
@@ -151,8 +158,12 @@ impl Bench {
                     order.reverse();
                 }
                 for s in order {
+                    // Where the WAL went: once, in the run with full-page images.
+                    let dump = dump
+                        .as_ref()
+                        .filter(|_| run == 0 && variant.checkpoint && !variant.compression);
                     let cost = self
-                        .cost_of(Subject::ALL[s], variant, &events, &queue)
+                        .cost_of(Subject::ALL[s], variant, &events, &queue, dump)
                         .await?;
                     costs[v][s].push(cost);
                 }
@@ -160,6 +171,13 @@ impl Bench {
         }
         for (variant, costs) in Variant::ALL.iter().zip(&costs) {
             self.cost_table(*variant, costs);
+        }
+        match dump {
+            Some(_) => self.sources_tables(&costs[1], &queue.name, n),
+            None => self.line(
+                "\n(No breakdown of the WAL: the server's `pg_wal` or its `pg_waldump` \
+                 cannot be reached from here.)",
+            ),
         }
         self.autovacuum(&tables, "RESET (autovacuum_enabled)")
             .await?;
@@ -186,6 +204,7 @@ impl Bench {
         variant: Variant,
         events: &[BenchEvent],
         queue: &PeerQueue,
+        dump: Option<&WalDump>,
     ) -> Result<Cost> {
         let tables = subject.tables(queue);
         self.reset_tables(&tables).await?;
@@ -195,7 +214,9 @@ impl Bench {
         if variant.compression {
             self.session.replace(vec![("wal_compression", "lz4")]);
         }
-        let cost = self.phases(subject, variant, events, queue, &tables).await;
+        let cost = self
+            .phases(subject, variant, events, queue, &tables, dump)
+            .await;
         self.session.take();
         cost
     }
@@ -207,6 +228,7 @@ impl Bench {
         events: &[BenchEvent],
         queue: &PeerQueue,
         tables: &str,
+        dump: Option<&WalDump>,
     ) -> Result<Cost> {
         let n = events.len();
         let postmaster = self.postmaster().await;
@@ -225,7 +247,9 @@ impl Bench {
             }
         }))
         .await?;
-        let enqueue = self.spent(&start, per_event(&cpu, postmaster, n), n).await?;
+        let enqueue = self
+            .spent(&start, per_event(&cpu, postmaster, n), n, dump)
+            .await?;
 
         if variant.checkpoint {
             sqlx::query("CHECKPOINT").execute(&pool).await?;
@@ -246,7 +270,7 @@ impl Bench {
             Subject::Pgmq(finish) => Some(self.consume_pgmq(queue, n, WORKERS, finish).await?.1),
         };
         let drain = match drained {
-            Some(work) => Some(self.spent(&start, work.map(|w| w.server), n).await?),
+            Some(work) => Some(self.spent(&start, work.map(|w| w.server), n, dump).await?),
             None => None,
         };
 
@@ -255,7 +279,9 @@ impl Bench {
         sqlx::query(sqlx::AssertSqlSafe(format!("VACUUM {tables}")))
             .execute(&pool)
             .await?;
-        let vacuum = self.spent(&start, per_event(&cpu, postmaster, n), n).await?;
+        let vacuum = self
+            .spent(&start, per_event(&cpu, postmaster, n), n, dump)
+            .await?;
         pool.close().await;
         Ok(Cost {
             enqueue,
@@ -273,18 +299,69 @@ impl Bench {
     }
 
     /// What a phase of `n` events that began at WAL position `start` cost per event,
-    /// given the server's CPU per event in µs.
-    async fn spent(&self, start: &str, server: Option<f64>, n: usize) -> Result<Spent> {
-        let bytes: f64 = sqlx::query_scalar(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::float8",
+    /// given the server's CPU per event in µs, and where its WAL went if `dump`.
+    async fn spent(
+        &self,
+        start: &str,
+        server: Option<f64>,
+        n: usize,
+        dump: Option<&WalDump>,
+    ) -> Result<Spent> {
+        let (end, bytes): (String, f64) = sqlx::query_as(
+            "SELECT pg_current_wal_insert_lsn()::text, \
+                    pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::float8",
         )
         .bind(start)
         .fetch_one(&self.pool)
         .await?;
+        let sources = match dump {
+            Some(dump) => dump.between(&self.pool, start, &end).await?,
+            None => Breakdown::new(),
+        };
         Ok(Spent {
             wal: bytes / n as f64,
             server,
+            sources,
         })
+    }
+
+    /// Where the WAL of each subject's run went, per event and phase.
+    fn sources_tables(&self, costs: &[Vec<Cost>], queue: &str, n: usize) {
+        self.line(
+            "\nWhere the WAL went, in the run with a CHECKPOINT between the enqueue and \
+             the drain (`pg_waldump` over each phase, bytes per event; a record's \
+             full-page images apart from the record):",
+        );
+        for (subject, runs) in Subject::ALL.iter().zip(costs) {
+            let Some(cost) = runs.first() else { continue };
+            let mut sources: Vec<&String> = cost
+                .phases()
+                .iter()
+                .flatten()
+                .flat_map(|spent| spent.sources.keys())
+                .collect();
+            sources.sort();
+            sources.dedup();
+            self.line(&format!(
+                "\n| {} | enqueue | drain | vacuum |\n|---|---|---|---|",
+                subject.label()
+            ));
+            for source in sources {
+                let cells: Vec<String> = cost
+                    .phases()
+                    .iter()
+                    .map(|spent| match spent.and_then(|s| s.sources.get(source)) {
+                        Some(&bytes) => format!("{:.0}", bytes as f64 / n as f64),
+                        None => String::new(),
+                    })
+                    .collect();
+                self.line(&format!(
+                    "| {} | {} |",
+                    source.replace(queue, "<queue>"),
+                    cells.join(" | ")
+                ));
+            }
+        }
     }
 
     fn cost_table(&self, variant: Variant, costs: &[Vec<Cost>]) {
@@ -322,11 +399,11 @@ impl Bench {
                 "| {} | {} | {} | {} | {} | {to_total} | {to_enqueue} | {} | {} | {} |",
                 subject.label(),
                 show(enqueue),
-                show(median(runs, &|c| c.drain.map(|d| d.wal))),
+                show(median(runs, &|c| c.drain.as_ref().map(|d| d.wal))),
                 show(median(runs, &|c| Some(c.vacuum.wal))),
                 show(total),
                 show_cpu(median(runs, &|c| c.enqueue.server)),
-                show_cpu(median(runs, &|c| c.drain.and_then(|d| d.server))),
+                show_cpu(median(runs, &|c| c.drain.as_ref().and_then(|d| d.server))),
                 show_cpu(median(runs, &|c| c.vacuum.server)),
             ));
         }

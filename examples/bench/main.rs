@@ -28,6 +28,7 @@ mod ordering;
 mod pinned;
 mod sinks;
 mod trace;
+mod waldump;
 mod wakeups;
 
 use std::cell::{Cell, RefCell};
