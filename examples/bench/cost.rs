@@ -10,8 +10,8 @@ use sqlx::PgPool;
 use super::cpu::{Cpu, Work};
 use super::waldump::{Breakdown, WalDump};
 use super::{
-    Args, Bench, BenchDeletedEvent, BenchEvent, Figure, Finish, PEER_BATCH, PeerMessage,
-    PeerQueue, PgmqLeftovers, Result, random_events,
+    Args, Bench, BenchDeletedEvent, BenchEvent, Figure, Finish, PEER_BATCH, PeerMessage, PeerQueue,
+    PgmqLeftovers, Result, random_events,
 };
 
 /// Connections that enqueue (one event per transaction each), and workers that drain.
@@ -109,6 +109,8 @@ struct Cost {
     enqueue: Spent,
     drain: Option<Spent>,
     vacuum: Spent,
+    /// Events/s of the drain.
+    drain_rate: Option<f64>,
 }
 
 impl Cost {
@@ -259,18 +261,16 @@ impl Bench {
             Subject::Insert => None,
             Subject::Relay(Finish::Archive) => Some(
                 self.drain_filled::<BenchEvent>(n, PEER_BATCH, WORKERS)
-                    .await?
-                    .1,
+                    .await?,
             ),
             Subject::Relay(Finish::Delete) => Some(
                 self.drain_filled::<BenchDeletedEvent>(n, PEER_BATCH, WORKERS)
-                    .await?
-                    .1,
+                    .await?,
             ),
-            Subject::Pgmq(finish) => Some(self.consume_pgmq(queue, n, WORKERS, finish).await?.1),
+            Subject::Pgmq(finish) => Some(self.consume_pgmq(queue, n, WORKERS, finish).await?),
         };
         let drain = match drained {
-            Some(work) => Some(self.spent(&start, work.map(|w| w.server), n, dump).await?),
+            Some((_, work)) => Some(self.spent(&start, work.map(|w| w.server), n, dump).await?),
             None => None,
         };
 
@@ -287,6 +287,7 @@ impl Bench {
             enqueue,
             drain,
             vacuum,
+            drain_rate: drained.map(|(rate, _)| rate),
         })
     }
 
@@ -347,6 +348,19 @@ impl Bench {
                 subject.label()
             ));
             for source in sources {
+                // Below half a byte per event in every phase: not worth a line.
+                let bytes = |spent: &Option<&Spent>| {
+                    spent
+                        .and_then(|s| s.sources.get(source))
+                        .map(|&b| b as f64 / n as f64)
+                };
+                if cost
+                    .phases()
+                    .iter()
+                    .all(|spent| bytes(spent).is_none_or(|b| b < 0.5))
+                {
+                    continue;
+                }
                 let cells: Vec<String> = cost
                     .phases()
                     .iter()
@@ -367,12 +381,14 @@ impl Bench {
     fn cost_table(&self, variant: Variant, costs: &[Vec<Cost>]) {
         self.line(&format!("\n{}:\n", variant.label()));
         self.line(
-            "| | WAL B/event: enqueue | drain | vacuum | total | total / pgmq | enqueue / pgmq | server CPU µs/event: enqueue | drain | vacuum |",
+            "| | WAL B/event: enqueue | drain | vacuum | total | total / pgmq | enqueue / pgmq | server CPU µs/event: enqueue | drain | vacuum | drain events/s |",
         );
-        self.line("|---|---|---|---|---|---|---|---|---|---|");
+        self.line("|---|---|---|---|---|---|---|---|---|---|---|");
         let median = |runs: &[Cost], of: &dyn Fn(&Cost) -> Option<f64>| {
             let values: Option<Vec<f64>> = runs.iter().map(of).collect();
-            values.filter(|v| !v.is_empty()).map(|v| Figure::of(v).median)
+            values
+                .filter(|v| !v.is_empty())
+                .map(|v| Figure::of(v).median)
         };
         let show = |value: Option<f64>| value.map_or_else(|| "—".to_owned(), |v| format!("{v:.0}"));
         let show_cpu =
@@ -396,7 +412,7 @@ impl Bench {
                 _ => ("".to_owned(), "".to_owned()),
             };
             self.line(&format!(
-                "| {} | {} | {} | {} | {} | {to_total} | {to_enqueue} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {to_total} | {to_enqueue} | {} | {} | {} | {} |",
                 subject.label(),
                 show(enqueue),
                 show(median(runs, &|c| c.drain.as_ref().map(|d| d.wal))),
@@ -405,6 +421,7 @@ impl Bench {
                 show_cpu(median(runs, &|c| c.enqueue.server)),
                 show_cpu(median(runs, &|c| c.drain.as_ref().and_then(|d| d.server))),
                 show_cpu(median(runs, &|c| c.vacuum.server)),
+                show(median(runs, &|c| c.drain_rate)),
             ));
         }
         let insert = index(Subject::Insert).and_then(|i| median(&costs[i], &|c| Some(c.wal())));
@@ -436,9 +453,9 @@ async fn enqueue(
     match subject {
         Subject::Insert => {
             sqlx::query(INSERT_ONE)
-            .bind(&event.payload)
-            .execute(pool)
-            .await?;
+                .bind(&event.payload)
+                .execute(pool)
+                .await?;
         }
         Subject::Relay(Finish::Archive) => {
             outbox::table::enqueue(event, pool).await?;

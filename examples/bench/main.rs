@@ -28,8 +28,8 @@ mod ordering;
 mod pinned;
 mod sinks;
 mod trace;
-mod waldump;
 mod wakeups;
+mod waldump;
 
 use std::cell::{Cell, RefCell};
 use std::fmt::Write as _;

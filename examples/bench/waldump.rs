@@ -54,12 +54,11 @@ impl WalDump {
     /// which may recycle the segments.
     pub(super) async fn between(&self, pool: &PgPool, start: &str, end: &str) -> Result<Breakdown> {
         // Only what is flushed is in the files; a phase ends with a commit, which is.
-        let flushed: String = sqlx::query_scalar(
-            "SELECT least(pg_current_wal_flush_lsn(), $1::pg_lsn)::text",
-        )
-        .bind(end)
-        .fetch_one(pool)
-        .await?;
+        let flushed: String =
+            sqlx::query_scalar("SELECT least(pg_current_wal_flush_lsn(), $1::pg_lsn)::text")
+                .bind(end)
+                .fetch_one(pool)
+                .await?;
         let output = std::process::Command::new(&self.program)
             .arg("-p")
             .arg(&self.wal)

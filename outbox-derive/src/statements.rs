@@ -131,10 +131,17 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                 .chain(extra_values(table, n))
                 .collect::<Vec<_>>()
                 .join(", ");
+            // A generated id (a fresh UUIDv7) cannot be in the table already: a plain
+            // insert, not the speculative insertion `ON CONFLICT` makes of it, whose
+            // confirmation record is 48 more bytes of WAL per event.
+            let skip_duplicate = if table.model.event_id.is_some() {
+                "\n    ON CONFLICT (event_id) DO NOTHING"
+            } else {
+                ""
+            };
             let sql = format!(
                 "WITH enqueued AS (\n\
-                 \x20   INSERT INTO {t} ({}) VALUES ({values})\n\
-                 \x20   ON CONFLICT (event_id) DO NOTHING RETURNING id)\n\
+                 \x20   INSERT INTO {t} ({}) VALUES ({values}){skip_duplicate} RETURNING id)\n\
                  SELECT id FROM enqueued, {}",
                 insert_columns(table),
                 notify(table)

@@ -1,7 +1,6 @@
 -- enqueue
 WITH enqueued AS (
-    INSERT INTO "bench_deleted_events" (event_id, "payload") VALUES ($1, $2)
-    ON CONFLICT (event_id) DO NOTHING RETURNING id)
+    INSERT INTO "bench_deleted_events" (event_id, "payload") VALUES ($1, $2) RETURNING id)
 SELECT id FROM enqueued, (SELECT pg_notify('bench_deleted_events', '') FROM enqueued LIMIT 1) AS notified;
 
 -- enqueue_all

@@ -1,7 +1,6 @@
 -- enqueue
 WITH enqueued AS (
-    INSERT INTO "bench_traced_events" (event_id, "payload", trace_parent, trace_state, trace_baggage) VALUES ($1, $2, $3::text, $4::text, $5::text)
-    ON CONFLICT (event_id) DO NOTHING RETURNING id)
+    INSERT INTO "bench_traced_events" (event_id, "payload", trace_parent, trace_state, trace_baggage) VALUES ($1, $2, $3::text, $4::text, $5::text) RETURNING id)
 SELECT id FROM enqueued, (SELECT pg_notify('bench_traced_events', '') FROM enqueued LIMIT 1) AS notified;
 
 -- enqueue_all

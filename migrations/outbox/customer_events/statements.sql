@@ -1,7 +1,6 @@
 -- enqueue
 WITH enqueued AS (
-    INSERT INTO "customer_events" (event_id, "customer", "new_email", "referrer") VALUES ($1, $2, $3, $4)
-    ON CONFLICT (event_id) DO NOTHING RETURNING id)
+    INSERT INTO "customer_events" (event_id, "customer", "new_email", "referrer") VALUES ($1, $2, $3, $4) RETURNING id)
 SELECT id FROM enqueued, (SELECT pg_notify('customer_events', '') FROM enqueued LIMIT 1) AS notified;
 
 -- enqueue_all

@@ -1,7 +1,6 @@
 -- enqueue
 WITH enqueued AS (
-    INSERT INTO "tick_events" (event_id) VALUES ($1)
-    ON CONFLICT (event_id) DO NOTHING RETURNING id)
+    INSERT INTO "tick_events" (event_id) VALUES ($1) RETURNING id)
 SELECT id FROM enqueued, (SELECT pg_notify('tick_events', '') FROM enqueued LIMIT 1) AS notified;
 
 -- enqueue_all

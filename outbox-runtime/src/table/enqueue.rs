@@ -67,7 +67,9 @@ fn event_id_of<T: Outbox>(event: &T) -> Result<EventId, OutboxError> {
 ///
 /// An event whose id is already in the table is not written again
 /// ([`Enqueued::Duplicate`]), and the transaction stays usable: a duplicate never
-/// aborts the caller's business write.
+/// aborts the caller's business write. A type without an `#[outbox(event_id)]` field
+/// gets a fresh UUIDv7 per event, which no row can hold yet: its enqueue is a plain
+/// `INSERT`, without the speculative insertion a duplicate check costs.
 pub async fn enqueue<'e, T: Outbox>(
     event: &T,
     executor: impl PgExecutor<'e>,
