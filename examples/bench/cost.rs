@@ -9,6 +9,8 @@ use sqlx::PgPool;
 
 use super::cpu::{Cpu, Work};
 use super::waldump::{Breakdown, WalDump};
+use outbox_testkit::app::{BenchUnindexedDeletedEvent, BenchUnindexedEvent};
+
 use super::{
     Args, Bench, BenchDeletedEvent, BenchEvent, Figure, Finish, PEER_BATCH, PeerMessage, PeerQueue,
     PgmqLeftovers, Result, random_events,
@@ -25,13 +27,17 @@ const INSERT_ONE: &str = "INSERT INTO cost_inserts (payload) VALUES ($1)";
 enum Subject {
     Insert,
     Relay(Finish),
+    /// The relay on a table without the unique index on `event_id`.
+    Unindexed(Finish),
     Pgmq(Finish),
 }
 
 impl Subject {
-    const ALL: [Self; 5] = [
+    const ALL: [Self; 7] = [
         Self::Relay(Finish::Archive),
         Self::Relay(Finish::Delete),
+        Self::Unindexed(Finish::Archive),
+        Self::Unindexed(Finish::Delete),
         Self::Pgmq(Finish::Archive),
         Self::Pgmq(Finish::Delete),
         Self::Insert,
@@ -42,6 +48,8 @@ impl Subject {
             Self::Insert => "the INSERT alone",
             Self::Relay(Finish::Archive) => "relay, SENT kept",
             Self::Relay(Finish::Delete) => "relay, `delete_sent`",
+            Self::Unindexed(Finish::Archive) => "relay, SENT kept, `no_event_id_index`",
+            Self::Unindexed(Finish::Delete) => "relay, `delete_sent`, `no_event_id_index`",
             Self::Pgmq(Finish::Archive) => "pgmq, read + archive",
             Self::Pgmq(Finish::Delete) => "pgmq, read + delete",
         }
@@ -53,6 +61,8 @@ impl Subject {
             Self::Insert => INSERT_TABLE.to_owned(),
             Self::Relay(Finish::Archive) => BenchEvent::SPEC.table().to_owned(),
             Self::Relay(Finish::Delete) => BenchDeletedEvent::SPEC.table().to_owned(),
+            Self::Unindexed(Finish::Archive) => BenchUnindexedEvent::SPEC.table().to_owned(),
+            Self::Unindexed(Finish::Delete) => BenchUnindexedDeletedEvent::SPEC.table().to_owned(),
             Self::Pgmq(_) => queue.tables.clone(),
         }
     }
@@ -210,7 +220,7 @@ impl Bench {
     ) -> Result<Cost> {
         let tables = subject.tables(queue);
         self.reset_tables(&tables).await?;
-        if let Subject::Relay(_) = subject {
+        if let Subject::Relay(_) | Subject::Unindexed(_) = subject {
             self.set_storage(&tables).await?;
         }
         if variant.compression {
@@ -265,6 +275,14 @@ impl Bench {
             ),
             Subject::Relay(Finish::Delete) => Some(
                 self.drain_filled::<BenchDeletedEvent>(n, PEER_BATCH, WORKERS)
+                    .await?,
+            ),
+            Subject::Unindexed(Finish::Archive) => Some(
+                self.drain_filled::<BenchUnindexedEvent>(n, PEER_BATCH, WORKERS)
+                    .await?,
+            ),
+            Subject::Unindexed(Finish::Delete) => Some(
+                self.drain_filled::<BenchUnindexedDeletedEvent>(n, PEER_BATCH, WORKERS)
                     .await?,
             ),
             Subject::Pgmq(finish) => Some(self.consume_pgmq(queue, n, WORKERS, finish).await?),
@@ -398,7 +416,7 @@ impl Bench {
             let total = median(runs, &|c| Some(c.wal()));
             let enqueue = median(runs, &|c| Some(c.enqueue.wal));
             let (to_total, to_enqueue) = match subject {
-                Subject::Relay(finish) => {
+                Subject::Relay(finish) | Subject::Unindexed(finish) => {
                     let pgmq = &costs[index(Subject::Pgmq(*finish)).unwrap_or_default()];
                     let ratio = |ours: Option<f64>, theirs: Option<f64>| {
                         ours.zip(theirs)
@@ -424,13 +442,17 @@ impl Bench {
                 show(median(runs, &|c| c.drain_rate)),
             ));
         }
-        let insert = index(Subject::Insert).and_then(|i| median(&costs[i], &|c| Some(c.wal())));
-        let relay = index(Subject::Relay(Finish::Delete))
-            .and_then(|i| median(&costs[i], &|c| Some(c.wal())));
-        if let (Some(insert), Some(relay)) = (insert, relay) {
+        let total = |subject| index(subject).and_then(|i| median(&costs[i], &|c| Some(c.wal())));
+        if let (Some(insert), Some(relay), Some(unindexed)) = (
+            total(Subject::Insert),
+            total(Subject::Relay(Finish::Delete)),
+            total(Subject::Unindexed(Finish::Delete)),
+        ) {
             self.line(&format!(
-                "\nThe relay with `delete_sent`, end to end / the INSERT alone: **{:.2}**.",
-                relay / insert
+                "\nEnd to end / the INSERT alone: the relay with `delete_sent` **{:.2}**, and \
+                 with `no_event_id_index` too **{:.2}**.",
+                relay / insert,
+                unindexed / insert
             ));
         }
     }
@@ -462,6 +484,12 @@ async fn enqueue(
         }
         Subject::Relay(Finish::Delete) => {
             outbox::table::enqueue(&BenchDeletedEvent::from(event), pool).await?;
+        }
+        Subject::Unindexed(Finish::Archive) => {
+            outbox::table::enqueue(&BenchUnindexedEvent::from(event), pool).await?;
+        }
+        Subject::Unindexed(Finish::Delete) => {
+            outbox::table::enqueue(&BenchUnindexedDeletedEvent::from(event), pool).await?;
         }
         Subject::Pgmq(_) => {
             let message = PeerMessage {

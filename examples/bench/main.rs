@@ -1242,6 +1242,8 @@ async fn main() -> Result {
             outbox_testkit::app::BenchTracedEvent::migrations(),
             outbox_testkit::app::BenchOrderedEvent::migrations(),
             outbox_testkit::app::BenchKeyedEvent::migrations(),
+            outbox_testkit::app::BenchUnindexedEvent::migrations(),
+            outbox_testkit::app::BenchUnindexedDeletedEvent::migrations(),
         ],
     )
     .await?;

@@ -119,6 +119,48 @@ impl From<&BenchEvent> for BenchDeletedEvent {
     }
 }
 
+/// [`BenchEvent`] without the unique index on `event_id` (`no_event_id_index`): the
+/// bench's cost section weighs the two.
+#[derive(outbox::Outbox, Debug, Clone)]
+#[outbox(
+    table = "bench_unindexed_events",
+    lease = "30s",
+    retry_delay = "1s",
+    no_event_id_index
+)]
+pub struct BenchUnindexedEvent {
+    pub payload: String,
+}
+
+/// [`BenchDeletedEvent`] without the unique index on `event_id`.
+#[derive(outbox::Outbox, Debug, Clone)]
+#[outbox(
+    table = "bench_unindexed_deleted_events",
+    lease = "30s",
+    retry_delay = "1s",
+    delete_sent,
+    no_event_id_index
+)]
+pub struct BenchUnindexedDeletedEvent {
+    pub payload: String,
+}
+
+impl From<&BenchEvent> for BenchUnindexedEvent {
+    fn from(event: &BenchEvent) -> Self {
+        Self {
+            payload: event.payload.clone(),
+        }
+    }
+}
+
+impl From<&BenchEvent> for BenchUnindexedDeletedEvent {
+    fn from(event: &BenchEvent) -> Self {
+        Self {
+            payload: event.payload.clone(),
+        }
+    }
+}
+
 /// The application's own refinery migrations (business tables), next to the outbox's.
 pub fn app_migrations() -> Vec<outbox::schema::refinery::Migration> {
     [(

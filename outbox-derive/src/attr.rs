@@ -41,6 +41,7 @@ pub(crate) const CONTAINER_KEYS: &[&str] = &[
     "dead_releases_key",
     "scheduled",
     "traced",
+    "no_event_id_index",
     "crate",
 ];
 pub(crate) const FIELD_KEYS: &[&str] = &["event_id", "key", "json", "column", "since"];
@@ -58,13 +59,18 @@ pub(crate) struct ContainerAttrs {
     pub(crate) scheduled: Option<OptIn>,
     /// `traced`, or `traced(since = N)`.
     pub(crate) traced: Option<OptIn>,
+    /// `no_event_id_index`, or `no_event_id_index(since = N)`.
+    pub(crate) no_event_id_index: Option<OptIn>,
     /// The path to the `outbox` crate, for a renamed or re-exported dependency.
     pub(crate) krate: Option<LitStr>,
 }
 
-/// A flag on the struct that adds bookkeeping columns (`scheduled`, `traced`), with the
-/// `since` of a table that gets them by a later migration version.
+/// A flag on the struct that changes the table (`scheduled`, `traced`: columns added;
+/// `no_event_id_index`: an index dropped), with the `since` of a table that changes by a
+/// later migration version.
 pub(crate) struct OptIn {
+    /// The flag as written, where an error about the flag itself points.
+    pub(crate) flag: syn::Path,
     pub(crate) since: Option<LitInt>,
 }
 
@@ -158,7 +164,8 @@ fn flag(meta: &ParseNestedMeta<'_>, errors: &mut Errors) -> syn::Result<Option<I
     Ok(meta.path.get_ident().cloned())
 }
 
-/// `scheduled` or `traced`, alone or with `(since = N)`: a flag with one optional key.
+/// `scheduled`, `traced` or `no_event_id_index`, alone or with `(since = N)`: a flag
+/// with one optional key.
 /// Anything else is recorded and skipped; the flag still counts.
 fn opt_in(meta: &ParseNestedMeta<'_>, errors: &mut Errors) -> syn::Result<Option<OptIn>> {
     let key = key_name(&meta.path);
@@ -189,7 +196,10 @@ fn opt_in(meta: &ParseNestedMeta<'_>, errors: &mut Errors) -> syn::Result<Option
             ));
         }
     }
-    Ok(Some(OptIn { since }))
+    Ok(Some(OptIn {
+        flag: meta.path.clone(),
+        since,
+    }))
 }
 
 /// An unknown key: recorded with the valid ones, and skipped with its value. A key of
@@ -276,6 +286,9 @@ pub(crate) fn parse_container(attrs: &[Attribute], errors: &mut Errors) -> Conta
             } else if key.is_ident("traced") {
                 let v = opt_in(&meta, errors)?;
                 set_once(&mut out.traced, v, key, errors);
+            } else if key.is_ident("no_event_id_index") {
+                let v = opt_in(&meta, errors)?;
+                set_once(&mut out.no_event_id_index, v, key, errors);
             } else if key.is_ident("crate") {
                 let v = value(&meta, "a string", "\"::outbox\"", errors)?;
                 set_once(&mut out.krate, v, key, errors);

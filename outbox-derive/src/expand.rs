@@ -29,6 +29,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
     let deletes_sent = model.sent == crate::model::Sent::Delete;
     let scheduled = model.scheduled.is_some();
     let traced = model.traced.is_some();
+    let event_id_unique = model.no_event_id_index.is_none();
     let key = model.key().map_or_else(
         || quote!(::core::option::Option::None),
         |f| {
@@ -81,6 +82,7 @@ pub(crate) fn expand(model: &Model) -> TokenStream {
                 #deletes_sent,
                 #scheduled,
                 #traced,
+                #event_id_unique,
                 #statements,
                 &[#(#columns),*],
                 &[#(#steps),*],

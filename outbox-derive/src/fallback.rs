@@ -49,6 +49,7 @@ fn stand_in(input: &DeriveInput) -> TokenStream {
         // The methods a scheduled type has, so that calls of them report nothing more.
         scheduled: attrs.scheduled.as_ref().map(|_| 1),
         traced: None,
+        no_event_id_index: None,
     };
     let inherent = expand::inherent_methods(&p, &model);
     // A value, not a panic: a constant that reads `T::SPEC` is evaluated even in a crate
@@ -67,6 +68,7 @@ fn stand_in(input: &DeriveInput) -> TokenStream {
                 false,
                 false,
                 false,
+                true,
                 #p::derive_only_statements([#(#statements),*], &[], &[], &[]),
                 &[],
                 &[],

@@ -33,6 +33,10 @@ pub(crate) struct Model {
     /// `#[outbox(traced)]`: the migration version that adds the `trace_parent` and
     /// `trace_state` columns, where enqueue keeps the current trace context.
     pub(crate) traced: Option<u32>,
+    /// `#[outbox(no_event_id_index)]`: the migration version from which the table has
+    /// no unique index on `event_id` (1: created without), for ids that are fresh
+    /// UUIDv7s, unique by construction.
+    pub(crate) no_event_id_index: Option<u32>,
 }
 
 /// What recording an event as published does to its row.
@@ -70,18 +74,31 @@ impl Model {
         let scheduled = opted_in(
             attrs.scheduled.as_ref(),
             "scheduled",
-            "the scheduled events' column",
+            "adds the scheduled events' column",
             &mut added,
             &mut errors,
         );
         let traced = opted_in(
             attrs.traced.as_ref(),
             "traced",
-            "the trace context's columns",
+            "adds the trace context's columns",
+            &mut added,
+            &mut errors,
+        );
+        let no_event_id_index = opted_in(
+            attrs.no_event_id_index.as_ref(),
+            "no_event_id_index",
+            "drops the unique index on `event_id`",
             &mut added,
             &mut errors,
         );
         let (event_id, fields, keyed) = fields::fields(named, &input.generics, added, &mut errors);
+        if let (Some(flag), Some(_)) = (&attrs.no_event_id_index, &event_id) {
+            errors.push(syn::Error::new_spanned(
+                &flag.flag,
+                "`no_event_id_index` is for generated event ids, unique by construction: with an #[outbox(event_id)] field, enqueue skips an id already in the table, and only the unique index on `event_id` can tell",
+            ));
+        }
         let dead = match &attrs.dead_releases_key {
             Some(flag) if !keyed => {
                 errors.push(syn::Error::new(
@@ -112,6 +129,7 @@ impl Model {
             fields,
             scheduled,
             traced,
+            no_event_id_index,
         })
     }
 
@@ -139,6 +157,7 @@ impl Model {
             .map(|f| f.since)
             .chain(self.scheduled)
             .chain(self.traced)
+            .chain(self.no_event_id_index)
             .filter(|&v| v > 1)
             .collect();
         versions.sort_unstable();
@@ -147,7 +166,7 @@ impl Model {
     }
 }
 
-/// The version that adds the columns of an opt-in flag (`key`, which adds `what`):
+/// The version that makes the change of an opt-in flag (`key`, whose version `what`):
 /// `since = N` (2 or more, also recorded in `added` for the version check), or 1 without
 /// `since`; `None` without the flag, or with a `since` in error.
 fn opted_in(
@@ -169,7 +188,7 @@ fn opted_in(
             errors.push(syn::Error::new(
                 lit.span(),
                 format!(
-                    "`since` is the migration version that adds {what}: from 2 to 2147483647, as version 1 creates the table; write `#[outbox({key})]` for a table created with it"
+                    "`since` is the migration version that {what}: from 2 to 2147483647, as version 1 creates the table; write `#[outbox({key})]` for a table created with it"
                 ),
             ));
             None

@@ -25,13 +25,18 @@ pub(crate) fn migrations(model: &Model) -> Vec<(u32, String, String)> {
             .filter(|&(v, _)| v == version)
             .map(|(_, column)| column)
             .collect();
+        let unindexes = model.no_event_id_index == Some(version);
         // refinery keeps names in a varchar(255): name one column, or count them.
-        let names = match (added.as_slice(), own.as_slice()) {
-            ([one], []) => one.column.clone(),
-            ([], [one]) => one.name.to_owned(),
-            (fields, own) => format!("{}_columns", fields.len() + own.len()),
+        let name = match (added.as_slice(), own.as_slice()) {
+            ([], []) if unindexes => "drop_event_id_index".to_owned(),
+            ([one], []) => format!("add_{}", one.column),
+            ([], [one]) => format!("add_{}", one.name),
+            (fields, own) => format!("add_{}_columns", fields.len() + own.len()),
         };
         let mut sql = String::new();
+        if unindexes {
+            drop_event_id_index(&mut sql, &t);
+        }
         for column in own {
             let _ = writeln!(
                 sql,
@@ -56,7 +61,7 @@ pub(crate) fn migrations(model: &Model) -> Vec<(u32, String, String)> {
             );
             key_index(&mut sql, &t, key);
         }
-        migrations.push((version, format!("V{version}__add_{names}"), sql));
+        migrations.push((version, format!("V{version}__{name}"), sql));
     }
     migrations
 }
@@ -72,7 +77,14 @@ fn create_table(model: &Model) -> String {
          CREATE TABLE {t} (\n"
     );
     for column in BOOKKEEPING {
-        let _ = writeln!(sql, "    {} {},", column.name, column.definition);
+        let definition = match column.definition.strip_suffix(" UNIQUE") {
+            Some(unindexed) if model.no_event_id_index == Some(1) => {
+                let _ = writeln!(sql, "    -- {UNINDEXED}");
+                unindexed
+            }
+            _ => column.definition,
+        };
+        let _ = writeln!(sql, "    {} {definition},", column.name);
     }
     for (_, column) in model
         .optional_columns()
@@ -113,6 +125,26 @@ fn create_table(model: &Model) -> String {
         key_index(&mut sql, &t, key);
     }
     sql
+}
+
+/// Why a table of `#[outbox(no_event_id_index)]` has no unique index on `event_id`.
+const UNINDEXED: &str =
+    "Event ids are fresh UUIDv7s, unique by construction: no unique index on them.";
+
+/// Drops the unique index on `event_id` by its constraint, whatever PostgreSQL named it
+/// (a long table name is cut to fit the name's 63 bytes).
+fn drop_event_id_index(sql: &mut String, t: &str) {
+    let _ = writeln!(
+        sql,
+        "-- {UNINDEXED}\n\
+         -- (It took an entry per row version: a fifth of an event's WAL.)\n\
+         DO $$ BEGIN\n\
+         \x20   EXECUTE (SELECT format('ALTER TABLE %s DROP CONSTRAINT %I', c.conrelid::regclass, c.conname)\n\
+         \x20       FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid\n\
+         \x20       WHERE c.conrelid = '{t}'::regclass AND c.contype = 'u'\n\
+         \x20           AND a.attname = 'event_id' AND c.conkey = ARRAY[a.attnum]);\n\
+         END $$;"
+    );
 }
 
 /// The index of the ordering key: each key's unpublished events in order, where the

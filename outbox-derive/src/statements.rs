@@ -169,10 +169,16 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
             Definition { sql, checked }
         }
         Statement::EnqueueAllSkipping => {
+            // Without a unique index on `event_id` there is nothing to skip, and no
+            // `ON CONFLICT (event_id)` could be planned.
+            let skip_duplicates = if table.model.no_event_id_index.is_some() {
+                ""
+            } else {
+                "\n    ON CONFLICT (event_id) DO NOTHING"
+            };
             let sql = format!(
                 "WITH enqueued AS (\n\
-                 \x20   INSERT INTO {t} ({}) {}\n\
-                 \x20   ON CONFLICT (event_id) DO NOTHING RETURNING event_id)\n\
+                 \x20   INSERT INTO {t} ({}) {}{skip_duplicates} RETURNING event_id)\n\
                  SELECT event_id FROM enqueued, {}",
                 insert_columns(table),
                 insert_rows(table),

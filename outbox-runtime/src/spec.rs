@@ -134,6 +134,9 @@ pub struct TableSpec {
     /// Whether its events keep the trace context they were enqueued in
     /// (`#[outbox(traced)]`).
     pub(crate) traced: bool,
+    /// Whether the table keeps a unique index on `event_id` (all but those of
+    /// `#[outbox(no_event_id_index)]`, whose ids are generated).
+    pub(crate) event_id_unique: bool,
     /// The statements.
     pub(crate) sql: Statements,
     /// Every column the table must have, bookkeeping columns included.
@@ -159,6 +162,7 @@ pub const fn derive_only_table_spec(
     deletes_sent: bool,
     scheduled: bool,
     traced: bool,
+    event_id_unique: bool,
     sql: Statements,
     columns: &'static [Column],
     migrations: &'static [MigrationStep],
@@ -173,6 +177,7 @@ pub const fn derive_only_table_spec(
         deletes_sent,
         scheduled,
         traced,
+        event_id_unique,
         sql,
         columns,
         migrations,
@@ -228,6 +233,13 @@ impl TableSpec {
     /// (`#[outbox(traced)]`).
     pub const fn traced(&self) -> bool {
         self.traced
+    }
+
+    /// Whether the table keeps a unique index on `event_id`, which makes enqueue
+    /// idempotent on it: every table but those of `#[outbox(no_event_id_index)]`, whose
+    /// ids are fresh UUIDv7s.
+    pub const fn event_id_unique(&self) -> bool {
+        self.event_id_unique
     }
 
     /// Every column the table must have, bookkeeping columns included.

@@ -234,6 +234,21 @@ pub struct Notice {
     pub audience: Option<String>,
 }
 
+/// A table created with its unique index on `event_id` ([`Pulse`] as it was first
+/// released)...
+#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+#[outbox(table = "pulse_events", max_attempts = 1)]
+pub struct PulseBeforeUnindexing {
+    pub beat: i64,
+}
+
+/// ...and the same table once a later version drops it: its ids are generated.
+#[derive(outbox::Outbox, Debug, Clone, PartialEq)]
+#[outbox(table = "pulse_events", max_attempts = 1, no_event_id_index(since = 2))]
+pub struct Pulse {
+    pub beat: i64,
+}
+
 /// Trace context: an order enqueued inside a request's span, published in its trace.
 #[derive(outbox::Outbox, Serialize, Debug, Clone, PartialEq)]
 #[outbox(

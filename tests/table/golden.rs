@@ -75,7 +75,7 @@ fn check(tables: &[TableMigrations]) {
 
 /// Every event type in this repository: the `checked` build applies their files to
 /// the schema it compiles against.
-fn every_table() -> [TableMigrations; 24] {
+fn every_table() -> [TableMigrations; 27] {
     [
         outbox_testkit::app::OrderPlaced::migrations(),
         outbox_testkit::app::EmailChanged::migrations(),
@@ -85,6 +85,8 @@ fn every_table() -> [TableMigrations; 24] {
         outbox_testkit::app::BenchOrderedEvent::migrations(),
         outbox_testkit::app::BenchKeyedEvent::migrations(),
         outbox_testkit::app::BenchTracedEvent::migrations(),
+        outbox_testkit::app::BenchUnindexedEvent::migrations(),
+        outbox_testkit::app::BenchUnindexedDeletedEvent::migrations(),
         outbox_testkit::events::LabEvent::migrations(),
         outbox_testkit::events::ChaosEvent::migrations(),
         outbox_testkit::events::EveryType::migrations(),
@@ -101,6 +103,7 @@ fn every_table() -> [TableMigrations; 24] {
         outbox_testkit::events::KeyedReminder::migrations(),
         outbox_testkit::events::Notice::migrations(),
         outbox_testkit::events::TracedOrder::migrations(),
+        outbox_testkit::events::Pulse::migrations(),
     ]
 }
 

@@ -311,6 +311,7 @@ mod tests {
             deletes_sent: false,
             scheduled: false,
             traced: false,
+            event_id_unique: true,
             sql: crate::spec::derive_only_statements([""; Statement::COUNT], &[], &[], &[]),
             columns,
             migrations,

@@ -143,7 +143,8 @@ async fn live_columns<'e>(
 }
 
 /// Compares the live table with `spec.columns`, and checks the unique index on
-/// `event_id` that enqueueing needs.
+/// `event_id` that enqueueing needs (unless the type generates its ids and the table
+/// has none: `#[outbox(no_event_id_index)]`).
 pub(crate) async fn check_columns(
     conn: &mut PgConnection,
     spec: &'static TableSpec,
@@ -156,7 +157,7 @@ pub(crate) async fn check_columns(
         .fetch_one(&mut *conn)
         .await
         .on_table(spec.table)?;
-    if has_event_id && !unique {
+    if has_event_id && !unique && spec.event_id_unique {
         differences.push(
             "no unique index on `event_id` (enqueueing's `ON CONFLICT (event_id)` needs one)"
                 .to_owned(),
