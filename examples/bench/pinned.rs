@@ -215,6 +215,23 @@ impl Bench {
                 None => "n/a",
             },
         ));
+        // What the pin leaves behind, per event enqueued while it held: the bytes the
+        // table grew by and the dead tuples at its end; and the application's commits
+        // (the producers') once it is released, against theirs before it.
+        let during = last.enqueued_so_far.saturating_sub(before.enqueued_so_far).max(1) as f64;
+        self.line(&format!(
+            "\nPer event enqueued during the pin: the table grew by **{:.0} B** ({:.1} MB to \
+             {:.1} MB, indexes included) and held **{:.2}** dead tuples at its end. The \
+             application's commits in the {} s after the pin's `COMMIT`: {:.0}/s, **{:.2}** of \
+             their unpinned rate.",
+            (last.table_bytes - before.table_bytes) as f64 / during,
+            before.table_bytes as f64 / 1e6,
+            last.table_bytes as f64 / 1e6,
+            last.dead as f64 / during,
+            RECOVERY.as_secs(),
+            recovery.enqueued,
+            recovery.enqueued / before.enqueued,
+        ));
         if before.enqueued < 0.95 * f64::from(args.rate) {
             self.line(&format!(
                 "\nUnpinned, the producers enqueued {:.0} of the {} events/s offered (the machine's \
@@ -665,11 +682,12 @@ impl Probe<'_> {
             }),
             None => None,
         };
-        let (dead, xmin_age): (i64, i64) = sqlx::query_as(
+        let (dead, xmin_age, table_bytes): (i64, i64, i64) = sqlx::query_as(
             "SELECT (SELECT n_dead_tup FROM pg_stat_user_tables \
                      WHERE relname = 'bench_events' AND schemaname = current_schema()), \
                     (SELECT coalesce(max(age(backend_xmin)), 0)::bigint FROM pg_stat_activity \
-                     WHERE pid <> pg_backend_pid())",
+                     WHERE pid <> pg_backend_pid()), \
+                    pg_total_relation_size('bench_events')",
         )
         .fetch_one(&self.bench.pool)
         .await?;
@@ -689,6 +707,8 @@ impl Probe<'_> {
             server,
             dead,
             xmin_age,
+            table_bytes,
+            enqueued_so_far: enqueued,
             machine: cpu.machine_cores(&mark.cpu),
             postgres: cpu.server_cores(&mark.cpu, seconds),
             bench: cpu.client_cores(&mark.cpu, seconds),
@@ -714,6 +734,10 @@ struct Row {
     server: Option<ServerClaims>,
     dead: i64,
     xmin_age: i64,
+    /// The table with its indexes and TOAST.
+    table_bytes: i64,
+    /// Events the producers enqueued since the load began.
+    enqueued_so_far: u64,
     machine: Option<f64>,
     postgres: Option<f64>,
     /// This process: the relay, the producers, the probes.
@@ -723,15 +747,15 @@ struct Row {
 impl Row {
     const HEADER: &'static str = "| | enqueued/s | published/s | backlog | enqueue → publish p50 | p99 \
         | claims/s | claim mean (server) | claim max (server) | claim p50 (relay) | claim p99 (relay) \
-        | buffers/claim | dead tuples | oldest xmin age | CPU: machine | postgres | bench | the rest |";
+        | buffers/claim | dead tuples | table MB | oldest xmin age | CPU: machine | postgres | bench | the rest |";
     const RULE: &'static str =
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
 
     fn markdown(&self) -> String {
         let or_na = |v: Option<String>| v.unwrap_or_else(|| "n/a".to_owned());
         let cores = |c: Option<f64>| or_na(c.map(|c| format!("{c:.2}")));
         format!(
-            "| {} | {:.0} | {:.0} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {:.0} | {:.0} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} |",
             self.label,
             self.enqueued,
             self.published,
@@ -745,6 +769,7 @@ impl Row {
             or_na(self.claim_p99.map(show_ms)),
             or_na(self.server.map(|s| format!("{:.0}", s.buffers))),
             self.dead,
+            self.table_bytes as f64 / 1e6,
             self.xmin_age,
             cores(self.machine),
             cores(self.postgres),
