@@ -77,10 +77,11 @@ fn create_table(model: &Model) -> String {
          CREATE TABLE {t} (\n"
     );
     for column in BOOKKEEPING {
+        let unindexed = column.name == "event_id" && model.no_event_id_index == Some(1);
         let definition = match column.definition.strip_suffix(" UNIQUE") {
-            Some(unindexed) if model.no_event_id_index == Some(1) => {
+            Some(without) if unindexed => {
                 let _ = writeln!(sql, "    -- {UNINDEXED}");
-                unindexed
+                without
             }
             _ => column.definition,
         };
