@@ -367,14 +367,14 @@ impl Bench {
             ));
             for source in sources {
                 // Below half a byte per event in every phase: not worth a line.
-                let bytes = |spent: &Option<&Spent>| {
+                let bytes = |spent: Option<&Spent>| {
                     spent
                         .and_then(|s| s.sources.get(source))
                         .map(|&b| b as f64 / n as f64)
                 };
                 if cost
                     .phases()
-                    .iter()
+                    .into_iter()
                     .all(|spent| bytes(spent).is_none_or(|b| b < 0.5))
                 {
                     continue;
@@ -427,7 +427,7 @@ impl Bench {
                         ratio(enqueue, median(pgmq, &|c| Some(c.enqueue.wal))),
                     )
                 }
-                _ => ("".to_owned(), "".to_owned()),
+                _ => (String::new(), String::new()),
             };
             self.line(&format!(
                 "| {} | {} | {} | {} | {} | {to_total} | {to_enqueue} | {} | {} | {} | {} |",

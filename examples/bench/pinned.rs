@@ -218,7 +218,10 @@ impl Bench {
         // What the pin leaves behind, per event enqueued while it held: the bytes the
         // table grew by and the dead tuples at its end; and the application's commits
         // (the producers') once it is released, against theirs before it.
-        let during = last.enqueued_so_far.saturating_sub(before.enqueued_so_far).max(1) as f64;
+        let during = last
+            .enqueued_so_far
+            .saturating_sub(before.enqueued_so_far)
+            .max(1) as f64;
         self.line(&format!(
             "\nPer event enqueued during the pin: the table grew by **{:.0} B** ({:.1} MB to \
              {:.1} MB, indexes included) and held **{:.2}** dead tuples at its end. The \

@@ -114,6 +114,10 @@ pub struct MigrationStep {
 /// guards every outcome relies on, so a hand-written spec could bypass them. Outside
 /// this crate it is read-only, through the accessors below.
 #[derive(Debug)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent yes/no attributes of the event type, each with its accessor"
+)]
 pub struct TableSpec {
     /// The table name (a plain lowercase identifier).
     pub(crate) table: &'static str,
@@ -150,6 +154,7 @@ pub struct TableSpec {
 #[doc(hidden)]
 #[expect(
     clippy::too_many_arguments,
+    clippy::fn_params_excessive_bools,
     reason = "one argument per field, written only by the derive"
 )]
 pub const fn derive_only_table_spec(

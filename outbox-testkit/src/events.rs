@@ -235,7 +235,9 @@ pub struct Notice {
 }
 
 /// A table created with its unique index on `event_id` ([`Pulse`] as it was first
-/// released)...
+/// released)... Not in the `checked` build: its statements name the index (`ON
+/// CONFLICT (event_id)`), which the schema that build checks against no longer has.
+#[cfg(not(feature = "checked"))]
 #[derive(outbox::Outbox, Debug, Clone, PartialEq)]
 #[outbox(table = "pulse_events", max_attempts = 1)]
 pub struct PulseBeforeUnindexing {

@@ -2,15 +2,9 @@
 //! index on `event_id`, created so or made so by a migration version of a table created
 //! with it, whose events from before are published beside the new ones.
 
-use std::collections::HashSet;
-use std::time::Duration;
-
-use outbox::{Relay, relay::MemorySink};
+use outbox_testkit::TestResult;
 use outbox_testkit::app::BenchUnindexedEvent;
-use outbox_testkit::events::{Pulse, PulseBeforeUnindexing};
-use outbox_testkit::running::start;
 use outbox_testkit::schema::schema_with;
-use outbox_testkit::{TestResult, wait_until};
 use sqlx::PgPool;
 
 /// Whether `table` has a unique index on `event_id`.
@@ -25,8 +19,18 @@ async fn event_id_unique(pool: &PgPool, table: &str) -> sqlx::Result<bool> {
     .await
 }
 
+// The table's earlier type is left out of the `checked` build (see its docs).
+#[cfg(not(feature = "checked"))]
 #[tokio::test]
 async fn an_existing_table_drops_its_event_id_index_by_a_migration_version() -> TestResult {
+    use std::collections::HashSet;
+    use std::time::Duration;
+
+    use outbox::{Relay, relay::MemorySink};
+    use outbox_testkit::events::{Pulse, PulseBeforeUnindexing};
+    use outbox_testkit::running::start;
+    use outbox_testkit::wait_until;
+
     let db = schema_with(&[PulseBeforeUnindexing::migrations()]).await?;
     let pool = db.pool();
     for beat in 0..3 {
@@ -85,7 +89,7 @@ async fn a_table_created_without_it_still_finds_a_dead_event_by_its_id() -> Test
     let claim = BenchUnindexedEvent::claim(pool).await?.expect("the event");
     claim.fail(pool, "the broker refused it").await?;
     let requeued = outbox::ops::requeue_dead::<BenchUnindexedEvent>(pool, &[id.as_str()]).await?;
-    assert_eq!(requeued, [id.clone()]);
+    assert_eq!(requeued, std::slice::from_ref(&id));
 
     let claim = BenchUnindexedEvent::claim(pool).await?.expect("requeued");
     assert_eq!(claim.event_id(), &id);
