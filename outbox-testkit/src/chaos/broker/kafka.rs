@@ -56,8 +56,13 @@ fn param(name: &str) -> Result<String, String> {
 }
 
 /// Where a record is: its partition and offset in one number, never 0 (the audit's "no
-/// position").
+/// position"). An offset the delivery report does not know (negative: librdkafka's
+/// `RD_KAFKA_OFFSET_INVALID`, as for a retried batch tansu answers as a duplicate of one
+/// it already stored) is no position: 0, which the audit neither seeks nor checks.
 fn position(partition: i32, offset: i64) -> i64 {
+    if offset < 0 {
+        return 0;
+    }
     (i64::from(partition) << 40) + offset + 1
 }
 
@@ -219,7 +224,7 @@ impl ChaosBroker for Kafka {
         let db = |e: sqlx::Error| format!("auditing the copies: {e}");
         let recorded: Vec<i64> = sqlx::query_scalar(
             "SELECT DISTINCT broker_position FROM chaos_deliveries \
-             WHERE broker_position IS NOT NULL ORDER BY 1",
+             WHERE broker_position > 0 ORDER BY 1",
         )
         .fetch_all(pool)
         .await
@@ -367,19 +372,20 @@ async fn audit(pool: &PgPool, report: &mut BrokerReport) -> Result<(), String> {
     .fetch_one(pool)
     .await
     .map_err(db)?;
-    let (acked, acked_missing, wrong_event, lost_events): (i64, i64, i64, i64) = sqlx::query_as(
-        "SELECT count(*), \
-                count(*) FILTER (WHERE NOT EXISTS (SELECT FROM chaos_copies c \
-                    WHERE c.broker_position = d.broker_position)), \
+    let (acked, unplaced, acked_missing, wrong_event, lost_events): (i64, i64, i64, i64, i64) =
+        sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE d.broker_position = 0), \
+                count(*) FILTER (WHERE d.broker_position > 0 AND NOT EXISTS \
+                    (SELECT FROM chaos_copies c WHERE c.broker_position = d.broker_position)), \
                 count(*) FILTER (WHERE EXISTS (SELECT FROM chaos_copies c \
                     WHERE c.broker_position = d.broker_position AND c.event_id <> d.event_id)), \
                 (SELECT count(*) FROM chaos_events e WHERE NOT EXISTS \
                     (SELECT FROM chaos_copies c WHERE c.event_id = e.event_id)) \
          FROM chaos_deliveries d",
-    )
-    .fetch_one(pool)
-    .await
-    .map_err(db)?;
+        )
+        .fetch_one(pool)
+        .await
+        .map_err(db)?;
     report.copies = copies;
     report.events_with_copies = events;
     report.events_copied_again = copied_again;
@@ -387,7 +393,7 @@ async fn audit(pool: &PgPool, report: &mut BrokerReport) -> Result<(), String> {
         "Kafka does not deduplicate across producer sessions (the idempotent producer drops \
          only its own retries): an event published again, after its relay was killed, paused \
          past its lease or cut off before it recorded SENT, is a new record. All {copies} \
-         records read back from the topic; {acked} delivery reports the relays recorded; \
+         records read back from the topic; {acked} delivery reports the relays recorded ({unplaced} without an offset); \
          {unrecorded} records at a position no relay recorded (acknowledged to a relay \
          killed before its record, or whose delivery report the cut lost). The consumers \
          count their own reads of a record (Kafka has no delivery count): a re-read after a \
@@ -520,4 +526,26 @@ async fn handle(
     // successor reads the record again.
     tokio::task::block_in_place(|| reader.commit_message(message, CommitMode::Sync))
         .map_err(|e| format!("committing the offset of {event_id}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{position, split};
+
+    #[test]
+    fn a_position_splits_back_into_its_partition_and_offset() {
+        for (partition, offset) in [(0, 0), (0, 41), (1, 0), (7, (1 << 40) - 2)] {
+            assert_eq!(split(position(partition, offset)), (partition, offset));
+        }
+    }
+
+    /// A delivery report that knows no offset (librdkafka's -1 or -1001) once made the
+    /// audit seek to offset -1, which the client refuses: it is no position at all.
+    #[test]
+    fn an_offset_the_report_does_not_know_is_no_position() {
+        for partition in [0, 1, 5] {
+            assert_eq!(position(partition, -1), 0);
+            assert_eq!(position(partition, -1001), 0);
+        }
+    }
 }
