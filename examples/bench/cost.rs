@@ -4,13 +4,12 @@
 
 use futures_util::future::try_join_all;
 use outbox::Outbox;
+use outbox_testkit::app::{BenchUnindexedDeletedEvent, BenchUnindexedEvent};
 use pgmq::PGMQueueExt;
 use sqlx::PgPool;
 
 use super::cpu::{Cpu, Work};
 use super::waldump::{Breakdown, WalDump};
-use outbox_testkit::app::{BenchUnindexedDeletedEvent, BenchUnindexedEvent};
-
 use super::{
     Args, Bench, BenchDeletedEvent, BenchEvent, Figure, Finish, PEER_BATCH, PeerMessage, PeerQueue,
     PgmqLeftovers, Result, random_events,
@@ -20,6 +19,7 @@ use super::{
 const WORKERS: usize = 4;
 /// The INSERT alone: a table of the payload and a primary key, nothing else.
 const INSERT_TABLE: &str = "cost_inserts";
+/// One row into [`INSERT_TABLE`].
 const INSERT_ONE: &str = "INSERT INTO cost_inserts (payload) VALUES ($1)";
 
 /// Who writes and drains the events.
