@@ -212,7 +212,7 @@ pub mod inbox {
     pub use outbox_runtime::inbox::{Consumed, TABLE, migrate};
 }
 
-pub use outbox_runtime::{catalog, export, message, monitor, trace};
+pub use outbox_runtime::{catalog, export, fleet, message, monitor, trace};
 
 #[cfg(feature = "kafka")]
 pub use outbox_runtime::kafka;

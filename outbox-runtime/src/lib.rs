@@ -26,6 +26,7 @@ mod table;
 
 // What runs beside the application: the relay, from the tables to a sink; the consumer's
 // inbox; the monitor's gauges; and test support.
+pub mod fleet;
 pub mod inbox;
 pub mod monitor;
 pub mod relay;

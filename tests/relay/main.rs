@@ -6,6 +6,7 @@
 mod claims;
 mod delete_sent;
 mod errors;
+mod fleet;
 mod leases;
 mod monitor;
 mod operations;

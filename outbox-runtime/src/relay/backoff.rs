@@ -62,6 +62,12 @@ impl Backoff {
     pub(crate) const LISTEN: Self =
         Self::named(Duration::from_millis(100), Duration::from_secs(10));
 
+    /// Restarting a fleet target's relay after an error that stopped it (a missing
+    /// table, a privilege): from 1 s, at most a minute. The lease is kept meanwhile:
+    /// another member would fail the same way.
+    pub(crate) const FLEET_RESTART: Self =
+        Self::named(Duration::from_secs(1), Duration::from_mins(1));
+
     /// While the database does not answer as the relay starts: from 200 ms, at most 5 s.
     pub(crate) const STARTUP: Self =
         Self::named(Duration::from_millis(200), Duration::from_secs(5));

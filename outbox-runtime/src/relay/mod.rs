@@ -22,6 +22,7 @@ mod record;
 mod renewal;
 mod run;
 mod sink_panics;
+pub(crate) mod tenure;
 mod wakeups;
 mod worker;
 
@@ -64,6 +65,8 @@ pub struct Relay<T, S> {
     failures: Box<failure_log::FailureLog>,
     /// Where the `send` spans of a traced type come from (feature `otel`).
     tracer: crate::trace::SendTracer,
+    /// A fleet's lease on this relay's target: no claim once it is over.
+    tenure: Option<std::sync::Arc<tenure::Tenure>>,
     event: PhantomData<fn() -> T>,
 }
 
@@ -93,6 +96,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             ascii_reasons: false,
             failures: Box::default(),
             tracer: crate::trace::SendTracer::default(),
+            tenure: None,
             event: PhantomData,
         }
     }
@@ -163,6 +167,14 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
         <P::Tracer as opentelemetry::trace::Tracer>::Span: Send + Sync + 'static,
     {
         self.tracer = crate::trace::SendTracer::of(provider);
+        self
+    }
+}
+
+impl<T, S> Relay<T, S> {
+    /// Claims only while `tenure` lasts (a fleet's lease on the target).
+    pub(crate) fn within(mut self, tenure: std::sync::Arc<tenure::Tenure>) -> Self {
+        self.tenure = Some(tenure);
         self
     }
 }

@@ -120,7 +120,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     pub(crate) async fn run(self) -> Result<(), OutboxError> {
         let mut state = State::new(&self.relay.pool);
         loop {
-            let stopping = self.stop.is_cancelled();
+            let stopping = self.stopping();
             if stopping {
                 Self::hand_back_ahead(&mut state);
                 if state.pending.outcomes.is_empty() {
@@ -181,8 +181,9 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     }
                     return Ok(None);
                 }
-                if self.stop.is_cancelled() {
-                    // Shutdown came while the claim ran: handed back, not sent.
+                if self.stopping() {
+                    // Shutdown came while the claim ran (or the fleet's lease on the
+                    // target ended): handed back, not sent.
                     state.pending.release(&batch.claims);
                     return Ok(None);
                 }
@@ -283,6 +284,13 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             // Outcomes are waiting: retry even while shutting down.
             sleep(delay).await;
         }
+    }
+
+    /// Whether to claim no more: shutdown, or the end of a fleet's lease on the target
+    /// (checked here too, not only by the fleet cancelling `stop`: a process that wakes
+    /// from a pause must not claim before the fleet's own task has run).
+    fn stopping(&self) -> bool {
+        self.stop.is_cancelled() || self.relay.tenure.as_ref().is_some_and(|t| !t.is_live())
     }
 
     /// Waits for a wake-up, the poll interval or shutdown.

@@ -44,7 +44,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                 claims.iter().map(InFlight::delivery).collect();
             let sends = self.relay.tracer.open(&self.relay.sink, &mut deliveries);
             let rows = InFlight::pair(&claims, &deliveries);
-            let claim_next = full && !self.stop.is_cancelled();
+            let claim_next = full && !self.stopping();
             let tails = key_runs::tails(&claims);
             let beside = (claim_next || !earlier.outcomes.is_empty()).then(|| {
                 // The connection moves to the transaction, and comes back with its result.

@@ -1,0 +1,143 @@
+//! Serving one target: its own small pool, and a relay that claims only while the
+//! member's lease on the target lasts, started again after a failure that stops it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::PgPoolOptions;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use super::{Fleet, Target};
+use crate::relay::Backoff;
+use crate::relay::tenure::Tenure;
+use crate::sink::Sink;
+use crate::spec::Outbox;
+
+/// How long a target's pool keeps a connection nobody uses: an idle target keeps only
+/// its relay's `LISTEN` session.
+const IDLE_CONNECTION: Duration = Duration::from_secs(30);
+
+/// A target this member serves: its lease's end by this process's clock, and the task
+/// running its relay. Dropped without [`stop`](Self::stop) (the fleet's `run` future
+/// dropped), the task is aborted: as if the process died, the target's claims wait for
+/// their leases.
+pub(super) struct Served {
+    pub(super) generation: i64,
+    pub(super) tenure: Arc<Tenure>,
+    stop: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+impl Served {
+    /// Starts serving `target` until `tenure` ends or [`stop`](Self::stop).
+    pub(super) fn start<T, S>(
+        fleet: &Arc<Fleet<T, S>>,
+        target: &Target,
+        generation: i64,
+        tenure: Arc<Tenure>,
+    ) -> Self
+    where
+        T: Outbox,
+        S: Sink<T> + Clone,
+    {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(serve(
+            Arc::clone(fleet),
+            target.clone(),
+            Arc::clone(&tenure),
+            stop.clone(),
+        ));
+        Self {
+            generation,
+            tenure,
+            stop,
+            task: Some(task),
+        }
+    }
+
+    /// Whether its relay stopped (its lease ran out by this process's clock).
+    pub(super) fn is_finished(&self) -> bool {
+        self.task.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
+    /// Stops claiming at once, and waits for the relay to record what it had in flight
+    /// and hand the rest back (within its shutdown grace).
+    pub(super) async fn stop(mut self) {
+        self.tenure.end();
+        self.stop.cancel();
+        let Some(task) = self.task.take() else {
+            return;
+        };
+        if let Err(error) = task.await
+            && error.is_panic()
+        {
+            std::panic::resume_unwind(error.into_panic());
+        }
+    }
+}
+
+async fn serve<T, S>(
+    fleet: Arc<Fleet<T, S>>,
+    target: Target,
+    tenure: Arc<Tenure>,
+    stop: CancellationToken,
+) where
+    T: Outbox,
+    S: Sink<T> + Clone,
+{
+    let Target { name, options } = target;
+    let name = name.as_str();
+    let pool = PgPoolOptions::new()
+        .max_connections(fleet.connections_per_target)
+        .min_connections(0)
+        .idle_timeout(IDLE_CONNECTION)
+        .connect_lazy_with(options);
+    tracing::info!(fleet = %fleet.name, target = name, "serving");
+    let mut failures = 0;
+    while !stop.is_cancelled() && tenure.is_live() {
+        let relay = (fleet.relay)(crate::relay::Relay::new(pool.clone(), fleet.sink.clone()))
+            .within(Arc::clone(&tenure));
+        let run = relay.run(stop.child_token());
+        tokio::pin!(run);
+        let result = tokio::select! {
+            result = &mut run => result,
+            () = lease_ends(&tenure, &stop) => {
+                // The relay's workers stopped claiming already; it records what it
+                // had in flight and hands the rest back.
+                stop.cancel();
+                run.await
+            }
+        };
+        match result {
+            Ok(()) => {}
+            Err(error) => {
+                failures += 1;
+                let delay = Backoff::FLEET_RESTART.delay(failures);
+                tracing::error!(fleet = %fleet.name, target = name, %error, ?delay, "the target's relay stopped; restarting it");
+                tokio::select! {
+                    () = sleep(delay) => {}
+                    () = stop.cancelled() => {}
+                }
+            }
+        }
+    }
+    pool.close().await;
+    tracing::info!(fleet = %fleet.name, target = name, "no longer serving");
+}
+
+/// Returns when `tenure` is over.
+async fn lease_ends(tenure: &Tenure, stop: &CancellationToken) {
+    while tenure.is_live() && !stop.is_cancelled() {
+        sleep_until(tenure.deadline()).await;
+    }
+}
