@@ -257,6 +257,8 @@ mod guide {
     struct Monitoring;
     #[doc = include_str!("../docs/src/relay.md")]
     struct Relay;
+    #[doc = include_str!("../docs/src/fleet.md")]
+    struct Fleet;
     #[doc = include_str!("../docs/src/schema.md")]
     struct Schema;
     #[doc = include_str!("../docs/src/testing.md")]

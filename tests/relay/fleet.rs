@@ -105,7 +105,7 @@ struct Member {
 
 impl Member {
     fn start(name: &'static str, home: &PgPool, targets: Vec<Target>) -> Self {
-        Self::start_with(name, home, |fleet| fleet.targets(targets.clone()))
+        Self::start_with(name, home, |fleet| fleet.targets(targets))
     }
 
     fn start_with(
@@ -388,5 +388,42 @@ async fn a_member_serves_no_more_targets_than_its_connections_allow() -> TestRes
     );
     a.stop().await?;
     b.stop().await?;
+    tenants.drop_all().await
+}
+
+#[tokio::test]
+async fn each_target_publishes_through_a_sink_made_for_it() -> TestResult {
+    let tenants = Tenants::new(2).await?;
+    let sinks: Arc<Mutex<HashMap<String, MemorySink<Budgeted>>>> = Arc::default();
+    let made = Arc::clone(&sinks);
+    let fleet = Fleet::<Budgeted, _>::with_sinks(tenants.home.pool().clone(), move |target| {
+        let sink = MemorySink::new();
+        made.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(target.name().to_owned(), sink.clone());
+        sink
+    })
+    .targets(tenants.targets())
+    .lease(LEASE);
+    let shutdown = CancellationToken::new();
+    let member = tokio::spawn(fleet.run(shutdown.clone()));
+    tenants.enqueue("own-sink", 3).await;
+    wait_until("6 events sent", Duration::from_secs(30), async || {
+        tenants.all_sent(3).await
+    })
+    .await;
+    shutdown.cancel();
+    member.await??;
+    for (target, sink) in sinks.lock().unwrap().iter() {
+        let n = target.trim_start_matches("tenant-");
+        let names: Vec<String> = sink.published().into_iter().map(|p| p.event.name).collect();
+        assert_eq!(names.len(), 3, "{target}: {names:?}");
+        assert!(
+            names
+                .iter()
+                .all(|name| name.starts_with(&format!("own-sink-tenant-{n}-"))),
+            "{target} published its own events only: {names:?}"
+        );
+    }
     tenants.drop_all().await
 }

@@ -103,18 +103,19 @@ impl fmt::Debug for Target {
 
 type Discovered = Pin<Box<dyn Future<Output = Result<Vec<Target>, BoxError>> + Send>>;
 type Discover = Box<dyn Fn() -> Discovered + Send + Sync>;
+type MakeSink<S> = Box<dyn Fn(&Target) -> S + Send + Sync>;
 type Configure<T, S> = Box<dyn Fn(Relay<T, S>) -> Relay<T, S> + Send + Sync>;
 
 /// The members of a fleet, one per process: each publishes events of type `T` from its
-/// share of the targets, through a clone of the sink `S` per target. Build it with
-/// [`new`](Self::new), name its targets ([`targets`](Self::targets) or
+/// share of the targets, through a sink `S` per target. Build it with
+/// [`new`](Self::new) or [`with_sinks`](Self::with_sinks), name its targets ([`targets`](Self::targets) or
 /// [`discover`](Self::discover)), then [`run`](Self::run) it; the module's
 /// documentation says how the work is shared and fenced.
 ///
 /// ```no_run
 /// # use outbox_runtime::fleet::{Fleet, Target};
 /// # use outbox_runtime::relay::{CancellationToken, StdoutSink};
-/// # async fn run<T: outbox_runtime::Outbox + serde::Serialize>(home: sqlx::PgPool) -> Result<(), outbox_runtime::OutboxError> {
+/// # async fn run<T: outbox_runtime::Outbox + std::fmt::Debug>(home: sqlx::PgPool) -> Result<(), outbox_runtime::OutboxError> {
 /// let tenants = (1..=200)
 ///     .map(|n| Target::from_url(format!("tenant_{n}"), &format!("postgres://app@db/tenant_{n}")))
 ///     .collect::<Result<Vec<_>, _>>()?;
@@ -129,7 +130,7 @@ type Configure<T, S> = Box<dyn Fn(Relay<T, S>) -> Relay<T, S> + Send + Sync>;
 #[must_use = "a fleet does nothing until `run`"]
 pub struct Fleet<T, S> {
     home: PgPool,
-    sink: S,
+    sink: MakeSink<S>,
     name: String,
     member: String,
     lease: Duration,
@@ -141,13 +142,22 @@ pub struct Fleet<T, S> {
 }
 
 impl<T: Outbox, S: Sink<T> + Clone> Fleet<T, S> {
-    /// A member of the fleet named after `T`'s table, whose leases live in `home`: no
-    /// targets yet, leases of 15 s, at most 100 connections to the targets, 2 per
-    /// target, and relays as [`Relay::new`] makes them.
+    /// A member of the fleet named after `T`'s table, whose leases live in `home`,
+    /// publishing every target's events through a clone of `sink`: no targets yet,
+    /// leases of 15 s, at most 100 connections to the targets, 2 per target, and relays
+    /// as [`Relay::new`] makes them.
     pub fn new(home: PgPool, sink: S) -> Self {
+        Self::with_sinks(home, move |_| sink.clone())
+    }
+}
+
+impl<T: Outbox, S: Sink<T>> Fleet<T, S> {
+    /// As [`new`](Self::new), with the sink of each target made by `sink` when the
+    /// member starts serving it: a tenant's own subject prefix, topic or credentials.
+    pub fn with_sinks(home: PgPool, sink: impl Fn(&Target) -> S + Send + Sync + 'static) -> Self {
         Self {
             home,
-            sink,
+            sink: Box::new(sink),
             name: T::SPEC.table.to_owned(),
             member: format!("{}-{}", std::process::id(), uuid::Uuid::now_v7().simple()),
             lease: Duration::from_secs(15),

@@ -16,7 +16,7 @@ use crate::relay::tenure::Tenure;
 use crate::sink::Sink;
 use crate::spec::Outbox;
 
-impl<T: Outbox, S: Sink<T> + Clone> Fleet<T, S> {
+impl<T: Outbox, S: Sink<T>> Fleet<T, S> {
     fn leases(&self) -> Leases<'_> {
         Leases {
             home: &self.home,
@@ -81,7 +81,7 @@ struct Member<T, S> {
     home_down: bool,
 }
 
-impl<T: Outbox, S: Sink<T> + Clone> Member<T, S> {
+impl<T: Outbox, S: Sink<T>> Member<T, S> {
     /// The end of a lease taken or renewed by a statement sent at `sent`, by this
     /// process's clock: a tenth early, for clocks that run at slightly different rates.
     fn tenure_from(&self, sent: Instant) -> Instant {

@@ -48,7 +48,7 @@ impl Served {
     ) -> Self
     where
         T: Outbox,
-        S: Sink<T> + Clone,
+        S: Sink<T>,
     {
         let stop = CancellationToken::new();
         let task = tokio::spawn(serve(
@@ -93,20 +93,22 @@ async fn serve<T, S>(
     stop: CancellationToken,
 ) where
     T: Outbox,
-    S: Sink<T> + Clone,
+    S: Sink<T>,
 {
-    let Target { name, options } = target;
-    let name = name.as_str();
+    let name = target.name();
     let pool = PgPoolOptions::new()
         .max_connections(fleet.connections_per_target)
         .min_connections(0)
         .idle_timeout(IDLE_CONNECTION)
-        .connect_lazy_with(options);
+        .connect_lazy_with(target.options.clone());
     tracing::info!(fleet = %fleet.name, target = name, "serving");
     let mut failures = 0;
     while !stop.is_cancelled() && tenure.is_live() {
-        let relay = (fleet.relay)(crate::relay::Relay::new(pool.clone(), fleet.sink.clone()))
-            .within(Arc::clone(&tenure));
+        let relay = (fleet.relay)(crate::relay::Relay::new(
+            pool.clone(),
+            (fleet.sink)(&target),
+        ))
+        .within(Arc::clone(&tenure));
         let run = relay.run(stop.child_token());
         tokio::pin!(run);
         let result = tokio::select! {
