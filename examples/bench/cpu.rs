@@ -8,18 +8,23 @@ use super::Bench;
 const TICKS_PER_SECOND: f64 = 100.0;
 
 impl Bench {
-    /// The postmaster's pid, when the server runs on this machine (its `postmaster.pid`
-    /// is readable and names a live `postgres` process).
+    /// The postmaster's pid of the bench's server (see [`postmaster`]).
     pub(super) async fn postmaster(&self) -> Option<u32> {
-        let data: String = sqlx::query_scalar("SHOW data_directory")
-            .fetch_one(&self.pool)
-            .await
-            .ok()?;
-        let pid_file = std::fs::read_to_string(format!("{data}/postmaster.pid")).ok()?;
-        let pid: u32 = pid_file.lines().next()?.trim().parse().ok()?;
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-        (comm.trim() == "postgres").then_some(pid)
+        postmaster(&self.pool).await
     }
+}
+
+/// The postmaster's pid of `pool`'s server, when it runs on this machine (its
+/// `postmaster.pid` is readable and names a live `postgres` process).
+pub(super) async fn postmaster(pool: &sqlx::PgPool) -> Option<u32> {
+    let data: String = sqlx::query_scalar("SHOW data_directory")
+        .fetch_one(pool)
+        .await
+        .ok()?;
+    let pid_file = std::fs::read_to_string(format!("{data}/postmaster.pid")).ok()?;
+    let pid: u32 = pid_file.lines().next()?.trim().parse().ok()?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    (comm.trim() == "postgres").then_some(pid)
 }
 
 /// CPU time a piece of work took (seconds, or per event): the server's and this

@@ -24,6 +24,7 @@
 
 mod cost;
 mod cpu;
+mod fleet;
 mod ordering;
 mod pinned;
 mod sinks;
@@ -111,6 +112,9 @@ struct Args {
     /// transaction.
     #[arg(long, value_name = "EVENTS/S,..", value_delimiter = ',', default_value = "500,5000", value_parser = clap::value_parser!(u32).range(1..))]
     wakeup_rates: Vec<u32>,
+    /// Databases of the fleet section.
+    #[arg(long, value_name = "N", default_value_t = 200, value_parser = clap::value_parser!(u32).range(2..=400))]
+    fleet_databases: u32,
     /// Key counts of the ordering section's drains of 100,000 events (`1`: one hot key).
     #[arg(long, value_name = "KEYS,..", value_delimiter = ',', default_value = "100000,1000,10,1", value_parser = clap::value_parser!(u32).range(1..))]
     ordering_keys: Vec<u32>,
@@ -164,6 +168,9 @@ enum Section {
     /// Only with --only: WAL bytes and server CPU per event, relay vs pgmq vs the INSERT
     /// alone (a few minutes).
     Cost,
+    /// Only with --only: a relay fleet for --fleet-databases databases vs a relay per
+    /// database, on a throwaway cluster (about 8 minutes at 200).
+    Fleet,
 }
 
 impl Args {
@@ -181,7 +188,8 @@ impl Args {
                 | Section::Ordering
                 | Section::Sinks
                 | Section::Trace
-                | Section::Cost,
+                | Section::Cost
+                | Section::Fleet,
             ) => false,
             (None, _) => true,
         }
@@ -1020,8 +1028,8 @@ fn random_events(n: usize, bytes: usize) -> Vec<BenchEvent> {
 }
 
 /// A sink that publishes nowhere, counts batches, and keeps how long each event waited
-/// since its enqueue.
-#[derive(Default)]
+/// since its enqueue. Clones share what they keep.
+#[derive(Default, Clone)]
 struct LatencySink {
     /// Microseconds from enqueue to publish, per event.
     latencies: Arc<Mutex<Vec<u32>>>,
@@ -1317,6 +1325,9 @@ async fn run(
     }
     if args.selects(Section::Cost) {
         bench.cost(args, leftovers).await?;
+    }
+    if args.selects(Section::Fleet) {
+        bench.fleet(args).await?;
     }
     if let Some(path) = &args.out {
         std::fs::write(path, bench.report.take())?;

@@ -87,6 +87,11 @@ impl Target {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    /// How its relay connects to it.
+    pub fn options(&self) -> &PgConnectOptions {
+        &self.options
+    }
 }
 
 impl fmt::Debug for Target {

@@ -39,6 +39,7 @@ use crate::schema::{Generations, migrate};
 
 #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 pub mod broker;
+pub mod fleet;
 
 fn lease() -> Duration {
     <ChaosEvent as outbox::Outbox>::SPEC.lease()

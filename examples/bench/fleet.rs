@@ -1,0 +1,331 @@
+//! The `fleet` section: one relay fleet serving many databases, against a relay per
+//! database, on a throwaway cluster of its own (its `max_connections` raised to 1,000)
+//! holding `--fleet-databases` databases with an outbox table each.
+//!
+//! ```text
+//! cargo run --release --example bench -- --only fleet --fleet-databases 200
+//! ```
+//!
+//! - **idle**: every outbox empty; the server's CPU (its process tree) and the client
+//!   connections it holds, once the pools settled;
+//! - **a trickle**: one event per second into every database; enqueue → publish p50/p99;
+//! - **one hot database**: a backlog drained in one database while the trickle goes on in
+//!   the others; its rate against a relay of its own.
+
+use std::sync::PoisonError;
+use std::time::Duration;
+
+use outbox::fleet::{self, Fleet, Target};
+use outbox::testing::Cluster;
+use outbox::{CancellationToken, Outbox, Relay};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{AssertSqlSafe, PgPool};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, MissedTickBehavior, sleep};
+
+use super::cpu::{Cpu, postmaster};
+use super::{Args, Bench, BenchEvent, LatencySink, Result, stamped};
+
+/// Fleet members (tasks of this process, each with its own connection budget).
+const MEMBERS: usize = 2;
+/// Long enough for the pools to close what they do not use (30 s idle) after the start.
+const SETTLE: Duration = Duration::from_secs(45);
+const IDLE_MEASURED: Duration = Duration::from_secs(30);
+const TRICKLE_MEASURED: Duration = Duration::from_secs(30);
+/// The hot database's backlog.
+const HOT_EVENTS: i64 = 100_000;
+
+impl Bench {
+    pub(super) async fn fleet(&self, args: &Args) -> Result {
+        let databases = args.fleet_databases as usize;
+        self.heading("A relay fleet for many databases");
+        let cluster = Cluster::start().await?;
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(cluster.url())
+            .await?;
+        sqlx::query("ALTER SYSTEM SET max_connections = 1000")
+            .execute(&admin)
+            .await?;
+        admin.close().await;
+        let mut cluster = cluster;
+        cluster.restart().await?;
+        let base: PgConnectOptions = cluster.url().parse()?;
+        let admin = PgPoolOptions::new()
+            .max_connections(2)
+            .connect_with(base.clone().application_name("bench-admin"))
+            .await?;
+        let server = postmaster(&admin).await;
+        let targets = create_databases(&admin, &base, databases).await?;
+        let home = PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(base.clone().application_name("bench-home"))
+            .await?;
+        fleet::migrate(&home).await?;
+        self.line(&format!(
+            "{databases} databases on a throwaway cluster of this machine (max_connections \
+             1,000), a `bench_events` table each. Fleet: {MEMBERS} members of this process, \
+             each with a budget of {} connections (2 per target), leases of 15 s; single \
+             relays: one per database, a pool of 2. Every relay: batch 100, one worker, \
+             polling every 5 s beside its `LISTEN`. Server CPU is its process tree's, in \
+             % of one core.\n",
+            databases + 20
+        ));
+        self.line("| | server CPU idle | client connections idle | trickle enqueue → publish p50 | p99 | hot database events/s | / dedicated |");
+        self.line("|---|---|---|---|---|---|---|");
+
+        // The fleet.
+        let sink = LatencySink::default();
+        let stop = CancellationToken::new();
+        let mut members = JoinSet::new();
+        for _ in 0..MEMBERS {
+            members.spawn(
+                Fleet::<BenchEvent, _>::new(home.clone(), sink.clone())
+                    .targets(targets.clone())
+                    .max_connections(u32::try_from(databases + 20).unwrap_or(u32::MAX))
+                    .run(stop.clone()),
+            );
+        }
+        let started = Instant::now();
+        loop {
+            let served = fleet::assignments(&home, BenchEvent::SPEC.table())
+                .await?
+                .iter()
+                .filter(|a| a.owner.is_some())
+                .count();
+            if served == databases {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(120) {
+                return Err(format!(
+                    "the fleet served {served} of {databases} databases after 2 minutes"
+                )
+                .into());
+            }
+            sleep(Duration::from_millis(200)).await;
+        }
+        let idle = self.idle(&admin, server).await?;
+        let latencies = trickle(&targets, &sink).await?;
+        let hot = hot_drain(&targets[0], &targets[1..]).await?;
+        stop.cancel();
+        while let Some(member) = members.join_next().await {
+            member??;
+        }
+        let fleet_row = (idle, latencies, hot);
+
+        // A relay per database.
+        let sink = LatencySink::default();
+        let stop = CancellationToken::new();
+        let mut relays = JoinSet::new();
+        let mut pools = Vec::new();
+        for target in &targets {
+            let pool = PgPoolOptions::new()
+                .max_connections(2)
+                .min_connections(0)
+                .idle_timeout(Duration::from_secs(30))
+                .connect_lazy_with(target.options().clone());
+            pools.push(pool.clone());
+            relays.spawn(Relay::<BenchEvent, _>::new(pool, sink.clone()).run(stop.clone()));
+        }
+        let idle = self.idle(&admin, server).await?;
+        let latencies = trickle(&targets, &sink).await?;
+        stop.cancel();
+        while let Some(relay) = relays.join_next().await {
+            relay??;
+        }
+        // The dedicated relay of the hot database, alone.
+        let dedicated = {
+            let stop = CancellationToken::new();
+            let pool = PgPoolOptions::new()
+                .max_connections(2)
+                .connect_lazy_with(targets[0].options().clone());
+            let relay = tokio::spawn(
+                Relay::<BenchEvent, _>::new(pool.clone(), LatencySink::default()).run(stop.clone()),
+            );
+            let rate = hot_drain(&targets[0], &targets[1..]).await?;
+            stop.cancel();
+            relay.await??;
+            pool.close().await;
+            rate
+        };
+        for pool in pools {
+            pool.close().await;
+        }
+
+        let (fleet_idle, fleet_trickle, fleet_hot) = fleet_row;
+        self.line(&format!(
+            "| fleet | {} | {} | {} | {} | {:.0} | {:.2} |",
+            percent(fleet_idle.0),
+            fleet_idle.1,
+            ms(fleet_trickle.0),
+            ms(fleet_trickle.1),
+            fleet_hot,
+            fleet_hot / dedicated
+        ));
+        self.line(&format!(
+            "| a relay per database | {} | {} | {} | {} | {dedicated:.0} (alone) | 1 |",
+            percent(idle.0),
+            idle.1,
+            ms(latencies.0),
+            ms(latencies.1),
+        ));
+        home.close().await;
+        admin.close().await;
+        drop(cluster);
+        Ok(())
+    }
+
+    /// After the pools settled: the server's CPU (cores) and its client connections
+    /// other than the bench's own.
+    async fn idle(&self, admin: &PgPool, server: Option<u32>) -> Result<(Option<f64>, i64)> {
+        sleep(SETTLE).await;
+        let before = Cpu::now(server);
+        sleep(IDLE_MEASURED).await;
+        let after = Cpu::now(server);
+        let connections: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'
+             AND application_name NOT LIKE 'bench-%'",
+        )
+        .fetch_one(admin)
+        .await?;
+        Ok((
+            after.server_cores(&before, IDLE_MEASURED.as_secs_f64()),
+            connections,
+        ))
+    }
+}
+
+/// `n` databases made from one template with the outbox table (a file copy each).
+async fn create_databases(
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    n: usize,
+) -> Result<Vec<Target>> {
+    sqlx::query("CREATE DATABASE fleet_template")
+        .execute(admin)
+        .await?;
+    let template = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(base.clone().database("fleet_template"))
+        .await?;
+    outbox::migrate(&template, &[BenchEvent::migrations()]).await?;
+    template.close().await;
+    let mut targets = Vec::with_capacity(n);
+    for i in 0..n {
+        let name = format!("tenant_{i}");
+        sqlx::query(AssertSqlSafe(format!(
+            "CREATE DATABASE {name} TEMPLATE fleet_template STRATEGY FILE_COPY"
+        )))
+        .execute(admin)
+        .await?;
+        targets.push(Target::new(name.clone(), base.clone().database(&name)));
+    }
+    Ok(targets)
+}
+
+/// One event per second into every database for a while (spread evenly), and the
+/// enqueue → publish p50 and p99 of what was published meanwhile (µs).
+async fn trickle(targets: &[Target], sink: &LatencySink) -> Result<(Option<u32>, Option<u32>)> {
+    let pools: Vec<PgPool> = targets
+        .iter()
+        .map(|t| {
+            PgPoolOptions::new()
+                .max_connections(1)
+                .connect_lazy_with(t.options().clone().application_name("bench-producer"))
+        })
+        .collect();
+    let period = Duration::from_secs(1) / u32::try_from(pools.len()).unwrap_or(1);
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // A warm-up round, then measured.
+    for pool in &pools {
+        tick.tick().await;
+        stamped().enqueue(pool).await?;
+    }
+    sleep(Duration::from_secs(1)).await;
+    sink.latencies
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clear();
+    let until = Instant::now() + TRICKLE_MEASURED;
+    'trickle: loop {
+        for pool in &pools {
+            if Instant::now() >= until {
+                break 'trickle;
+            }
+            tick.tick().await;
+            stamped().enqueue(pool).await?;
+        }
+    }
+    sleep(Duration::from_secs(1)).await;
+    let mut taken = std::mem::take(
+        &mut *sink
+            .latencies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner),
+    );
+    for pool in pools {
+        pool.close().await;
+    }
+    taken.sort_unstable();
+    let percentile = |p: usize| taken.get(taken.len().saturating_sub(1) * p / 100).copied();
+    Ok((percentile(50), percentile(99)))
+}
+
+/// Drains a backlog of [`HOT_EVENTS`] in `hot` while one event per second goes into
+/// each of `others`; events/s from the backlog's commit to its last event `SENT`.
+async fn hot_drain(hot: &Target, others: &[Target]) -> Result<f64> {
+    let stop = CancellationToken::new();
+    let light = tokio::spawn({
+        let others: Vec<Target> = others.to_vec();
+        let stop = stop.clone();
+        async move {
+            let sink = LatencySink::default();
+            tokio::select! {
+                result = async { loop { trickle(&others, &sink).await?; } } => result,
+                () = stop.cancelled() => Ok::<(), Box<dyn std::error::Error + Send + Sync>>(()),
+            }
+        }
+    });
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(hot.options().clone().application_name("bench-hot"))
+        .await?;
+    sqlx::query("TRUNCATE bench_events").execute(&pool).await?;
+    sqlx::query(
+        "INSERT INTO bench_events (event_id, payload)
+         SELECT gen_random_uuid()::text, lpad('0', 100, '0') FROM generate_series(1, $1)",
+    )
+    .bind(HOT_EVENTS)
+    .execute(&pool)
+    .await?;
+    sqlx::query("NOTIFY bench_events").execute(&pool).await?;
+    let started = Instant::now();
+    loop {
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM bench_events WHERE status <> 'SENT'")
+                .fetch_one(&pool)
+                .await?;
+        if left == 0 {
+            break;
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    stop.cancel();
+    let _ = light.await;
+    pool.close().await;
+    #[allow(clippy::cast_precision_loss)]
+    Ok(HOT_EVENTS as f64 / seconds)
+}
+
+fn percent(cores: Option<f64>) -> String {
+    cores.map_or_else(|| "n/a".into(), |c| format!("{:.2}%", c * 100.0))
+}
+
+fn ms(micros: Option<u32>) -> String {
+    micros.map_or_else(
+        || "n/a".into(),
+        |m| format!("{:.1} ms", f64::from(m) / 1000.0),
+    )
+}
