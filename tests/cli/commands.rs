@@ -806,3 +806,72 @@ async fn status_watch_refreshes_until_interrupted() -> TestResult {
     db.drop_schema().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn fleet_shows_which_member_serves_each_target_and_exits_3_when_one_is_unserved() -> TestResult
+{
+    use outbox::fleet::{Fleet, Target};
+
+    let home = TestSchema::new().await?;
+    let tenants = [
+        schema_with(&[Budgeted::migrations()]).await?,
+        schema_with(&[Budgeted::migrations()]).await?,
+    ];
+    let targets: Vec<Target> = tenants
+        .iter()
+        .enumerate()
+        .map(|(n, db)| Target::from_url(format!("tenant-{n}"), &db.url()))
+        .collect::<Result<_, _>>()?;
+    outbox::fleet::migrate(home.pool()).await?;
+    let none = outbox(&home, &["fleet"]).await?;
+    assert_eq!(none.status.code(), Some(3), "{}", stderr(&none));
+    assert!(
+        stderr(&none).contains("no relay fleet"),
+        "{}",
+        stderr(&none)
+    );
+
+    let shutdown = outbox::CancellationToken::new();
+    let member = tokio::spawn(
+        Fleet::<Budgeted, _>::new(home.pool().clone(), outbox::relay::MemorySink::new())
+            .member("member-a")
+            .lease(Duration::from_secs(2))
+            .targets(targets)
+            .run(shutdown.clone()),
+    );
+    wait_until("both targets served", Duration::from_secs(30), async || {
+        outbox::fleet::assignments(home.pool(), "budget_events")
+            .await
+            .is_ok_and(|a| a.len() == 2 && a.iter().all(|a| a.owner.is_some()))
+    })
+    .await;
+    let served = outbox(&home, &["fleet"]).await?;
+    assert_eq!(served.status.code(), Some(0), "{}", stderr(&served));
+    let text = stdout(&served);
+    assert!(text.contains("fleet budget_events"), "{text}");
+    assert!(text.contains("member-a (alive"), "{text}");
+    for target in ["tenant-0", "tenant-1"] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(target))
+            .ok_or(text.clone())?;
+        assert!(line.contains("member-a"), "{line}");
+    }
+
+    // The member stops and gives its targets up: nobody serves them.
+    shutdown.cancel();
+    member.await??;
+    let unserved = outbox(&home, &["fleet", "--name", "budget_events"]).await?;
+    assert_eq!(unserved.status.code(), Some(3), "{}", stdout(&unserved));
+    assert!(
+        stderr(&unserved)
+            .contains("served by no member: budget_events/tenant-0, budget_events/tenant-1"),
+        "{}",
+        stderr(&unserved)
+    );
+    for db in tenants {
+        db.drop_schema().await?;
+    }
+    home.drop_schema().await?;
+    Ok(())
+}

@@ -230,15 +230,39 @@ pub struct Assignment {
     pub owner: Option<String>,
     /// How many times it was taken.
     pub generation: i64,
-    /// Whether its lease is live now.
-    pub live: bool,
+    /// What is left of its lease (`None`: free or expired).
+    pub lease_left: Option<Duration>,
+    /// How long its owner has served it (`None`: nobody does).
+    pub served_for: Option<Duration>,
+}
+
+/// A member of a fleet, as its last heartbeat says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Its name ([`Fleet::member`](super::Fleet::member)).
+    pub name: String,
+    /// How long it stays alive without another heartbeat (`None`: it missed it, and is
+    /// no longer counted).
+    pub alive_for: Option<Duration>,
+}
+
+/// The fleets whose targets `home` keeps, by name.
+pub async fn fleets(home: &PgPool) -> Result<Vec<String>, OutboxError> {
+    sqlx::query_scalar(
+        "SELECT fleet FROM outbox_fleet UNION SELECT fleet FROM outbox_fleet_members ORDER BY 1",
+    )
+    .fetch_all(home)
+    .await
+    .on_table(TABLE)
 }
 
 /// Which member serves which target of `fleet` (see [`Fleet::name`](super::Fleet::name)),
 /// by target name.
 pub async fn assignments(home: &PgPool, fleet: &str) -> Result<Vec<Assignment>, OutboxError> {
-    let rows: Vec<(String, Option<String>, i64, bool)> = sqlx::query_as(
-        "SELECT target, owner, generation, coalesce(lease_until > statement_timestamp(), false)
+    let rows: Vec<(String, Option<String>, i64, Option<f64>, Option<f64>)> = sqlx::query_as(
+        "SELECT target, owner, generation,
+                extract(epoch FROM lease_until - statement_timestamp())::float8,
+                extract(epoch FROM statement_timestamp() - served_since)::float8
          FROM outbox_fleet WHERE fleet = $1 ORDER BY target",
     )
     .bind(fleet)
@@ -247,11 +271,36 @@ pub async fn assignments(home: &PgPool, fleet: &str) -> Result<Vec<Assignment>, 
     .on_table(TABLE)?;
     Ok(rows
         .into_iter()
-        .map(|(target, owner, generation, live)| Assignment {
-            target,
-            owner: owner.filter(|_| live),
-            generation,
-            live,
+        .map(|(target, owner, generation, left, served)| {
+            let lease_left = left.filter(|s| *s > 0.0).map(Duration::from_secs_f64);
+            Assignment {
+                target,
+                owner: owner.filter(|_| lease_left.is_some()),
+                generation,
+                served_for: served
+                    .filter(|_| lease_left.is_some())
+                    .map(|s| Duration::from_secs_f64(s.max(0.0))),
+                lease_left,
+            }
+        })
+        .collect())
+}
+
+/// The members of `fleet`, alive or not yet forgotten, by name.
+pub async fn members(home: &PgPool, fleet: &str) -> Result<Vec<Member>, OutboxError> {
+    let rows: Vec<(String, f64)> = sqlx::query_as(
+        "SELECT member, extract(epoch FROM alive_until - statement_timestamp())::float8
+         FROM outbox_fleet_members WHERE fleet = $1 ORDER BY member",
+    )
+    .bind(fleet)
+    .fetch_all(home)
+    .await
+    .on_table(TABLE)?;
+    Ok(rows
+        .into_iter()
+        .map(|(name, left)| Member {
+            name,
+            alive_for: (left > 0.0).then(|| Duration::from_secs_f64(left)),
         })
         .collect())
 }

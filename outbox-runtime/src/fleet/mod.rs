@@ -49,7 +49,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 
-pub use leases::{Assignment, TABLE, assignments, migrate};
+pub use leases::{Assignment, Member, TABLE, assignments, fleets, members, migrate};
 
 use crate::error::OutboxError;
 use crate::relay::Relay;

@@ -5,6 +5,7 @@
 //! and every command starts from there.
 
 mod events;
+mod fleet;
 mod repair;
 mod serve;
 mod status;
@@ -52,7 +53,8 @@ Exit codes:
      longer than --max-age since its enqueue, a catalog entry that does not match its table, or no
      outbox table at all; a `status --watch` ends with 0 on Ctrl-C, its attention
      lines on stdout); for `dead`, a table it could not read; for `requeue` and
-     `discard` by id, ids left alone (not DEAD, or no such event)";
+     `discard` by id, ids left alone (not DEAD, or no such event); for `fleet`, a
+     target served by no member, or no fleet at all";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -74,6 +76,9 @@ enum Command {
     Grants(GrantsArgs),
     /// A dashboard in the browser, with a JSON API (read-only unless --allow-writes).
     Serve(serve::Args),
+    /// The relay fleets whose leases this database keeps: members alive, and which
+    /// member serves each target.
+    Fleet(fleet::Args),
 }
 
 impl Command {
@@ -200,6 +205,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Prune(args) => repair::prune(&pool, args).await,
         Command::Grants(args) => grants(&pool, &args).await,
         Command::Serve(args) => serve::run(pool.clone(), args).await,
+        Command::Fleet(args) => fleet::run(&pool, args).await,
     };
     pool.close().await;
     result
