@@ -11,7 +11,8 @@ use metrics::{
     Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
 };
 
-/// Metric values by (name, `table` label).
+/// Metric values by (name, `table` label), or (name, `table@target`) for a fleet's
+/// relay, whose metrics carry a `target` label too.
 type Values<V = AtomicU64> = Mutex<HashMap<(String, String), Arc<V>>>;
 
 /// Counter values, gauge values (an `f64`'s bits, as `metrics` stores them in an
@@ -42,6 +43,11 @@ impl Counters {
         value(&self.counts, name, table).map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
+    /// The value of counter `name` labelled `table` and a fleet's `target`.
+    pub fn get_for_target(&self, name: &str, table: &str, target: &str) -> u64 {
+        self.get(name, &format!("{table}@{target}"))
+    }
+
     /// The last value of gauge `name` labelled `table`, or `None` if it was never
     /// registered.
     pub fn gauge(&self, name: &str, table: &str) -> Option<f64> {
@@ -66,11 +72,16 @@ fn value<V>(values: &Values<V>, name: &str, table: &str) -> Option<Arc<V>> {
 
 /// The value registered for `key` in `values`, created at 0 the first time.
 fn register<V: Default>(values: &Values<V>, key: &Key) -> Arc<V> {
-    let table = key
-        .labels()
-        .find(|l| l.key() == "table")
-        .map(|l| l.value().to_owned())
-        .unwrap_or_default();
+    let label = |name: &str| {
+        key.labels()
+            .find(|l| l.key() == name)
+            .map(|l| l.value().to_owned())
+    };
+    let table = label("table").unwrap_or_default();
+    let table = match label("target") {
+        Some(target) => format!("{table}@{target}"),
+        None => table,
+    };
     let mut values = values.lock().unwrap_or_else(PoisonError::into_inner);
     Arc::clone(values.entry((key.name().to_owned(), table)).or_default())
 }

@@ -11,6 +11,7 @@ use outbox::fleet::{self, Fleet, Target};
 use outbox::relay::MemorySink;
 use outbox::testing::TestSchema;
 use outbox::{CancellationToken, Outbox, OutboxError};
+use outbox_testkit::counters::Counters;
 use outbox_testkit::events::Budgeted;
 use outbox_testkit::rows::{count, enqueue};
 use outbox_testkit::schema::schema_with;
@@ -392,7 +393,9 @@ async fn a_member_serves_no_more_targets_than_its_connections_allow() -> TestRes
 }
 
 #[tokio::test]
-async fn each_target_publishes_through_a_sink_made_for_it() -> TestResult {
+async fn each_target_publishes_through_a_sink_made_for_it_and_is_counted_apart() -> TestResult {
+    let counters = Counters::default();
+    let _recording = metrics::set_default_local_recorder(&counters);
     let tenants = Tenants::new(2).await?;
     let sinks: Arc<Mutex<HashMap<String, MemorySink<Budgeted>>>> = Arc::default();
     let made = Arc::clone(&sinks);
@@ -418,6 +421,8 @@ async fn each_target_publishes_through_a_sink_made_for_it() -> TestResult {
         let n = target.trim_start_matches("tenant-");
         let names: Vec<String> = sink.published().into_iter().map(|p| p.event.name).collect();
         assert_eq!(names.len(), 3, "{target}: {names:?}");
+        let sent = counters.get_for_target(outbox::relay::metric::SENT, "budget_events", target);
+        assert_eq!(sent, 3, "{target}'s relay counts its own events");
         assert!(
             names
                 .iter()

@@ -108,7 +108,8 @@ async fn serve<T, S>(
             pool.clone(),
             (fleet.sink)(&target),
         ))
-        .within(Arc::clone(&tenure));
+        .within(Arc::clone(&tenure))
+        .for_target(name);
         let run = relay.run(stop.child_token());
         tokio::pin!(run);
         let result = tokio::select! {

@@ -70,11 +70,11 @@ impl<'a, T: Outbox> InFlight<'a, T> {
 
     /// Marks the row lost to another publisher: the sink can stop sending it, and the
     /// relay records nothing for it.
-    pub(super) fn lose(&self) {
+    pub(super) fn lose(&self, labels: &[metrics::Label]) {
         let table = T::SPEC.table;
         let claim = self.claim;
         self.lost.cancel();
-        metrics::counter!(metric::STALE, "table" => table).increment(1);
+        metrics::counter!(metric::STALE, labels.iter()).increment(1);
         tracing::warn!(table, id = claim.id(), event_id = %claim.event_id(), generation = %claim.generation(),
             "lease renewal rejected: another publisher owns this event now");
     }

@@ -67,6 +67,8 @@ pub struct Relay<T, S> {
     tracer: crate::trace::SendTracer,
     /// A fleet's lease on this relay's target: no claim once it is over.
     tenure: Option<std::sync::Arc<tenure::Tenure>>,
+    /// The labels of its metrics: the table, and a fleet's target.
+    labels: std::sync::Arc<[metrics::Label]>,
     event: PhantomData<fn() -> T>,
 }
 
@@ -97,6 +99,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             failures: Box::default(),
             tracer: crate::trace::SendTracer::default(),
             tenure: None,
+            labels: std::sync::Arc::new([metrics::Label::new("table", spec.table)]),
             event: PhantomData,
         }
     }
@@ -175,6 +178,14 @@ impl<T, S> Relay<T, S> {
     /// Claims only while `tenure` lasts (a fleet's lease on the target).
     pub(crate) fn within(mut self, tenure: std::sync::Arc<tenure::Tenure>) -> Self {
         self.tenure = Some(tenure);
+        self
+    }
+
+    /// Labels its metrics with a fleet's `target` too.
+    pub(crate) fn for_target(mut self, target: &str) -> Self {
+        let mut labels = self.labels.to_vec();
+        labels.push(metrics::Label::new("target", target.to_owned()));
+        self.labels = labels.into();
         self
     }
 }

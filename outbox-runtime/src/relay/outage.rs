@@ -13,6 +13,7 @@ use crate::table::metric;
 #[derive(Debug)]
 pub(super) struct Outage {
     table: &'static str,
+    labels: std::sync::Arc<[metrics::Label]>,
     /// A lock-free check for the common case: no outage.
     down: AtomicBool,
     since: Mutex<Option<Down>>,
@@ -25,9 +26,10 @@ struct Down {
 }
 
 impl Outage {
-    pub(super) fn new(table: &'static str) -> Self {
+    pub(super) fn new(table: &'static str, labels: std::sync::Arc<[metrics::Label]>) -> Self {
         Self {
             table,
+            labels,
             down: AtomicBool::new(false),
             since: Mutex::new(None),
         }
@@ -35,7 +37,7 @@ impl Outage {
 
     /// A batch was handed back because the sink said the destination is unavailable.
     pub(super) fn held_back(&self, reason: &str) {
-        metrics::counter!(metric::UNAVAILABLE, "table" => self.table).increment(1);
+        metrics::counter!(metric::UNAVAILABLE, self.labels.iter()).increment(1);
         let mut since = self.since.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(down) = &mut *since {
             down.batches += 1;

@@ -53,7 +53,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
         } else {
             Frontier::new()
         });
-        let outage = Arc::new(Outage::new(T::SPEC.table));
+        let outage = Arc::new(Outage::new(T::SPEC.table, Arc::clone(&relay.labels)));
         let listener = tokio::spawn(listen::<T>(
             relay.pool.clone(),
             Arc::clone(&wakeups),

@@ -168,7 +168,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     // Idle: the connection goes back to the pool until there is work.
                     state.conn.release();
                     if claim_next {
-                        metrics::counter!(metric::IDLE_CLAIMS, "table" => T::SPEC.table)
+                        metrics::counter!(metric::IDLE_CLAIMS, self.relay.labels.iter())
                             .increment(1);
                     }
                     if stopping {

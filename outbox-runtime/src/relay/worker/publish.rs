@@ -39,7 +39,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             first_id = claims[0].id()
         );
         async {
-            count_claimed(&claims);
+            count_claimed(&self.relay.labels, &claims);
             let mut deliveries: Vec<Delivery<'_, T>> =
                 claims.iter().map(InFlight::delivery).collect();
             let sends = self.relay.tracer.open(&self.relay.sink, &mut deliveries);
@@ -71,7 +71,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             let found_nothing =
                 claim_next && matches!(&ahead, Some(Ok(next)) if next.is_empty() && !next.full);
             if found_nothing {
-                metrics::counter!(metric::IDLE_CLAIMS, "table" => table).increment(1);
+                metrics::counter!(metric::IDLE_CLAIMS, self.relay.labels.iter()).increment(1);
             }
             let results = answer.results();
             sends.end(results.as_deref());
@@ -124,12 +124,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
 }
 
 /// Logs and counts a claimed batch.
-fn count_claimed<T: Outbox>(claims: &[Claim<T>]) {
-    let table = T::SPEC.table;
+fn count_claimed<T: Outbox>(labels: &[metrics::Label], claims: &[Claim<T>]) {
     tracing::debug!(event_ids = ?claims.iter().map(|c| c.event_id().as_str()).collect::<Vec<_>>(), "claimed");
-    metrics::counter!(metric::CLAIMED, "table" => table).increment(claims.len() as u64);
+    metrics::counter!(metric::CLAIMED, labels.iter()).increment(claims.len() as u64);
     let reclaimed = claims.iter().filter(|c| c.is_reclaim()).count();
-    metrics::counter!(metric::RECLAIMED, "table" => table).increment(reclaimed as u64);
+    metrics::counter!(metric::RECLAIMED, labels.iter()).increment(reclaimed as u64);
     #[allow(clippy::cast_precision_loss)]
-    metrics::histogram!(metric::BATCH_SIZE, "table" => table).record(claims.len() as f64);
+    metrics::histogram!(metric::BATCH_SIZE, labels.iter()).record(claims.len() as f64);
 }

@@ -105,7 +105,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     break Answer::Abandoned;
                 }
                 () = sleep_until(renewal.due()), if !renewal_waits => {
-                    match renew_in_flight(&mut renewal, conn, db_busy, &mut ahead).await {
+                    match renew_in_flight(&relay.labels, &mut renewal, conn, db_busy, &mut ahead).await {
                         Renewed::Owned => {}
                         Renewed::NoConnection => renewal_waits = true,
                         Renewed::LostAll => break Answer::Abandoned,
@@ -127,7 +127,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             }
         };
         #[allow(clippy::cast_precision_loss)]
-        metrics::histogram!(metric::PUBLISH_SECONDS, "table" => table)
+        metrics::histogram!(metric::PUBLISH_SECONDS, relay.labels.iter())
             .record(started.elapsed().as_secs_f64());
         if db_busy && let Some((held, done)) = beside.await {
             conn.held = held;
@@ -183,6 +183,7 @@ enum Renewed {
 /// the pool has a connection to spare, idle or yet to open. (Its wait is short: the
 /// transaction beside is not polled meanwhile.)
 async fn renew_in_flight<T: Outbox>(
+    labels: &[metrics::Label],
     renewal: &mut Renewal<'_, '_, T>,
     conn: &mut Connection<'_>,
     db_busy: bool,
@@ -202,7 +203,7 @@ async fn renew_in_flight<T: Outbox>(
         renewal.renew(conn).await
     };
     for row in lost {
-        row.lose();
+        row.lose(labels);
     }
     if renewal.lost_all() {
         return Renewed::LostAll;

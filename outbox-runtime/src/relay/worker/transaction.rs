@@ -50,7 +50,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             });
         };
         let (claimed, recorded) = done?;
-        account::<T>(&pending.outcomes, &recorded);
+        account::<T>(&self.relay.labels, &pending.outcomes, &recorded);
         let more = claimed.full && !key_runs::took_runs(&claimed.claims);
         if let Some(claiming) = claiming {
             claiming.answered(more);
@@ -88,7 +88,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
 }
 
 /// Counts what happened to recorded outcomes.
-fn account<T: Outbox>(outcomes: &[(Owned, Outcome)], recorded: &Recorded) {
+fn account<T: Outbox>(
+    labels: &[metrics::Label],
+    outcomes: &[(Owned, Outcome)],
+    recorded: &Recorded,
+) {
     let table = T::SPEC.table;
     let (mut sent, mut retried, mut dead, mut released, mut stale) = (0u64, 0u64, 0u64, 0u64, 0u64);
     for (row, outcome) in outcomes {
@@ -116,7 +120,7 @@ fn account<T: Outbox>(outcomes: &[(Owned, Outcome)], recorded: &Recorded) {
         (metric::STALE, stale),
     ] {
         if value > 0 {
-            metrics::counter!(name, "table" => table).increment(value);
+            metrics::counter!(name, labels.iter()).increment(value);
         }
     }
 }
