@@ -74,6 +74,10 @@ impl Bench {
         self.line("| | server CPU idle | client connections idle | trickle enqueue → publish p50 | p99 | hot database events/s | / dedicated |");
         self.line("|---|---|---|---|---|---|---|");
 
+        // The server alone: what its own processes cost with this many databases
+        // (autovacuum's launcher visits each database in turn).
+        let alone = self.idle(&admin, server, Duration::ZERO).await?;
+
         // The fleet.
         let sink = LatencySink::default();
         let stop = CancellationToken::new();
@@ -104,7 +108,7 @@ impl Bench {
             }
             sleep(Duration::from_millis(200)).await;
         }
-        let idle = self.idle(&admin, server).await?;
+        let idle = self.idle(&admin, server, SETTLE).await?;
         let latencies = trickle(&targets, &sink).await?;
         let hot = hot_drain(&targets[0], &targets[1..]).await?;
         stop.cancel();
@@ -127,7 +131,7 @@ impl Bench {
             pools.push(pool.clone());
             relays.spawn(Relay::<BenchEvent, _>::new(pool, sink.clone()).run(stop.clone()));
         }
-        let idle = self.idle(&admin, server).await?;
+        let idle = self.idle(&admin, server, SETTLE).await?;
         let latencies = trickle(&targets, &sink).await?;
         stop.cancel();
         while let Some(relay) = relays.join_next().await {
@@ -154,6 +158,11 @@ impl Bench {
 
         let (fleet_idle, fleet_trickle, fleet_hot) = fleet_row;
         self.line(&format!(
+            "| the server alone (no relay) | {} | {} | | | | |",
+            percent(alone.0),
+            alone.1
+        ));
+        self.line(&format!(
             "| fleet | {} | {} | {} | {} | {:.0} | {:.2} |",
             percent(fleet_idle.0),
             fleet_idle.1,
@@ -175,10 +184,15 @@ impl Bench {
         Ok(())
     }
 
-    /// After the pools settled: the server's CPU (cores) and its client connections
-    /// other than the bench's own.
-    async fn idle(&self, admin: &PgPool, server: Option<u32>) -> Result<(Option<f64>, i64)> {
-        sleep(SETTLE).await;
+    /// After `settle` (for the pools to close what they do not use): the server's CPU
+    /// (cores) and its client connections other than the bench's own.
+    async fn idle(
+        &self,
+        admin: &PgPool,
+        server: Option<u32>,
+        settle: Duration,
+    ) -> Result<(Option<f64>, i64)> {
+        sleep(settle).await;
         let before = Cpu::now(server);
         sleep(IDLE_MEASURED).await;
         let after = Cpu::now(server);

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use futures_util::future::join_all;
+use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
@@ -42,6 +42,7 @@ impl<T: Outbox, S: Sink<T>> Fleet<T, S> {
             fleet: Arc::new(self),
             targets: BTreeMap::new(),
             served: BTreeMap::new(),
+            leaving: JoinSet::new(),
             discovered: None,
             home_down: false,
         };
@@ -75,6 +76,8 @@ struct Member<T, S> {
     targets: BTreeMap<String, Target>,
     /// The targets this member serves, by name.
     served: BTreeMap<String, Served>,
+    /// The targets being given up: their relays finishing, then their leases released.
+    leaving: JoinSet<()>,
     /// When discovery last succeeded.
     discovered: Option<Instant>,
     /// Whether the last round failed to reach the home database (logged once).
@@ -132,14 +135,14 @@ impl<T: Outbox, S: Sink<T>> Member<T, S> {
             .filter(|target| !self.targets.contains_key(*target))
             .cloned()
             .collect();
-        self.give_up(gone).await?;
+        self.give_up(gone);
         let share = self
             .targets
             .len()
             .div_ceil(members)
             .min(self.fleet.capacity());
         let excess: Vec<String> = self.served.keys().skip(share).cloned().collect();
-        self.give_up(excess).await?;
+        self.give_up(excess);
 
         let free: Vec<&str> = self
             .targets
@@ -186,26 +189,28 @@ impl<T: Outbox, S: Sink<T>> Member<T, S> {
         }
     }
 
-    /// Stops serving `targets` (their relays record what they had in flight), then
-    /// releases their leases.
-    async fn give_up(&mut self, targets: Vec<String>) -> Result<(), OutboxError> {
-        let stopped: Vec<(String, Served)> = targets
-            .into_iter()
-            .filter_map(|target| self.served.remove_entry(&target))
-            .collect();
-        let held: Vec<Taken> = stopped
-            .iter()
-            .map(|(target, served)| Taken {
-                target: target.clone(),
+    /// Stops serving `targets`, each on a task of its own that releases the target's
+    /// lease once its relay has recorded what it had in flight (within its shutdown
+    /// grace): a round that waited for them would renew the other targets late.
+    fn give_up(&mut self, targets: Vec<String>) {
+        for target in targets {
+            let Some(served) = self.served.remove(&target) else {
+                continue;
+            };
+            let taken = Taken {
+                target,
                 generation: served.generation,
-            })
-            .collect();
-        join_all(stopped.into_iter().map(|(_, served)| served.stop())).await;
-        let leases = self.fleet.leases();
-        for taken in &held {
-            leases.release(taken).await?;
+            };
+            let fleet = Arc::clone(&self.fleet);
+            self.leaving.spawn(async move {
+                served.stop().await;
+                if let Err(error) = fleet.leases().release(&taken).await {
+                    tracing::warn!(fleet = %fleet.name, target = taken.target, %error, "cannot give the target up; it waits for its lease to run out");
+                }
+            });
         }
-        Ok(())
+        // Those done since the last round.
+        while self.leaving.try_join_next().is_some() {}
     }
 
     /// Calls the discovery when it is due; an error keeps the last set.
@@ -237,8 +242,13 @@ impl<T: Outbox, S: Sink<T>> Member<T, S> {
     /// Stops every relay, gives every target up and leaves the fleet.
     async fn leave(mut self) {
         let all = self.served.keys().cloned().collect();
-        if let Err(error) = self.give_up(all).await {
-            tracing::warn!(fleet = %self.fleet.name, %error, "cannot give the targets up; they wait for their leases to run out");
+        self.give_up(all);
+        while let Some(done) = self.leaving.join_next().await {
+            if let Err(error) = done
+                && error.is_panic()
+            {
+                std::panic::resume_unwind(error.into_panic());
+            }
         }
         if let Err(error) = self.fleet.leases().leave().await {
             tracing::debug!(fleet = %self.fleet.name, %error, "cannot say this member left");
