@@ -34,6 +34,8 @@ const IDLE_MEASURED: Duration = Duration::from_secs(30);
 const TRICKLE_MEASURED: Duration = Duration::from_secs(30);
 /// The hot database's backlog.
 const HOT_EVENTS: i64 = 100_000;
+/// The fleet's relays' poll interval in the idle row that weighs the polls.
+const SLOW_POLL: Duration = Duration::from_secs(20);
 
 impl Bench {
     pub(super) async fn fleet(&self, args: &Args) -> Result {
@@ -81,41 +83,19 @@ impl Bench {
         // The fleet.
         let sink = LatencySink::default();
         let stop = CancellationToken::new();
-        let mut members = JoinSet::new();
-        for _ in 0..MEMBERS {
-            members.spawn(
-                Fleet::<BenchEvent, _>::new(home.clone(), sink.clone())
-                    .targets(targets.clone())
-                    .max_connections(u32::try_from(databases + 20).unwrap_or(u32::MAX))
-                    .run(stop.clone()),
-            );
-        }
-        let started = Instant::now();
-        loop {
-            let served = fleet::assignments(&home, BenchEvent::SPEC.table())
-                .await?
-                .iter()
-                .filter(|a| a.owner.is_some())
-                .count();
-            if served == databases {
-                break;
-            }
-            if started.elapsed() > Duration::from_secs(120) {
-                return Err(format!(
-                    "the fleet served {served} of {databases} databases after 2 minutes"
-                )
-                .into());
-            }
-            sleep(Duration::from_millis(200)).await;
-        }
+        let members = start_fleet(&home, &targets, &sink, &stop, Duration::from_secs(5)).await?;
         let idle = self.idle(&admin, server, SETTLE).await?;
         let latencies = trickle(&targets, &sink).await?;
         let hot = hot_drain(&targets[0], &targets[1..]).await?;
-        stop.cancel();
-        while let Some(member) = members.join_next().await {
-            member??;
-        }
+        stop_all(&stop, members).await?;
         let fleet_row = (idle, latencies, hot);
+
+        // The fleet again, its relays polling every 20 s (under the pools' 30 s idle
+        // timeout, so that each poll finds its connection open): what the polls cost.
+        let stop = CancellationToken::new();
+        let members = start_fleet(&home, &targets, &sink, &stop, SLOW_POLL).await?;
+        let slow_poll = self.idle(&admin, server, SETTLE).await?;
+        stop_all(&stop, members).await?;
 
         // A relay per database.
         let sink = LatencySink::default();
@@ -172,6 +152,12 @@ impl Bench {
             fleet_hot / dedicated
         ));
         self.line(&format!(
+            "| fleet, its relays polling every {} s | {} | {} | | | | |",
+            SLOW_POLL.as_secs(),
+            percent(slow_poll.0),
+            slow_poll.1
+        ));
+        self.line(&format!(
             "| a relay per database | {} | {} | {} | {} | {dedicated:.0} (alone) | 1 |",
             percent(idle.0),
             idle.1,
@@ -207,6 +193,57 @@ impl Bench {
             connections,
         ))
     }
+}
+
+/// Starts [`MEMBERS`] fleet members serving `targets`, their relays polling every
+/// `poll`, and waits until every target is served.
+async fn start_fleet(
+    home: &PgPool,
+    targets: &[Target],
+    sink: &LatencySink,
+    stop: &CancellationToken,
+    poll: Duration,
+) -> Result<JoinSet<std::result::Result<(), outbox::OutboxError>>> {
+    let mut members = JoinSet::new();
+    for _ in 0..MEMBERS {
+        members.spawn(
+            Fleet::<BenchEvent, _>::new(home.clone(), sink.clone())
+                .targets(targets.to_vec())
+                .max_connections(u32::try_from(targets.len() + 20).unwrap_or(u32::MAX))
+                .relay(move |relay| relay.poll_interval(poll))
+                .run(stop.clone()),
+        );
+    }
+    let started = Instant::now();
+    loop {
+        let served = fleet::assignments(home, BenchEvent::SPEC.table())
+            .await?
+            .iter()
+            .filter(|a| a.owner.is_some())
+            .count();
+        if served == targets.len() {
+            return Ok(members);
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            return Err(format!(
+                "the fleet served {served} of {} databases after 2 minutes",
+                targets.len()
+            )
+            .into());
+        }
+        sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn stop_all(
+    stop: &CancellationToken,
+    mut members: JoinSet<std::result::Result<(), outbox::OutboxError>>,
+) -> Result {
+    stop.cancel();
+    while let Some(member) = members.join_next().await {
+        member??;
+    }
+    Ok(())
 }
 
 /// `n` databases made from one template with the outbox table (a file copy each).

@@ -1,6 +1,7 @@
 //! The harness every test shares, one place per concept:
 //!
 //! - [`schema`]: a fresh PostgreSQL schema with the event tables migrated;
+//! - [`database`]: a fresh database, for targets a schema cannot stand in for;
 //! - [`rows`]: outbox rows enqueued, read back, and moved by fixtures;
 //! - [`wait_until`]: polling for a condition, with a deadline;
 //! - [`child`]: re-running the current executable as a child process to kill;
@@ -46,6 +47,7 @@ pub mod chaos;
 pub mod child;
 pub mod cleanup;
 pub mod counters;
+pub mod database;
 pub mod events;
 pub mod lab;
 pub mod logs;

@@ -578,3 +578,51 @@ async fn a_sink_that_panics_before_it_returns_its_future_is_contained_as_well() 
     db.drop_schema().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_retry_is_claimed_when_its_delay_is_over_not_at_the_next_poll() -> TestResult {
+    let db = schema_from_zero(&[Budgeted::migrations()]).await?;
+    let pool = db.pool();
+    // The first attempt fails; the retry goes through.
+    let sink = ScriptSink::new(|call, seen| Plan {
+        wait: Wait::Nothing,
+        results: seen
+            .iter()
+            .map(|_| {
+                if call == 0 {
+                    Err(SinkError::transient("broker busy"))
+                } else {
+                    Ok(())
+                }
+            })
+            .collect(),
+    });
+    // No poll within the test: only the relay's own record of the retry's time wakes it.
+    let relay = start(
+        Relay::<Budgeted, _>::new(pool.clone(), sink.clone())
+            .poll_interval(Duration::from_hours(1))
+            .retry_backoff(Backoff::new(
+                Duration::from_millis(300),
+                Duration::from_millis(300),
+            )),
+    );
+    let id = budgeted("retried").enqueue(pool).await?.into_event_id();
+    wait_until("the retry is SENT", Duration::from_secs(10), async || {
+        status::<Budgeted>(pool, &id).await == "SENT"
+    })
+    .await;
+    relay.stop().await?;
+    let attempts: Vec<u32> = sink
+        .calls()
+        .iter()
+        .flatten()
+        .map(|seen| seen.attempt)
+        .collect();
+    assert_eq!(
+        attempts,
+        [1, 2],
+        "published twice: the failure, then its retry"
+    );
+    db.drop_schema().await?;
+    Ok(())
+}

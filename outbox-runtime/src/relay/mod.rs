@@ -127,7 +127,8 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
     }
 
     /// How often an idle worker looks for due events without a notification: events
-    /// retried with a delay, the expired claims of a publisher that died, an enqueue that
+    /// another relay process retried with a delay (this relay's own retries wake a
+    /// worker when due), the expired claims of a publisher that died, an enqueue that
     /// committed long after its `INSERT` began, notifications lost while disconnected.
     /// From 1 ms to [`MAX_INTERVAL`] (`Duration::MAX`:
     /// notifications alone, and those events wait for the next one).

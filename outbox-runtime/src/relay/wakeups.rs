@@ -15,6 +15,10 @@
 //! unanswered when the last of them ends (they started before it), it wakes a worker
 //! then, or after [`DEFER_LIMIT`] at most, whichever comes first. A worker woken for a
 //! signal that was answered meanwhile goes back to waiting.
+//!
+//! No notification says that a retry became due: the relay that recorded it knows
+//! when, and wakes one worker then ([`Wakeups::retry_at`]), so a retry waits for its
+//! delay, not for the next poll.
 
 use std::convert::Infallible;
 use std::sync::{Mutex, PoisonError};
@@ -36,6 +40,8 @@ pub(super) struct Wakeups {
     workers: Notify,
     /// Tells [`Wakeups::watch_deferred`] that a signal is waiting.
     deferred: Notify,
+    /// Tells idle workers that a retry became due sooner.
+    retries: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -51,6 +57,9 @@ struct State {
     /// A worker was woken and has not started its claim yet: that claim answers every
     /// signal until then, so they need not wake another.
     waking: bool,
+    /// When the earliest retry this relay recorded becomes due, until a worker wakes
+    /// for it.
+    retry_due: Option<Instant>,
 }
 
 /// A claim that is running: [`Claiming::answered`] when it came back, dropped when it
@@ -88,6 +97,16 @@ impl Wakeups {
         self.workers.notify_one();
     }
 
+    /// A retry was recorded, due at `at` (by this process's clock, no earlier than the
+    /// database's): one idle worker wakes then.
+    pub(super) fn retry_at(&self, at: Instant) {
+        let mut state = self.lock();
+        state.retry_due = Some(state.retry_due.map_or(at, |due| due.min(at)));
+        drop(state);
+        // The idle workers look at the new time.
+        self.retries.notify_waiters();
+    }
+
     /// A claim starts.
     pub(super) fn claiming(&self) -> Claiming<'_> {
         let mut state = self.lock();
@@ -100,10 +119,15 @@ impl Wakeups {
         }
     }
 
-    /// Waits until a signal wants a worker (or `poll` has passed).
+    /// Waits until a signal wants a worker, a recorded retry is due, or `poll` has
+    /// passed.
     pub(super) async fn idle(&self, poll: Duration) {
-        let deadline = Instant::now() + poll;
+        let polled = Instant::now() + poll;
         loop {
+            // Made before the time is read: it hears any later `retry_at`.
+            let sooner = self.retries.notified();
+            let due = self.lock().retry_due;
+            let wake_at = due.map_or(polled, |due| due.min(polled));
             tokio::select! {
                 () = self.workers.notified() => {
                     let mut state = self.lock();
@@ -114,7 +138,18 @@ impl Wakeups {
                     // Answered since: back to waiting.
                     state.waking = false;
                 }
-                () = tokio::time::sleep_until(deadline) => return,
+                () = sooner => {}
+                () = tokio::time::sleep_until(wake_at) => {
+                    if wake_at == polled {
+                        return;
+                    }
+                    // The retry's worker: the first to wake takes it.
+                    let mut state = self.lock();
+                    if state.retry_due.is_some_and(|due| due <= Instant::now()) {
+                        state.retry_due = None;
+                        return;
+                    }
+                }
             }
         }
     }

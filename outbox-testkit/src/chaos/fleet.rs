@@ -1,6 +1,7 @@
-//! Chaos for a relay fleet: member processes share the targets (schemas standing in for
-//! tenant databases) through their leases in a home schema, while the driver SIGKILLs
-//! and restarts them, SIGSTOPs them past their lease, and terminates their sessions.
+//! Chaos for a relay fleet: member processes share the targets (databases of the run's
+//! own) through their leases in a home schema, while the driver SIGKILLs and restarts
+//! them, SIGSTOPs them past their lease, terminates their sessions, and makes a target
+//! database refuse every connection for a while (`ALLOW_CONNECTIONS false`).
 //!
 //! Every member's sink records each delivery in the home schema (`fleet_published`:
 //! target, member, event, the claim's generation). Triggers record every claim of an
@@ -27,8 +28,8 @@ use tokio::time::{Instant, sleep};
 
 use super::{cancelled_by_sigterm, child_rng, draw};
 use crate::child::{self, Child, ChildCommand};
+use crate::database::TestDatabase;
 use crate::events::ChaosEvent;
-use crate::schema::{Generations, migrate};
 
 /// The child role of a fleet member.
 const MEMBER: &str = "fleet-member";
@@ -69,6 +70,8 @@ pub struct Report {
     pub kills: u32,
     pub pauses: u32,
     pub terminations: u32,
+    /// Targets made unreachable for a while.
+    pub outages: u32,
     pub deliveries: i64,
     /// Targets taken (a new generation) during the run.
     pub takes: i64,
@@ -83,13 +86,14 @@ impl fmt::Display for Report {
         write!(
             f,
             "fleet chaos (seed {}): {} events in {} deliveries; {} kills, {} pauses, {} \
-             terminations; {} targets taken",
+             terminations, {} targets unreachable for a while; {} targets taken",
             self.seed,
             self.events,
             self.deliveries,
             self.kills,
             self.pauses,
             self.terminations,
+            self.outages,
             self.takes
         )?;
         if let Some(handover) = self.handover_after_kill {
@@ -262,20 +266,20 @@ pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, Stri
         .map_err(|e| error(&e))?;
     let mut targets = Vec::new();
     for _ in 0..config.targets {
-        let schema = TestSchema::new().await.map_err(|e| error(&e))?;
-        migrate(&schema, &[ChaosEvent::migrations()], Generations::Random)
+        let database = TestDatabase::new().await.map_err(|e| error(&*e))?;
+        outbox::migrate(database.pool(), &[ChaosEvent::migrations()])
             .await
             .map_err(|e| error(&e))?;
         sqlx::raw_sql(TARGET_AUDIT)
-            .execute(schema.pool())
+            .execute(database.pool())
             .await
             .map_err(|e| error(&e))?;
-        targets.push(schema);
+        targets.push(database);
     }
     let listing: String = targets
         .iter()
         .enumerate()
-        .map(|(n, schema)| format!("target-{n} {}\n", schema.url()))
+        .map(|(n, database)| format!("target-{n} {}\n", database.url()))
         .collect();
     let mut rng = fastrand::Rng::with_seed(config.seed);
     let spawn = |name: &str, seed: u64| -> Result<Member, String> {
@@ -320,7 +324,7 @@ pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, Stri
                 .await
                 .map_err(|e| error(&e))?;
             let pick = rng.usize(..members.len());
-            match rng.u8(0..3) {
+            match rng.u8(0..4) {
                 0 => {
                     let name = members[pick].name.clone();
                     members[pick].child.kill()?;
@@ -333,6 +337,15 @@ pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, Stri
                     sleep(LEASE * 2).await;
                     members[pick].child.signal(Signal::SIGCONT)?;
                     report.pauses += 1;
+                }
+                2 => {
+                    // A target refuses every connection for two leases: its member's
+                    // relay backs off, the others do not notice; its events wait.
+                    let target = &targets[rng.usize(..targets.len())];
+                    target.set_reachable(false).await.map_err(|e| error(&*e))?;
+                    sleep(LEASE * 2).await;
+                    target.set_reachable(true).await.map_err(|e| error(&*e))?;
+                    report.outages += 1;
                 }
                 _ => {
                     sqlx::query(
@@ -380,7 +393,7 @@ pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, Stri
         .await
         .map_err(|e| error(&e))?;
     for target in targets {
-        target.drop_schema().await.map_err(|e| error(&e))?;
+        target.drop_database().await.map_err(|e| error(&*e))?;
     }
     home.drop_schema().await.map_err(|e| error(&e))?;
     Ok(report)
@@ -390,7 +403,7 @@ pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, Stri
 /// made while its member owned the target.
 async fn audit(
     home: &TestSchema,
-    targets: &[TestSchema],
+    targets: &[TestDatabase],
     config: &Config,
     report: &mut Report,
     last_kill: Option<(String, chrono::DateTime<chrono::Utc>)>,

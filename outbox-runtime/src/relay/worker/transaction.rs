@@ -51,6 +51,17 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         };
         let (claimed, recorded) = done?;
         account::<T>(&self.relay.labels, &pending.outcomes, &recorded);
+        // Committed: each retry's `next_attempt_at` is at most its delay from now.
+        let soonest = pending
+            .outcomes
+            .iter()
+            .filter_map(|(_, outcome)| match outcome {
+                Outcome::Retry { delay, .. } => Some(*delay),
+                _ => None,
+            });
+        if let Some(delay) = soonest.min() {
+            self.wakeups.retry_at(tokio::time::Instant::now() + delay);
+        }
         let more = claimed.full && !key_runs::took_runs(&claimed.claims);
         if let Some(claiming) = claiming {
             claiming.answered(more);
