@@ -50,9 +50,11 @@ impl Bench {
             .await?;
         // Autovacuum off: its workers visiting 200 databases (and the hot one's dead
         // rows) would land in whichever idle window came next.
-        sqlx::raw_sql("ALTER SYSTEM SET max_connections = 1000; ALTER SYSTEM SET autovacuum = off")
-            .execute(&admin)
-            .await?;
+        for setting in ["max_connections = 1000", "autovacuum = off"] {
+            sqlx::raw_sql(AssertSqlSafe(format!("ALTER SYSTEM SET {setting}")))
+                .execute(&admin)
+                .await?;
+        }
         admin.close().await;
         cluster.restart().await?;
         let base: PgConnectOptions = cluster.url().parse()?;
@@ -187,10 +189,13 @@ impl Bench {
             Some(median(&dedicated_hot)),
         ));
         self.line(&format!(
-            "\nHot database, fleet / its own relay: **{:.2}** ({:.2}-{:.2}).\n",
+            "\nHot database, fleet / its own relay: **{:.2}** ({:.2}-{:.2}); events/s of each \
+             drain, fleet: {}; its own relay: {}.\n",
             median(&ratios),
             ratios.iter().copied().fold(f64::INFINITY, f64::min),
             ratios.iter().copied().fold(0.0, f64::max),
+            rates(&fleet_hot),
+            rates(&dedicated_hot),
         ));
         home.close().await;
         admin.close().await;
@@ -418,4 +423,12 @@ fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn rates(values: &[f64]) -> String {
+    values
+        .iter()
+        .map(|rate| format!("{rate:.0}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -29,9 +29,9 @@
 //!
 //! A target's relay has a pool of its own of at most
 //! [`connections_per_target`](Fleet::connections_per_target) connections, opened when
-//! needed and closed after 30 s unused (an idle target keeps only its `LISTEN`
-//! session), and a member serves at most `max_connections / connections_per_target`
-//! targets. A target whose database does not answer waits and backs off on its own
+//! needed and closed after 30 s unused (a quiet target keeps two: its worker's, which
+//! polls, and its `LISTEN` session), and a member serves at most
+//! `max_connections / connections_per_target` targets. A target whose database does not answer waits and backs off on its own
 //! task; the others do not notice. If the home database does not answer, leases are
 //! not renewed and every member stops claiming within a lease: the home is the fleet's
 //! one shared dependency (a lease row in each target's database would avoid it at the

@@ -100,7 +100,32 @@ impl<T: Outbox, S: Sink<T>> Member<T, S> {
             .max(1);
         let names: Vec<&str> = self.targets.keys().map(String::as_str).collect();
         leases.offer(&names).await?;
+        self.renew(&leases).await?;
 
+        // Targets no longer discovered, then the excess over this member's share.
+        let gone: Vec<String> = self
+            .served
+            .keys()
+            .filter(|target| !self.targets.contains_key(*target))
+            .cloned()
+            .collect();
+        for target in gone {
+            self.retire(&target, true);
+        }
+        let share = self
+            .targets
+            .len()
+            .div_ceil(members)
+            .min(self.fleet.capacity());
+        let excess: Vec<String> = self.served.keys().skip(share).cloned().collect();
+        for target in excess {
+            self.retire(&target, true);
+        }
+        self.take(&leases, share).await
+    }
+
+    /// Renews the leases of the targets served; stops serving those it could not.
+    async fn renew(&mut self, leases: &Leases<'_>) -> Result<(), OutboxError> {
         let held: Vec<Taken> = self
             .served
             .iter()
@@ -112,38 +137,19 @@ impl<T: Outbox, S: Sink<T>> Member<T, S> {
         let sent = Instant::now();
         let renewed = leases.renew(&held).await?;
         let until = self.tenure_from(sent);
-        let lost: Vec<String> = self
-            .served
-            .keys()
-            .filter(|target| !renewed.contains(target))
-            .cloned()
-            .collect();
-        for target in lost {
-            if let Some(served) = self.served.remove(&target) {
-                tracing::warn!(fleet = %self.fleet.name, target, "lost the target's lease (it ran out, or another member took it); no longer serving it");
-                served.stop().await;
+        for taken in held {
+            if renewed.contains(&taken.target) {
+                self.renewed(&taken.target, until);
+            } else {
+                tracing::warn!(fleet = %self.fleet.name, target = taken.target, "lost the target's lease (it ran out, or another member took it); no longer serving it");
+                self.retire(&taken.target, false);
             }
         }
-        for target in renewed {
-            self.renewed(&target, until);
-        }
+        Ok(())
+    }
 
-        // Targets no longer discovered, then the excess over this member's share.
-        let gone: Vec<String> = self
-            .served
-            .keys()
-            .filter(|target| !self.targets.contains_key(*target))
-            .cloned()
-            .collect();
-        self.give_up(gone);
-        let share = self
-            .targets
-            .len()
-            .div_ceil(members)
-            .min(self.fleet.capacity());
-        let excess: Vec<String> = self.served.keys().skip(share).cloned().collect();
-        self.give_up(excess);
-
+    /// Takes free targets up to `share`, and starts serving them.
+    async fn take(&mut self, leases: &Leases<'_>, share: usize) -> Result<(), OutboxError> {
         let free: Vec<&str> = self
             .targets
             .keys()
@@ -189,27 +195,27 @@ impl<T: Outbox, S: Sink<T>> Member<T, S> {
         }
     }
 
-    /// Stops serving `targets`, each on a task of its own that releases the target's
-    /// lease once its relay has recorded what it had in flight (within its shutdown
-    /// grace): a round that waited for them would renew the other targets late.
-    fn give_up(&mut self, targets: Vec<String>) {
-        for target in targets {
-            let Some(served) = self.served.remove(&target) else {
-                continue;
-            };
-            let taken = Taken {
-                target,
-                generation: served.generation,
-            };
-            let fleet = Arc::clone(&self.fleet);
-            self.leaving.spawn(async move {
-                served.stop().await;
-                if let Err(error) = fleet.leases().release(&taken).await {
-                    tracing::warn!(fleet = %fleet.name, target = taken.target, %error, "cannot give the target up; it waits for its lease to run out");
-                }
-            });
-        }
-        // Those done since the last round.
+    /// Stops serving `target` at once (no claim from now on) and, on a task of its own,
+    /// lets its relay record what it had in flight (within its shutdown grace), then
+    /// releases its lease if `release` (not one lost already). A round that waited for
+    /// the relay would renew the other targets late.
+    fn retire(&mut self, target: &str, release: bool) {
+        let Some(served) = self.served.remove(target) else {
+            return;
+        };
+        served.tenure.end();
+        let taken = Taken {
+            target: target.to_owned(),
+            generation: served.generation,
+        };
+        let fleet = Arc::clone(&self.fleet);
+        self.leaving.spawn(async move {
+            served.stop().await;
+            if release && let Err(error) = fleet.leases().release(&taken).await {
+                tracing::warn!(fleet = %fleet.name, target = taken.target, %error, "cannot give the target up; it waits for its lease to run out");
+            }
+        });
+        // Those done since.
         while self.leaving.try_join_next().is_some() {}
     }
 
@@ -241,8 +247,10 @@ impl<T: Outbox, S: Sink<T>> Member<T, S> {
 
     /// Stops every relay, gives every target up and leaves the fleet.
     async fn leave(mut self) {
-        let all = self.served.keys().cloned().collect();
-        self.give_up(all);
+        let all: Vec<String> = self.served.keys().cloned().collect();
+        for target in all {
+            self.retire(&target, true);
+        }
         while let Some(done) = self.leaving.join_next().await {
             if let Err(error) = done
                 && error.is_panic()

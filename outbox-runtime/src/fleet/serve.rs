@@ -15,8 +15,8 @@ use crate::relay::tenure::Tenure;
 use crate::sink::Sink;
 use crate::spec::Outbox;
 
-/// How long a target's pool keeps a connection nobody uses: an idle target keeps only
-/// its relay's `LISTEN` session.
+/// How long a target's pool keeps a connection nobody uses. A relay polling more often
+/// (every 5 s by default) keeps its worker's connection, beside its `LISTEN` session.
 const IDLE_CONNECTION: Duration = Duration::from_secs(30);
 
 /// A target this member serves: its lease's end by this process's clock, and the task
