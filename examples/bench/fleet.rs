@@ -32,9 +32,11 @@ const MEMBERS: usize = 2;
 const SETTLE: Duration = Duration::from_secs(45);
 const IDLE_MEASURED: Duration = Duration::from_secs(30);
 const TRICKLE_MEASURED: Duration = Duration::from_secs(30);
-/// The hot database's backlog.
-const HOT_EVENTS: i64 = 100_000;
-/// Hot drains of each side.
+/// The hot database's offered load, for how long, from how many connections.
+const HOT_RATE: u32 = 5_000;
+const HOT_FOR: Duration = Duration::from_secs(10);
+const HOT_PRODUCERS: u32 = 8;
+/// Hot runs of each side.
 const HOT_RUNS: usize = 3;
 /// The fleet's relays' poll interval in the idle row that weighs the polls.
 const SLOW_POLL: Duration = Duration::from_secs(20);
@@ -77,13 +79,15 @@ impl Bench {
              100, one worker, its `LISTEN`, polling every 5 s unless the row says \
              otherwise. Idle: the server's process tree's CPU over {} s, in % of one \
              core, after {} s for the pools to settle. Trickle: one event per second into \
-             every database for {} s. Hot: a backlog of {HOT_EVENTS} events drained in \
-             one database while the others trickle, from its commit to its last `SENT`; \
+             every database for {} s. Hot: {HOT_RATE} events/s offered to one database for \
+             {} s (one per transaction, {HOT_PRODUCERS} connections) while the others \
+             trickle, events/s published from the first enqueue to the last publication; \
              the fleet and a dedicated relay in turn, {HOT_RUNS} times each, medians.\n",
             databases + 20,
             IDLE_MEASURED.as_secs(),
             SETTLE.as_secs(),
             TRICKLE_MEASURED.as_secs(),
+            HOT_FOR.as_secs(),
         ));
 
         let alone = self.idle(&admin, server, Duration::ZERO).await?;
@@ -127,11 +131,22 @@ impl Bench {
 
         // The hot database: the fleet (serving all) and its own relay in turn.
         let (mut fleet_hot, mut dedicated_hot) = (Vec::new(), Vec::new());
+        let (mut fleet_p99, mut dedicated_p99) = (Vec::new(), Vec::new());
+        let hot_sink = LatencySink::default();
         for _ in 0..HOT_RUNS {
             let stop = CancellationToken::new();
-            let members =
-                start_fleet(&home, &targets, &sink, &stop, Duration::from_secs(5)).await?;
-            fleet_hot.push(hot_drain(&targets[0], &targets[1..]).await?);
+            let members = start_fleet_with(
+                &home,
+                &targets,
+                &sink,
+                &hot_sink,
+                &stop,
+                Duration::from_secs(5),
+            )
+            .await?;
+            let (rate, p99) = hot_load(&targets[0], &targets[1..], &hot_sink).await?;
+            fleet_hot.push(rate);
+            fleet_p99.push(p99);
             stop_all(&stop, members).await?;
 
             let stop = CancellationToken::new();
@@ -139,9 +154,11 @@ impl Bench {
                 .max_connections(2)
                 .connect_lazy_with(targets[0].options().clone());
             let relay = tokio::spawn(
-                Relay::<BenchEvent, _>::new(pool.clone(), LatencySink::default()).run(stop.clone()),
+                Relay::<BenchEvent, _>::new(pool.clone(), hot_sink.clone()).run(stop.clone()),
             );
-            dedicated_hot.push(hot_drain(&targets[0], &targets[1..]).await?);
+            let (rate, p99) = hot_load(&targets[0], &targets[1..], &hot_sink).await?;
+            dedicated_hot.push(rate);
+            dedicated_p99.push(p99);
             stop.cancel();
             relay.await??;
             pool.close().await;
@@ -190,12 +207,23 @@ impl Bench {
         ));
         self.line(&format!(
             "\nHot database, fleet / its own relay: **{:.2}** ({:.2}-{:.2}); events/s of each \
-             drain, fleet: {}; its own relay: {}.\n",
+             run, fleet: {}; its own relay: {}; the hot events' enqueue → publish p99, \
+             fleet: {}; its own relay: {}.\n",
             median(&ratios),
             ratios.iter().copied().fold(f64::INFINITY, f64::min),
             ratios.iter().copied().fold(0.0, f64::max),
             rates(&fleet_hot),
             rates(&dedicated_hot),
+            fleet_p99
+                .iter()
+                .map(|p| ms(*p))
+                .collect::<Vec<_>>()
+                .join(", "),
+            dedicated_p99
+                .iter()
+                .map(|p| ms(*p))
+                .collect::<Vec<_>>()
+                .join(", "),
         ));
         home.close().await;
         admin.close().await;
@@ -237,14 +265,34 @@ async fn start_fleet(
     stop: &CancellationToken,
     poll: Duration,
 ) -> Result<JoinSet<std::result::Result<(), outbox::OutboxError>>> {
+    start_fleet_with(home, targets, sink, sink, stop, poll).await
+}
+
+/// [`start_fleet`], the first target publishing through `first_sink`.
+async fn start_fleet_with(
+    home: &PgPool,
+    targets: &[Target],
+    sink: &LatencySink,
+    first_sink: &LatencySink,
+    stop: &CancellationToken,
+    poll: Duration,
+) -> Result<JoinSet<std::result::Result<(), outbox::OutboxError>>> {
     let mut members = JoinSet::new();
     for _ in 0..MEMBERS {
+        let (sink, first_sink) = (sink.clone(), first_sink.clone());
+        let first = targets[0].name().to_owned();
         members.spawn(
-            Fleet::<BenchEvent, _>::new(home.clone(), sink.clone())
-                .targets(targets.to_vec())
-                .max_connections(u32::try_from(targets.len() + 20).unwrap_or(u32::MAX))
-                .relay(move |relay| relay.poll_interval(poll))
-                .run(stop.clone()),
+            Fleet::<BenchEvent, _>::with_sinks(home.clone(), move |target| {
+                if target.name() == first {
+                    first_sink.clone()
+                } else {
+                    sink.clone()
+                }
+            })
+            .targets(targets.to_vec())
+            .max_connections(u32::try_from(targets.len() + 20).unwrap_or(u32::MAX))
+            .relay(move |relay| relay.poll_interval(poll))
+            .run(stop.clone()),
         );
     }
     let started = Instant::now();
@@ -356,9 +404,15 @@ async fn trickle(targets: &[Target], sink: &LatencySink) -> Result<(Option<u32>,
     Ok((percentile(50), percentile(99)))
 }
 
-/// Drains a backlog of [`HOT_EVENTS`] in `hot` while one event per second goes into
-/// each of `others`; events/s from the backlog's commit to its last event `SENT`.
-async fn hot_drain(hot: &Target, others: &[Target]) -> Result<f64> {
+/// Offers [`HOT_RATE`] events/s to `hot` for [`HOT_FOR`] (one event per transaction,
+/// [`HOT_PRODUCERS`] connections) while one event per second goes into each of
+/// `others`: the events/s published, from the first enqueue to the last publication,
+/// and the enqueue → publish p99 of `hot`'s events (`hot_sink`'s, µs).
+async fn hot_load(
+    hot: &Target,
+    others: &[Target],
+    hot_sink: &LatencySink,
+) -> Result<(f64, Option<u32>)> {
     let stop = CancellationToken::new();
     let light = tokio::spawn({
         let others: Vec<Target> = others.to_vec();
@@ -372,40 +426,61 @@ async fn hot_drain(hot: &Target, others: &[Target]) -> Result<f64> {
         }
     });
     let pool = PgPoolOptions::new()
-        .max_connections(1)
+        .max_connections(HOT_PRODUCERS)
         .connect_with(hot.options().clone().application_name("bench-hot"))
         .await?;
-    sqlx::query("TRUNCATE bench_events").execute(&pool).await?;
-    sqlx::query(
-        "INSERT INTO bench_events (event_id, payload)
-         SELECT gen_random_uuid()::text, lpad('0', 100, '0') FROM generate_series(1, $1)",
-    )
-    .bind(HOT_EVENTS)
-    .execute(&pool)
-    .await?;
-    sqlx::query("NOTIFY bench_events").execute(&pool).await?;
+    hot_sink
+        .latencies
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clear();
     let started = Instant::now();
-    loop {
-        // The two claim indexes answer it, not a scan of the table.
-        let left: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT FROM bench_events WHERE status = 'READY') \
-             OR EXISTS (SELECT FROM bench_events WHERE status = 'INPROGRESS')",
-        )
-        .fetch_one(&pool)
-        .await?;
-        if !left {
-            break;
-        }
-        sleep(Duration::from_millis(50)).await;
+    let period = Duration::from_secs(1) * HOT_PRODUCERS / HOT_RATE;
+    let mut producers = JoinSet::new();
+    for _ in 0..HOT_PRODUCERS {
+        let pool = pool.clone();
+        producers.spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+            let mut enqueued = 0_usize;
+            while started.elapsed() < HOT_FOR {
+                tick.tick().await;
+                stamped().enqueue(&pool).await?;
+                enqueued += 1;
+            }
+            Ok::<_, outbox::OutboxError>(enqueued)
+        });
+    }
+    let mut enqueued = 0;
+    while let Some(produced) = producers.join_next().await {
+        enqueued += produced??;
+    }
+    let published = || {
+        hot_sink
+            .latencies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    };
+    while published() < enqueued && started.elapsed() < HOT_FOR * 4 {
+        sleep(Duration::from_millis(10)).await;
     }
     let seconds = started.elapsed().as_secs_f64();
     stop.cancel();
     let _ = light.await;
-    // Autovacuum is off: the next drain starts from a table without dead rows.
+    // Autovacuum is off: the next run starts from a table without dead rows.
     sqlx::query("TRUNCATE bench_events").execute(&pool).await?;
     pool.close().await;
+    let mut taken = std::mem::take(
+        &mut *hot_sink
+            .latencies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner),
+    );
+    taken.sort_unstable();
+    let p99 = taken.get(taken.len().saturating_sub(1) * 99 / 100).copied();
     #[allow(clippy::cast_precision_loss)]
-    Ok(HOT_EVENTS as f64 / seconds)
+    Ok((taken.len() as f64 / seconds, p99))
 }
 
 fn percent(cores: Option<f64>) -> String {

@@ -310,6 +310,8 @@ pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, Stri
     let started = Instant::now();
     let per_step = config.chaos / u32::try_from(config.events_per_target).unwrap_or(1);
     let mut next_chaos = started + Duration::from_secs(2);
+    let mut first_actions: Vec<u8> = (0..4).collect();
+    rng.shuffle(&mut first_actions);
     for seq in 0..config.events_per_target {
         for (n, target) in targets.iter().enumerate() {
             let event = ChaosEvent {
@@ -324,7 +326,9 @@ pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, Stri
                 .await
                 .map_err(|e| error(&e))?;
             let pick = rng.usize(..members.len());
-            match rng.u8(0..4) {
+            // Each action once first, in a random order, then any.
+            let action = first_actions.pop().unwrap_or_else(|| rng.u8(0..4));
+            match action {
                 0 => {
                     let name = members[pick].name.clone();
                     members[pick].child.kill()?;
