@@ -45,32 +45,8 @@ impl Bench {
     pub(super) async fn fleet(&self, args: &Args) -> Result {
         let databases = args.fleet_databases as usize;
         self.heading("A relay fleet for many databases");
-        let mut cluster = Cluster::start().await?;
-        let admin = PgPoolOptions::new()
-            .max_connections(1)
-            .connect(cluster.url())
-            .await?;
-        // Autovacuum off: its workers visiting 200 databases (and the hot one's dead
-        // rows) would land in whichever idle window came next.
-        for setting in ["max_connections = 1000", "autovacuum = off"] {
-            sqlx::raw_sql(AssertSqlSafe(format!("ALTER SYSTEM SET {setting}")))
-                .execute(&admin)
-                .await?;
-        }
-        admin.close().await;
-        cluster.restart().await?;
-        let base: PgConnectOptions = cluster.url().parse()?;
-        let admin = PgPoolOptions::new()
-            .max_connections(2)
-            .connect_with(base.clone().application_name("bench-admin"))
-            .await?;
+        let (cluster, admin, home, targets) = cluster_of(databases).await?;
         let server = postmaster(&admin).await;
-        let targets = create_databases(&admin, &base, databases).await?;
-        let home = PgPoolOptions::new()
-            .max_connections(4)
-            .connect_with(base.clone().application_name("bench-home"))
-            .await?;
-        fleet::migrate(&home).await?;
         self.line(&format!(
             "{databases} databases on a throwaway cluster of this machine (max_connections \
              1,000, autovacuum off), a `bench_events` table each. Fleet: {MEMBERS} members \
@@ -106,66 +82,13 @@ impl Bench {
         let slow_idle = self.idle(&admin, server, SETTLE).await?;
         stop_all(&stop, members).await?;
 
-        let sink = LatencySink::default();
-        let stop = CancellationToken::new();
-        let mut relays = JoinSet::new();
-        let mut pools = Vec::new();
-        for target in &targets {
-            let pool = PgPoolOptions::new()
-                .max_connections(2)
-                .min_connections(0)
-                .idle_timeout(Duration::from_secs(30))
-                .connect_lazy_with(target.options().clone());
-            pools.push(pool.clone());
-            relays.spawn(Relay::<BenchEvent, _>::new(pool, sink.clone()).run(stop.clone()));
-        }
-        let relays_idle = self.idle(&admin, server, SETTLE).await?;
-        let relays_trickle = trickle(&targets, &sink).await?;
-        stop.cancel();
-        while let Some(relay) = relays.join_next().await {
-            relay??;
-        }
-        for pool in pools {
-            pool.close().await;
-        }
+        let (relays_idle, relays_trickle) = self.relays(&admin, server, &targets).await?;
 
-        // The hot database: the fleet (serving all) and its own relay in turn.
-        let (mut fleet_hot, mut dedicated_hot) = (Vec::new(), Vec::new());
-        let (mut fleet_p99, mut dedicated_p99) = (Vec::new(), Vec::new());
-        let hot_sink = LatencySink::default();
-        for _ in 0..HOT_RUNS {
-            let stop = CancellationToken::new();
-            let members = start_fleet_with(
-                &home,
-                &targets,
-                &sink,
-                &hot_sink,
-                &stop,
-                Duration::from_secs(5),
-            )
-            .await?;
-            let (rate, p99) = hot_load(&targets[0], &targets[1..], &hot_sink).await?;
-            fleet_hot.push(rate);
-            fleet_p99.push(p99);
-            stop_all(&stop, members).await?;
-
-            let stop = CancellationToken::new();
-            let pool = PgPoolOptions::new()
-                .max_connections(2)
-                .connect_lazy_with(targets[0].options().clone());
-            let relay = tokio::spawn(
-                Relay::<BenchEvent, _>::new(pool.clone(), hot_sink.clone()).run(stop.clone()),
-            );
-            let (rate, p99) = hot_load(&targets[0], &targets[1..], &hot_sink).await?;
-            dedicated_hot.push(rate);
-            dedicated_p99.push(p99);
-            stop.cancel();
-            relay.await??;
-            pool.close().await;
-        }
-        let ratios: Vec<f64> = fleet_hot
+        let hot = hot_runs(&home, &targets, &sink).await?;
+        let ratios: Vec<f64> = hot
+            .fleet
             .iter()
-            .zip(&dedicated_hot)
+            .zip(&hot.dedicated)
             .map(|(fleet, dedicated)| fleet / dedicated)
             .collect();
 
@@ -191,7 +114,7 @@ impl Bench {
             "fleet",
             fleet_idle,
             Some(fleet_trickle),
-            Some(median(&fleet_hot)),
+            Some(median(&hot.fleet)),
         ));
         self.line(&row(
             &format!("fleet, relays polling every {} s", SLOW_POLL.as_secs()),
@@ -203,7 +126,7 @@ impl Bench {
             "a relay per database",
             relays_idle,
             Some(relays_trickle),
-            Some(median(&dedicated_hot)),
+            Some(median(&hot.dedicated)),
         ));
         self.line(&format!(
             "\nHot database, fleet / its own relay: **{:.2}** ({:.2}-{:.2}); events/s of each \
@@ -212,23 +135,48 @@ impl Bench {
             median(&ratios),
             ratios.iter().copied().fold(f64::INFINITY, f64::min),
             ratios.iter().copied().fold(0.0, f64::max),
-            rates(&fleet_hot),
-            rates(&dedicated_hot),
-            fleet_p99
-                .iter()
-                .map(|p| ms(*p))
-                .collect::<Vec<_>>()
-                .join(", "),
-            dedicated_p99
-                .iter()
-                .map(|p| ms(*p))
-                .collect::<Vec<_>>()
-                .join(", "),
+            rates(&hot.fleet),
+            rates(&hot.dedicated),
+            latencies(&hot.fleet_p99),
+            latencies(&hot.dedicated_p99),
         ));
         home.close().await;
         admin.close().await;
         drop(cluster);
         Ok(())
+    }
+
+    /// A relay per database: idle, then the trickle.
+    async fn relays(
+        &self,
+        admin: &PgPool,
+        server: Option<u32>,
+        targets: &[Target],
+    ) -> Result<((Option<f64>, i64), (Option<u32>, Option<u32>))> {
+        let sink = LatencySink::default();
+        let stop = CancellationToken::new();
+        let mut relays = JoinSet::new();
+        let mut pools = Vec::new();
+        for target in targets {
+            let pool = PgPoolOptions::new()
+                .max_connections(2)
+                .min_connections(0)
+                .idle_timeout(Duration::from_secs(30))
+                .connect_lazy_with(target.options().clone());
+            pools.push(pool.clone());
+            relays.spawn(Relay::<BenchEvent, _>::new(pool, sink.clone()).run(stop.clone()));
+        }
+        let idle = self.idle(admin, server, SETTLE).await?;
+        let latencies = trickle(targets, &sink).await?;
+        stop.cancel();
+        while let Some(relay) = relays.join_next().await {
+            relay??;
+        }
+        for pool in pools {
+            pool.close().await;
+        }
+
+        Ok((idle, latencies))
     }
 
     /// After `settle` (for the pools to close what they do not use): the server's CPU
@@ -254,6 +202,88 @@ impl Bench {
             connections,
         ))
     }
+}
+
+/// A throwaway cluster (autovacuum off: its workers visiting every database, and the
+/// hot one's dead rows, would land in whichever idle window came next) with
+/// `databases` databases: its admin pool, the fleet's home, and the targets.
+async fn cluster_of(databases: usize) -> Result<(Cluster, PgPool, PgPool, Vec<Target>)> {
+    let mut cluster = Cluster::start().await?;
+    let admin = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(cluster.url())
+        .await?;
+    for setting in ["max_connections = 1000", "autovacuum = off"] {
+        sqlx::raw_sql(AssertSqlSafe(format!("ALTER SYSTEM SET {setting}")))
+            .execute(&admin)
+            .await?;
+    }
+    admin.close().await;
+    cluster.restart().await?;
+    let base: PgConnectOptions = cluster.url().parse()?;
+    let admin = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(base.clone().application_name("bench-admin"))
+        .await?;
+    let targets = create_databases(&admin, &base, databases).await?;
+    let home = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(base.clone().application_name("bench-home"))
+        .await?;
+    fleet::migrate(&home).await?;
+    Ok((cluster, admin, home, targets))
+}
+
+/// The hot database's runs, the fleet's and its own relay's.
+struct Hot {
+    fleet: Vec<f64>,
+    dedicated: Vec<f64>,
+    fleet_p99: Vec<Option<u32>>,
+    dedicated_p99: Vec<Option<u32>>,
+}
+
+/// [`HOT_RUNS`] runs of [`hot_load`] on the first target: the fleet serving every
+/// target, then the target's own relay, in turn.
+async fn hot_runs(home: &PgPool, targets: &[Target], sink: &LatencySink) -> Result<Hot> {
+    let (mut fleet_hot, mut dedicated_hot) = (Vec::new(), Vec::new());
+    let (mut fleet_p99, mut dedicated_p99) = (Vec::new(), Vec::new());
+    let hot_sink = LatencySink::default();
+    for _ in 0..HOT_RUNS {
+        let stop = CancellationToken::new();
+        let members = start_fleet_with(
+            home,
+            targets,
+            sink,
+            &hot_sink,
+            &stop,
+            Duration::from_secs(5),
+        )
+        .await?;
+        let (rate, p99) = hot_load(&targets[0], &targets[1..], &hot_sink).await?;
+        fleet_hot.push(rate);
+        fleet_p99.push(p99);
+        stop_all(&stop, members).await?;
+
+        let stop = CancellationToken::new();
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .connect_lazy_with(targets[0].options().clone());
+        let relay = tokio::spawn(
+            Relay::<BenchEvent, _>::new(pool.clone(), hot_sink.clone()).run(stop.clone()),
+        );
+        let (rate, p99) = hot_load(&targets[0], &targets[1..], &hot_sink).await?;
+        dedicated_hot.push(rate);
+        dedicated_p99.push(p99);
+        stop.cancel();
+        relay.await??;
+        pool.close().await;
+    }
+    Ok(Hot {
+        fleet: fleet_hot,
+        dedicated: dedicated_hot,
+        fleet_p99,
+        dedicated_p99,
+    })
 }
 
 /// Starts [`MEMBERS`] fleet members serving `targets`, their relays polling every
@@ -305,7 +335,7 @@ async fn start_fleet_with(
         if served == targets.len() {
             return Ok(members);
         }
-        if started.elapsed() > Duration::from_secs(120) {
+        if started.elapsed() > Duration::from_mins(2) {
             return Err(format!(
                 "the fleet served {served} of {} databases after 2 minutes",
                 targets.len()
@@ -506,4 +536,8 @@ fn rates(values: &[f64]) -> String {
         .map(|rate| format!("{rate:.0}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+fn latencies(values: &[Option<u32>]) -> String {
+    values.iter().map(|p| ms(*p)).collect::<Vec<_>>().join(", ")
 }

@@ -259,7 +259,9 @@ pub async fn fleets(home: &PgPool) -> Result<Vec<String>, OutboxError> {
 /// Which member serves which target of `fleet` (see [`Fleet::name`](super::Fleet::name)),
 /// by target name.
 pub async fn assignments(home: &PgPool, fleet: &str) -> Result<Vec<Assignment>, OutboxError> {
-    let rows: Vec<(String, Option<String>, i64, Option<f64>, Option<f64>)> = sqlx::query_as(
+    // Target, owner, generation, seconds of lease left, seconds served.
+    type Row = (String, Option<String>, i64, Option<f64>, Option<f64>);
+    let rows: Vec<Row> = sqlx::query_as(
         "SELECT target, owner, generation,
                 extract(epoch FROM lease_until - statement_timestamp())::float8,
                 extract(epoch FROM statement_timestamp() - served_since)::float8

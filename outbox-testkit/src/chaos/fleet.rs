@@ -255,144 +255,205 @@ struct Member {
     child: Child,
 }
 
-/// Runs the chaos; the report says what failed.
-pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, String> {
-    let error = |e: &dyn fmt::Display| e.to_string();
-    let home = TestSchema::new().await.map_err(|e| error(&e))?;
-    fleet::migrate(home.pool()).await.map_err(|e| error(&e))?;
-    sqlx::raw_sql(HOME_AUDIT)
-        .execute(home.pool())
-        .await
-        .map_err(|e| error(&e))?;
-    let mut targets = Vec::new();
-    for _ in 0..config.targets {
-        let database = TestDatabase::new().await.map_err(|e| error(&*e))?;
-        outbox::migrate(database.pool(), &[ChaosEvent::migrations()])
+fn error(e: &dyn fmt::Display) -> String {
+    e.to_string()
+}
+
+/// What a run holds: the home and the targets, the member processes, the schedule's
+/// generator, and what it did so far.
+struct Run<'c> {
+    command: &'c ChildCommand,
+    home: TestSchema,
+    targets: Vec<TestDatabase>,
+    /// The targets as the members read them: `name url` lines.
+    listing: String,
+    members: Vec<Member>,
+    rng: fastrand::Rng,
+    report: Report,
+    /// The member killed last, and when (the server's clock).
+    last_kill: Option<(String, chrono::DateTime<chrono::Utc>)>,
+}
+
+impl<'c> Run<'c> {
+    /// The home schema, the target databases with their audit, and the members.
+    async fn start(config: &Config, command: &'c ChildCommand) -> Result<Self, String> {
+        let home = TestSchema::new().await.map_err(|e| error(&e))?;
+        fleet::migrate(home.pool()).await.map_err(|e| error(&e))?;
+        sqlx::raw_sql(HOME_AUDIT)
+            .execute(home.pool())
             .await
             .map_err(|e| error(&e))?;
-        sqlx::raw_sql(TARGET_AUDIT)
-            .execute(database.pool())
-            .await
-            .map_err(|e| error(&e))?;
-        targets.push(database);
+        let mut targets = Vec::new();
+        for _ in 0..config.targets {
+            let database = TestDatabase::new().await.map_err(|e| error(&*e))?;
+            outbox::migrate(database.pool(), &[ChaosEvent::migrations()])
+                .await
+                .map_err(|e| error(&e))?;
+            sqlx::raw_sql(TARGET_AUDIT)
+                .execute(database.pool())
+                .await
+                .map_err(|e| error(&e))?;
+            targets.push(database);
+        }
+        let listing = targets
+            .iter()
+            .enumerate()
+            .map(|(n, database)| format!("target-{n} {}", database.url()))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut run = Self {
+            command,
+            home,
+            targets,
+            listing,
+            members: Vec::new(),
+            rng: fastrand::Rng::with_seed(config.seed),
+            report: Report {
+                seed: config.seed,
+                events: config.targets * config.events_per_target,
+                ..Report::default()
+            },
+            last_kill: None,
+        };
+        for n in 0..config.members {
+            let member = run.spawn(&format!("member-{n}"))?;
+            run.members.push(member);
+        }
+        Ok(run)
     }
-    let listing: String = targets
-        .iter()
-        .enumerate()
-        .map(|(n, database)| format!("target-{n} {}\n", database.url()))
-        .collect();
-    let mut rng = fastrand::Rng::with_seed(config.seed);
-    let spawn = |name: &str, seed: u64| -> Result<Member, String> {
-        let child = command.spawn(
+
+    fn spawn(&mut self, name: &str) -> Result<Member, String> {
+        let seed = self.rng.u64(..).to_string();
+        let child = self.command.spawn(
             MEMBER,
             &[
-                ("HOME", &home.url()),
-                ("TARGETS", &listing),
+                ("HOME", &self.home.url()),
+                ("TARGETS", &self.listing),
                 ("MEMBER", name),
-                ("SEED", &seed.to_string()),
+                ("SEED", &seed),
             ],
         )?;
         Ok(Member {
             name: name.to_owned(),
             child,
         })
-    };
-    let mut members = (0..config.members)
-        .map(|n| spawn(&format!("member-{n}"), rng.u64(..)))
-        .collect::<Result<Vec<_>, _>>()?;
+    }
 
-    let mut report = Report {
-        seed: config.seed,
-        events: config.targets * config.events_per_target,
-        ..Report::default()
-    };
-    let mut last_kill: Option<(String, chrono::DateTime<chrono::Utc>)> = None;
-    let started = Instant::now();
-    let per_step = config.chaos / u32::try_from(config.events_per_target).unwrap_or(1);
-    let mut next_chaos = started + Duration::from_secs(2);
-    let mut first_actions: Vec<u8> = (0..4).collect();
-    rng.shuffle(&mut first_actions);
-    for seq in 0..config.events_per_target {
-        for (n, target) in targets.iter().enumerate() {
-            let event = ChaosEvent {
-                key: format!("target-{n}-event-{seq}"),
-                order_seq: i64::try_from(seq).unwrap_or(0),
-            };
-            event.enqueue(target.pool()).await.map_err(|e| error(&e))?;
-        }
-        if Instant::now() >= next_chaos {
-            let at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
-                .fetch_one(home.pool())
+    /// One chaos action: 0 kills a member and starts it again, 1 pauses one past two
+    /// leases, 2 makes a target refuse every connection for two leases, 3 ends a
+    /// member's sessions.
+    async fn act(&mut self, action: u8) -> Result<(), String> {
+        let pick = self.rng.usize(..self.members.len());
+        match action {
+            0 => {
+                let at: chrono::DateTime<chrono::Utc> =
+                    sqlx::query_scalar("SELECT clock_timestamp()")
+                        .fetch_one(self.home.pool())
+                        .await
+                        .map_err(|e| error(&e))?;
+                let name = self.members[pick].name.clone();
+                self.members[pick].child.kill()?;
+                self.report.kills += 1;
+                self.last_kill = Some((name.clone(), at));
+                self.members[pick] = self.spawn(&name)?;
+            }
+            1 => {
+                self.members[pick].child.signal(Signal::SIGSTOP)?;
+                sleep(LEASE * 2).await;
+                self.members[pick].child.signal(Signal::SIGCONT)?;
+                self.report.pauses += 1;
+            }
+            2 => {
+                // Its member's relay backs off, the others do not notice; its events wait.
+                let target = &self.targets[self.rng.usize(..self.targets.len())];
+                target.set_reachable(false).await.map_err(|e| error(&*e))?;
+                sleep(LEASE * 2).await;
+                target.set_reachable(true).await.map_err(|e| error(&*e))?;
+                self.report.outages += 1;
+            }
+            _ => {
+                sqlx::query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                )
+                .bind(&self.members[pick].name)
+                .execute(self.home.pool())
                 .await
                 .map_err(|e| error(&e))?;
-            let pick = rng.usize(..members.len());
-            // Each action once first, in a random order, then any.
-            let action = first_actions.pop().unwrap_or_else(|| rng.u8(0..4));
-            match action {
-                0 => {
-                    let name = members[pick].name.clone();
-                    members[pick].child.kill()?;
-                    report.kills += 1;
-                    last_kill = Some((name.clone(), at));
-                    members[pick] = spawn(&name, rng.u64(..))?;
-                }
-                1 => {
-                    members[pick].child.signal(Signal::SIGSTOP)?;
-                    sleep(LEASE * 2).await;
-                    members[pick].child.signal(Signal::SIGCONT)?;
-                    report.pauses += 1;
-                }
-                2 => {
-                    // A target refuses every connection for two leases: its member's
-                    // relay backs off, the others do not notice; its events wait.
-                    let target = &targets[rng.usize(..targets.len())];
-                    target.set_reachable(false).await.map_err(|e| error(&*e))?;
-                    sleep(LEASE * 2).await;
-                    target.set_reachable(true).await.map_err(|e| error(&*e))?;
-                    report.outages += 1;
-                }
-                _ => {
-                    sqlx::query(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
-                    )
-                    .bind(&members[pick].name)
-                    .execute(home.pool())
-                    .await
-                    .map_err(|e| error(&e))?;
-                    report.terminations += 1;
-                }
+                self.report.terminations += 1;
             }
-            next_chaos = Instant::now() + Duration::from_millis(rng.u64(1_000..3_000));
         }
-        tokio::time::sleep_until(started + per_step * u32::try_from(seq + 1).unwrap_or(0)).await;
+        Ok(())
     }
 
-    // Drain: every event SENT, within a minute.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut left = 0;
-        for target in &targets {
-            left += crate::rows::count::<ChaosEvent>(target.pool(), "READY").await
-                + crate::rows::count::<ChaosEvent>(target.pool(), "INPROGRESS").await;
+    /// Enqueues the events into every target at a steady pace, acting every 1-3 s
+    /// (each action once first, in a random order, then any).
+    async fn drive(&mut self, config: &Config) -> Result<(), String> {
+        let started = Instant::now();
+        let per_step = config.chaos / u32::try_from(config.events_per_target).unwrap_or(1);
+        let mut next_action = started + Duration::from_secs(2);
+        let mut first_actions: Vec<u8> = (0..4).collect();
+        self.rng.shuffle(&mut first_actions);
+        for seq in 0..config.events_per_target {
+            for (n, target) in self.targets.iter().enumerate() {
+                let event = ChaosEvent {
+                    key: format!("target-{n}-event-{seq}"),
+                    order_seq: i64::try_from(seq).unwrap_or(0),
+                };
+                event.enqueue(target.pool()).await.map_err(|e| error(&e))?;
+            }
+            if Instant::now() >= next_action {
+                let action = first_actions.pop().unwrap_or_else(|| self.rng.u8(0..4));
+                self.act(action).await?;
+                next_action = Instant::now() + Duration::from_millis(self.rng.u64(1_000..3_000));
+            }
+            let step = u32::try_from(seq + 1).unwrap_or(u32::MAX);
+            tokio::time::sleep_until(started + per_step * step).await;
         }
-        if left == 0 {
-            break;
-        }
-        if Instant::now() > deadline {
-            report
-                .failures
-                .push(format!("{left} events not SENT a minute after the chaos"));
-            break;
-        }
-        sleep(Duration::from_millis(200)).await;
-    }
-    for member in &members {
-        member.child.signal(Signal::SIGTERM)?;
-    }
-    for member in &mut members {
-        member.child.wait()?;
+        Ok(())
     }
 
+    /// Waits for every event to be `SENT` (a minute at most), then stops the members.
+    async fn drain_and_stop(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_mins(1);
+        loop {
+            let mut left = 0;
+            for target in &self.targets {
+                left += crate::rows::count::<ChaosEvent>(target.pool(), "READY").await
+                    + crate::rows::count::<ChaosEvent>(target.pool(), "INPROGRESS").await;
+            }
+            if left == 0 {
+                break;
+            }
+            if Instant::now() > deadline {
+                self.report
+                    .failures
+                    .push(format!("{left} events not SENT a minute after the chaos"));
+                break;
+            }
+            sleep(Duration::from_millis(200)).await;
+        }
+        for member in &self.members {
+            member.child.signal(Signal::SIGTERM)?;
+        }
+        for member in &mut self.members {
+            member.child.wait()?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs the chaos; the report says what failed.
+pub async fn run(config: &Config, command: &ChildCommand) -> Result<Report, String> {
+    let mut run = Run::start(config, command).await?;
+    run.drive(config).await?;
+    run.drain_and_stop().await?;
+    let Run {
+        home,
+        targets,
+        mut report,
+        last_kill,
+        ..
+    } = run;
     audit(&home, &targets, config, &mut report, last_kill)
         .await
         .map_err(|e| error(&e))?;
@@ -492,8 +553,8 @@ async fn audit(
             };
             let owner = owners
                 .iter()
-                .filter(|(t, _, changed)| *t == name && changed < at)
-                .last()
+                .rev()
+                .find(|(t, _, changed)| *t == name && changed < at)
                 .and_then(|(_, owner, _)| owner.as_deref());
             if owner != Some(member.as_str()) {
                 report.failures.push(format!(
