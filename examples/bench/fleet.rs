@@ -111,13 +111,16 @@ impl Bench {
         };
         self.line(&row("the server alone (no relay)", alone, None, None));
         self.line(&row(
-            "fleet",
+            "fleet, relays polling every 5 s",
             fleet_idle,
             Some(fleet_trickle),
             Some(median(&hot.fleet)),
         ));
         self.line(&row(
-            &format!("fleet, relays polling every {} s", SLOW_POLL.as_secs()),
+            &format!(
+                "fleet, relays polling every {} s (its default)",
+                SLOW_POLL.as_secs()
+            ),
             slow_idle,
             None,
             None,

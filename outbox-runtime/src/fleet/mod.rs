@@ -238,9 +238,14 @@ impl<T: Outbox, S: Sink<T>> Fleet<T, S> {
         self
     }
 
-    /// Configures each target's relay (batch size, concurrency, poll interval, ...).
-    /// Its pool is the fleet's: give [`connections_per_target`](Self::connections_per_target)
-    /// one connection more than the relay's workers.
+    /// Configures each target's relay (batch size, concurrency, poll interval, ...),
+    /// made as [`Relay::new`] makes one but polling every 20 s: its `LISTEN` session
+    /// wakes it for new events and it wakes for its own retries when due, so the poll
+    /// only catches what those miss (the expired claims of a member that died, a
+    /// notification lost while reconnecting), and with hundreds of targets the polls
+    /// are most of the fleet's idle cost. Its pool is the fleet's: give
+    /// [`connections_per_target`](Self::connections_per_target) one connection more
+    /// than the relay's workers.
     pub fn relay<F>(mut self, configure: F) -> Self
     where
         F: Fn(Relay<T, S>) -> Relay<T, S> + Send + Sync + 'static,

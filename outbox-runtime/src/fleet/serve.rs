@@ -16,8 +16,15 @@ use crate::sink::Sink;
 use crate::spec::Outbox;
 
 /// How long a target's pool keeps a connection nobody uses. A relay polling more often
-/// (every 5 s by default) keeps its worker's connection, beside its `LISTEN` session.
+/// ([`POLL`] by default) keeps its worker's connection, beside its `LISTEN` session.
 const IDLE_CONNECTION: Duration = Duration::from_secs(30);
+
+/// How often a fleet's relay polls when no notification comes (a relay's own default
+/// is 5 s): with hundreds of targets the polls are most of the fleet's idle cost (200
+/// quiet databases: 1.5% of a core at 5 s, 0.2% at 20 s), and what they catch can wait
+/// longer, as each relay wakes for its own retries when due and its `LISTEN` session for
+/// new events.
+const POLL: Duration = Duration::from_secs(20);
 
 /// A target this member serves: its lease's end by this process's clock, and the task
 /// running its relay. Dropped without [`stop`](Self::stop) (the fleet's `run` future
@@ -104,12 +111,11 @@ async fn serve<T, S>(
     tracing::info!(fleet = %fleet.name, target = name, "serving");
     let mut failures = 0;
     while !stop.is_cancelled() && tenure.is_live() {
-        let relay = (fleet.relay)(crate::relay::Relay::new(
-            pool.clone(),
-            (fleet.sink)(&target),
-        ))
-        .within(Arc::clone(&tenure))
-        .for_target(name);
+        let relay =
+            crate::relay::Relay::new(pool.clone(), (fleet.sink)(&target)).poll_interval(POLL);
+        let relay = (fleet.relay)(relay)
+            .within(Arc::clone(&tenure))
+            .for_target(name);
         let run = relay.run(stop.child_token());
         tokio::pin!(run);
         let result = tokio::select! {
