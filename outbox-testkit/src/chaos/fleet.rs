@@ -26,7 +26,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::time::{Instant, sleep};
 
-use super::{cancelled_by_sigterm, child_rng, draw};
+use super::{cancelled_by_sigterm, child_rng, child_runtime, draw};
 use crate::child::{self, Child, ChildCommand};
 use crate::database::TestDatabase;
 use crate::events::ChaosEvent;
@@ -123,16 +123,7 @@ pub fn member_main_if_requested() {
     ) else {
         panic!("a fleet member needs HOME, TARGETS and MEMBER");
     };
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
-        .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    let code = runtime.block_on(member_child(&home, &targets, &member));
+    let code = child_runtime().block_on(member_child(&home, &targets, &member));
     std::process::exit(code);
 }
 

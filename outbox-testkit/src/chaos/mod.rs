@@ -276,15 +276,7 @@ fn relay_main_if_requested<S: Sink<ChaosEvent> + 'static>(
             .unwrap_or(default)
     };
     let (batch, concurrency) = (number("BATCH", 50), number("CONCURRENCY", 2));
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
-        .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let runtime = child_runtime();
     let code = runtime.block_on(relay_child(
         &url,
         &app,
@@ -312,6 +304,19 @@ fn child_pool(url: &str, app: &str) -> Result<PgPool, String> {
         .max_connections(4)
         .acquire_timeout(Duration::from_secs(5))
         .connect_lazy_with(options))
+}
+
+/// In a child: its log on stderr (the parent reads it), and a runtime of two workers.
+fn child_runtime() -> tokio::runtime::Runtime {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+        .init();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
 }
 
 /// A token cancelled by SIGTERM (in a child's runtime).

@@ -1,6 +1,7 @@
 //! `outbox fleet`: the relay fleets whose leases this database keeps (it is their home):
 //! the members alive, and which member serves each target.
 
+use outbox::OutboxError;
 use outbox::fleet;
 use sqlx::PgPool;
 
@@ -18,10 +19,18 @@ pub(crate) struct Args {
 pub(crate) async fn run(pool: &PgPool, args: Args) -> Result<(), Failure> {
     let names = match args.name {
         Some(name) => vec![name],
-        None => fleet::fleets(pool).await?,
+        None => match fleet::fleets(pool).await {
+            Ok(names) => names,
+            // The first member creates the table (or `outbox::fleet::migrate`).
+            Err(OutboxError::MissingTable { .. }) => Vec::new(),
+            Err(error) => return Err(error.into()),
+        },
     };
     if names.is_empty() {
-        eprintln!("no relay fleet keeps its leases in this database");
+        eprintln!(
+            "no relay fleet keeps its leases in this database (its `{}` table is empty or not there)",
+            fleet::TABLE
+        );
         return Err(Failure::Attention);
     }
     let mut unserved = Vec::new();
