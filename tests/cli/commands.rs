@@ -858,6 +858,7 @@ async fn fleet_shows_which_member_serves_each_target_and_exits_3_when_one_is_uns
     let text = stdout(&served);
     assert!(text.contains("fleet budget_events"), "{text}");
     assert!(text.contains("member-a (alive"), "{text}");
+    assert!(text.contains("OLDEST DUE"), "{text}");
     for target in ["tenant-0", "tenant-1"] {
         let line = text
             .lines()

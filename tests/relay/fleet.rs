@@ -432,3 +432,69 @@ async fn each_target_publishes_through_a_sink_made_for_it_and_is_counted_apart()
     }
     tenants.drop_all().await
 }
+
+#[tokio::test]
+async fn each_target_shows_how_long_its_oldest_due_event_has_waited() -> TestResult {
+    let tenants = Tenants::new(2).await?;
+    // Tenant 0's destination is down: its events wait. Tenant 1's publishes.
+    let fleet = Fleet::<Budgeted, _>::with_sinks(tenants.home.pool().clone(), |target| DownFor {
+        down: target.name() == "tenant-0",
+        sink: MemorySink::new(),
+    })
+    .targets(tenants.targets())
+    .lease(LEASE)
+    .relay(|relay| relay.poll_interval(Duration::from_millis(100)));
+    let shutdown = CancellationToken::new();
+    let member = tokio::spawn(fleet.run(shutdown.clone()));
+    tenants.enqueue("lagging", 2).await;
+    wait_until(
+        "tenant 0 lags by a lease, tenant 1 not at all",
+        Duration::from_secs(30),
+        async || {
+            let assignments = fleet::assignments(tenants.home.pool(), Budgeted::SPEC.table())
+                .await
+                .unwrap();
+            // What the target's member saw when it last looked: `None` if it did not
+            // look yet, `Some(None)` if nothing was due.
+            let seen = |target: &str| {
+                assignments
+                    .iter()
+                    .find(|a| a.target == target)
+                    .and_then(|a| a.observed.map(|_| a.oldest_due))
+            };
+            let tenant_0_lags = matches!(seen("tenant-0"), Some(Some(waited)) if waited >= LEASE);
+            // Observed after its events were sent: nothing due.
+            let tenant_1_sent = count::<Budgeted>(tenants.schemas[1].pool(), "SENT").await == 2;
+            tenant_0_lags && tenant_1_sent && seen("tenant-1") == Some(None)
+        },
+    )
+    .await;
+    shutdown.cancel();
+    member.await??;
+    tenants.drop_all().await
+}
+
+/// A sink whose destination is down (every batch handed back), or a memory sink.
+struct DownFor {
+    down: bool,
+    sink: MemorySink<Budgeted>,
+}
+
+impl outbox::Sink<Budgeted> for DownFor {
+    async fn publish(
+        &self,
+        batch: &[outbox::Delivery<'_, Budgeted>],
+    ) -> Vec<Result<(), outbox::SinkError>> {
+        if self.down {
+            return batch
+                .iter()
+                .map(|_| {
+                    Err(outbox::SinkError::unavailable(
+                        "the tenant's broker is down",
+                    ))
+                })
+                .collect();
+        }
+        self.sink.publish(batch).await
+    }
+}

@@ -22,9 +22,10 @@ pub const TABLE: &str = "outbox_fleet";
 /// The refinery history table of the fleet's migrations.
 const HISTORY_TABLE: &str = "_outbox_history_outbox_fleet";
 
-const MIGRATIONS: [(&str, &str); 1] = [(
-    "V1__create_outbox_fleet",
-    "CREATE TABLE outbox_fleet (
+const MIGRATIONS: [(&str, &str); 2] = [
+    (
+        "V1__create_outbox_fleet",
+        "CREATE TABLE outbox_fleet (
     fleet text COLLATE \"C\" NOT NULL,
     target text COLLATE \"C\" NOT NULL,
     owner text COLLATE \"C\",
@@ -41,7 +42,17 @@ CREATE TABLE outbox_fleet_members (
     PRIMARY KEY (fleet, member)
 );
 ",
-)];
+    ),
+    // What the member serving a target last saw of it: since when its oldest due
+    // event has waited (none: nothing due), and when it looked.
+    (
+        "V2__outbox_fleet_observed",
+        "ALTER TABLE outbox_fleet
+    ADD COLUMN oldest_due_since timestamptz,
+    ADD COLUMN observed_at timestamptz;
+",
+    ),
+];
 
 /// Creates the fleet's tables the first time, through the runner and under the lock of
 /// [`migrate`](crate::migrate) (their history in `_outbox_history_outbox_fleet`);
@@ -194,6 +205,28 @@ impl Leases<'_> {
         Ok(())
     }
 
+    /// Records what this member saw of `taken`: since when its oldest due event has
+    /// waited (`None`: nothing due), if it still serves it.
+    pub(super) async fn observed(
+        &self,
+        taken: &Taken,
+        oldest_due_since: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<(), OutboxError> {
+        sqlx::query(
+            "UPDATE outbox_fleet SET oldest_due_since = $5, observed_at = statement_timestamp()
+             WHERE fleet = $1 AND target = $2 AND owner = $3 AND generation = $4",
+        )
+        .bind(self.fleet)
+        .bind(&taken.target)
+        .bind(self.member)
+        .bind(taken.generation)
+        .bind(oldest_due_since)
+        .execute(self.home)
+        .await
+        .on_table(TABLE)?;
+        Ok(())
+    }
+
     /// Says this member is gone, so the others share its targets at once.
     pub(super) async fn leave(&self) -> Result<(), OutboxError> {
         sqlx::query("DELETE FROM outbox_fleet_members WHERE fleet = $1 AND member = $2")
@@ -234,6 +267,11 @@ pub struct Assignment {
     pub lease_left: Option<Duration>,
     /// How long its owner has served it (`None`: nobody does).
     pub served_for: Option<Duration>,
+    /// How long ago its owner last looked at it (it does every four leases); `None`:
+    /// nobody did yet.
+    pub observed: Option<Duration>,
+    /// How long its oldest due event had waited then; `None`: nothing was due.
+    pub oldest_due: Option<Duration>,
 }
 
 /// A member of a fleet, as its last heartbeat says.
@@ -259,12 +297,23 @@ pub async fn fleets(home: &PgPool) -> Result<Vec<String>, OutboxError> {
 /// Which member serves which target of `fleet` (see [`Fleet::name`](super::Fleet::name)),
 /// by target name.
 pub async fn assignments(home: &PgPool, fleet: &str) -> Result<Vec<Assignment>, OutboxError> {
-    // Target, owner, generation, seconds of lease left, seconds served.
-    type Row = (String, Option<String>, i64, Option<f64>, Option<f64>);
+    // Target, owner, generation, seconds of lease left, seconds served, seconds the
+    // oldest due event had waited when observed, seconds since.
+    type Row = (
+        String,
+        Option<String>,
+        i64,
+        Option<f64>,
+        Option<f64>,
+        Option<f64>,
+        Option<f64>,
+    );
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT target, owner, generation,
                 extract(epoch FROM lease_until - statement_timestamp())::float8,
-                extract(epoch FROM statement_timestamp() - served_since)::float8
+                extract(epoch FROM statement_timestamp() - served_since)::float8,
+                extract(epoch FROM observed_at - oldest_due_since)::float8,
+                extract(epoch FROM statement_timestamp() - observed_at)::float8
          FROM outbox_fleet WHERE fleet = $1 ORDER BY target",
     )
     .bind(fleet)
@@ -273,15 +322,16 @@ pub async fn assignments(home: &PgPool, fleet: &str) -> Result<Vec<Assignment>, 
     .on_table(TABLE)?;
     Ok(rows
         .into_iter()
-        .map(|(target, owner, generation, left, served)| {
+        .map(|(target, owner, generation, left, served, waited, since)| {
+            let seconds = |s: f64| Duration::from_secs_f64(s.max(0.0));
             let lease_left = left.filter(|s| *s > 0.0).map(Duration::from_secs_f64);
             Assignment {
                 target,
                 owner: owner.filter(|_| lease_left.is_some()),
                 generation,
-                served_for: served
-                    .filter(|_| lease_left.is_some())
-                    .map(|s| Duration::from_secs_f64(s.max(0.0))),
+                served_for: served.filter(|_| lease_left.is_some()).map(seconds),
+                observed: since.map(seconds),
+                oldest_due: waited.map(seconds),
                 lease_left,
             }
         })

@@ -17,7 +17,7 @@ use crate::sink::Sink;
 use crate::spec::Outbox;
 
 impl<T: Outbox, S: Sink<T>> Fleet<T, S> {
-    fn leases(&self) -> Leases<'_> {
+    pub(super) fn leases(&self) -> Leases<'_> {
         Leases {
             home: &self.home,
             fleet: &self.name,

@@ -10,6 +10,7 @@ use tokio::time::{sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::{Fleet, Target};
+use crate::error::OnTable as _;
 use crate::relay::Backoff;
 use crate::relay::tenure::Tenure;
 use crate::sink::Sink;
@@ -25,6 +26,11 @@ const IDLE_CONNECTION: Duration = Duration::from_secs(30);
 /// longer, as each relay wakes for its own retries when due and its `LISTEN` session for
 /// new events.
 const POLL: Duration = Duration::from_secs(20);
+
+/// How many leases apart a member looks at each of its targets' oldest due event (a
+/// minute at the default lease): a statement to the target and one to the home each
+/// time, about a third of the polls' cost.
+const OBSERVE_LEASES: u32 = 4;
 
 /// A target this member serves: its lease's end by this process's clock, and the task
 /// running its relay. Dropped without [`stop`](Self::stop) (the fleet's `run` future
@@ -61,6 +67,7 @@ impl Served {
         let task = tokio::spawn(serve(
             Arc::clone(fleet),
             target.clone(),
+            generation,
             Arc::clone(&tenure),
             stop.clone(),
         ));
@@ -96,6 +103,7 @@ impl Served {
 async fn serve<T, S>(
     fleet: Arc<Fleet<T, S>>,
     target: Target,
+    generation: i64,
     tenure: Arc<Tenure>,
     stop: CancellationToken,
 ) where
@@ -120,6 +128,7 @@ async fn serve<T, S>(
         tokio::pin!(run);
         let result = tokio::select! {
             result = &mut run => result,
+            () = observe(&fleet, &pool, name, generation) => unreachable!("it observes until dropped"),
             () = lease_ends(&tenure, &stop) => {
                 // The relay's workers stopped claiming already; it records what it
                 // had in flight and hands the rest back.
@@ -142,6 +151,40 @@ async fn serve<T, S>(
     }
     pool.close().await;
     tracing::info!(fleet = %fleet.name, target = name, "no longer serving");
+}
+
+/// Every [`OBSERVE_LEASES`] leases, records in the home since when the target's oldest
+/// due event has waited: one probe of its `READY` index. Failures are logged, nothing
+/// more: the relay is what matters.
+async fn observe<T: Outbox, S: Sink<T>>(
+    fleet: &Fleet<T, S>,
+    pool: &sqlx::PgPool,
+    target: &str,
+    generation: i64,
+) {
+    let probe = format!(
+        "SELECT min(next_attempt_at) FROM {} WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()",
+        T::SPEC.table
+    );
+    let taken = super::leases::Taken {
+        target: target.to_owned(),
+        generation,
+    };
+    loop {
+        sleep(fleet.lease * OBSERVE_LEASES).await;
+        let seen = sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
+            sqlx::AssertSqlSafe(probe.as_str()),
+        )
+        .fetch_one(pool)
+        .await;
+        let recorded = match seen.on_table(T::SPEC.table) {
+            Ok(oldest) => fleet.leases().observed(&taken, oldest).await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = recorded {
+            tracing::debug!(fleet = %fleet.name, target, %error, "cannot observe the target");
+        }
+    }
 }
 
 /// Returns when `tenure` is over.

@@ -53,7 +53,14 @@ pub(crate) async fn run(pool: &PgPool, args: Args) -> Result<(), Failure> {
                 alive.join(", ")
             }
         );
-        let mut table = Table::new(&["TARGET", "MEMBER", "GENERATION", "LEASE LEFT", "SERVED FOR"]);
+        let mut table = Table::new(&[
+            "TARGET",
+            "MEMBER",
+            "GENERATION",
+            "LEASE LEFT",
+            "SERVED FOR",
+            "OLDEST DUE",
+        ]);
         for a in &assignments {
             if a.owner.is_none() {
                 unserved.push(format!("{name}/{}", a.target));
@@ -64,6 +71,11 @@ pub(crate) async fn run(pool: &PgPool, args: Args) -> Result<(), Failure> {
                 a.generation.to_string(),
                 maybe_age(a.lease_left),
                 maybe_age(a.served_for),
+                // As its member last saw it, within a lease.
+                match a.observed {
+                    None => "?".to_owned(),
+                    Some(_) => maybe_age(a.oldest_due),
+                },
             ]);
         }
         print!("{}", table.render());

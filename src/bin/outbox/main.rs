@@ -76,8 +76,8 @@ enum Command {
     Grants(GrantsArgs),
     /// A dashboard in the browser, with a JSON API (read-only unless --allow-writes).
     Serve(serve::Args),
-    /// The relay fleets whose leases this database keeps: members alive, and which
-    /// member serves each target.
+    /// The relay fleets whose leases this database keeps: members alive, which member
+    /// serves each target, and how long each target's oldest due event has waited.
     Fleet(fleet::Args),
 }
 
