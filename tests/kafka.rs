@@ -538,6 +538,45 @@ async fn kafka_the_ordering_key_is_the_record_key_and_a_header_and_each_key_keep
     Ok(())
 }
 
+/// A run of one key whose third event goes to a topic that does not exist: the
+/// partition holds nothing after it until it is requeued, then the whole run in order.
+#[tokio::test]
+async fn kafka_a_run_stops_at_an_event_of_a_missing_topic_and_goes_on_in_order_once_requeued()
+-> TestResult {
+    let tansu = Tansu::start().await?;
+    let db = schema_from_zero(&[OrderStep::migrations()]).await?;
+    let topic = format!("outbox.test.{}.steps", db.name());
+    let missing = format!("outbox.test.{}.missing", db.name());
+    create_topic(&tansu.bootstrap(), &topic).await?;
+    let mut config = producer_config(&tansu.bootstrap());
+    // A missing topic stays missing, and is known missing at once (see the bad input
+    // test).
+    config
+        .set("allow.auto.create.topics", "false")
+        .set("topic.metadata.propagation.max.ms", "100");
+    let refusing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let refuses = Arc::clone(&refusing);
+    let topic_of = topic.clone();
+    let sink = KafkaSink::new(&config, topic.clone())?.topic_from(move |step: &OrderStep| {
+        if refuses.load(Ordering::SeqCst) && step.name == broker::REFUSED_STEP {
+            missing.clone()
+        } else {
+            topic_of.clone()
+        }
+    });
+    let bootstrap = tansu.bootstrap();
+    broker::a_refused_event_holds_the_rest_of_its_run(db.pool(), sink, &refusing, async |n| {
+        Ok(records(&bootstrap, &topic, n)
+            .await?
+            .into_iter()
+            .map(|record| record.event_id)
+            .collect())
+    })
+    .await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn kafka_cloud_events_binary_as_ce_headers_and_structured_as_the_value() -> TestResult {
     let tansu = Tansu::start().await?;

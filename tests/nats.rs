@@ -758,6 +758,44 @@ async fn the_ordering_key_is_a_header_and_each_keys_messages_are_stored_in_order
     Ok(())
 }
 
+/// A run of one key whose third event no stream takes: the stream holds nothing after
+/// it until it is requeued, then the whole run in order.
+#[tokio::test]
+async fn a_run_stops_at_an_event_no_stream_takes_and_goes_on_in_order_once_requeued() -> TestResult
+{
+    let js = jetstream::new(connect_nats().await);
+    let db = schema_from_zero(&[OrderStep::migrations()]).await?;
+    let subject = format!("outbox.test.{}.steps", db.name());
+    let nowhere = format!("outbox.test.{}.nowhere", db.name());
+    let mut stream = SharedStream::create(&js, &db, &subject, |_| {}).await?;
+    let refusing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let refuses = Arc::clone(&refusing);
+    let sink =
+        JetStreamSink::new(js.clone(), subject.clone()).subject_from(move |step: &OrderStep| {
+            if refuses.load(std::sync::atomic::Ordering::SeqCst)
+                && step.name == broker::REFUSED_STEP
+            {
+                nowhere.clone()
+            } else {
+                subject.clone()
+            }
+        });
+    broker::a_refused_event_holds_the_rest_of_its_run(db.pool(), sink, &refusing, async |n| {
+        assert_eq!(stream.info().await?.state.messages, n as u64);
+        let mut stored = Vec::with_capacity(n);
+        for sequence in 1..=n as u64 {
+            let message = stream.get_raw_message(sequence).await?;
+            let event_id = message.headers.get(header::EVENT_ID).ok_or("no event id")?;
+            stored.push(event_id.as_str().to_owned());
+        }
+        Ok(stored)
+    })
+    .await?;
+    stream.delete().await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn cloud_events_binary_as_ce_headers_and_structured_as_the_json_body() -> TestResult {
     let js = jetstream::new(connect_nats().await);

@@ -552,6 +552,48 @@ async fn the_ordering_key_is_a_header_and_each_keys_messages_are_queued_in_order
     Ok(())
 }
 
+/// A run of one key whose third event no queue is bound for (returned, `DEAD`): the
+/// queue holds nothing after it until it is requeued, then the whole run in order.
+#[tokio::test]
+async fn a_run_stops_at_a_returned_event_and_goes_on_in_order_once_requeued() -> TestResult {
+    let connection = connect_rabbitmq().await;
+    let channel = connection.create_channel().await?;
+    let db = schema_from_zero(&[OrderStep::migrations()]).await?;
+    let topology = Topology::declare(&channel, &db).await?;
+    let refusing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let refuses = Arc::clone(&refusing);
+    let sink = topology
+        .sink(&connection)
+        .await?
+        .routing_key_from(move |step: &OrderStep| {
+            if refuses.load(std::sync::atomic::Ordering::SeqCst)
+                && step.name == broker::REFUSED_STEP
+            {
+                "nowhere".to_owned()
+            } else {
+                ROUTING_KEY.to_owned()
+            }
+        });
+    // What the queue held so far, taken off it in its order.
+    let mut taken = Vec::new();
+    broker::a_refused_event_holds_the_rest_of_its_run(db.pool(), sink, &refusing, async |n| {
+        let options = BasicGetOptions { no_ack: true };
+        while let Some(message) = channel
+            .basic_get(topology.queue.as_str().into(), options)
+            .await?
+        {
+            let event_id = outbox::rabbitmq::event_id(&message.delivery).ok_or("no event id")?;
+            taken.push(event_id.to_owned());
+        }
+        assert_eq!(taken.len(), n, "the queue's messages: {taken:?}");
+        Ok(taken.clone())
+    })
+    .await?;
+    topology.delete().await?;
+    db.drop_schema().await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn cloud_events_binary_as_cloud_events_headers_and_structured_as_the_body() -> TestResult {
     let connection = connect_rabbitmq().await;

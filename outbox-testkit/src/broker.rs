@@ -135,6 +135,78 @@ pub fn order_steps() -> Vec<OrderStep> {
         .collect()
 }
 
+/// The event a broker refuses in [`a_refused_event_holds_the_rest_of_its_run`]: the
+/// third of [`run_of_one_key`].
+pub const REFUSED_STEP: &str = "order-9-step-3";
+
+/// Five steps of one order (key 9), `order-9-step-1` to `-5`: one claim takes them as a
+/// run.
+pub fn run_of_one_key() -> Vec<OrderStep> {
+    (1..=5)
+        .map(|n| OrderStep {
+            name: format!("order-9-step-{n}"),
+            order_id: 9,
+        })
+        .collect()
+}
+
+/// A run of one key through a real broker that refuses its third event ([`REFUSED_STEP`],
+/// which `sink` sends where no stream, topic or queue takes it while `refusing` is set):
+/// the broker holds nothing after the refused event, however the run was sent, and once
+/// the operator requeues it (the destination mended), the broker holds the whole run in
+/// order, each event once.
+///
+/// `stored(n)` reads what the broker holds of the run, in its order, which must be `n`
+/// events (and not more).
+pub async fn a_refused_event_holds_the_rest_of_its_run<S: Sink<OrderStep>>(
+    pool: &PgPool,
+    sink: S,
+    refusing: &std::sync::atomic::AtomicBool,
+    mut stored: impl AsyncFnMut(usize) -> TestResult<Vec<String>>,
+) -> TestResult {
+    let run = run_of_one_key();
+    enqueue(pool, &run).await;
+    let names: Vec<String> = run.into_iter().map(|step| step.name).collect();
+    let relay = start(
+        Relay::<OrderStep, _>::new(pool.clone(), sink)
+            .batch_size(10)
+            .poll_interval(Duration::from_millis(50)),
+    );
+    wait_until(
+        "steps 1 and 2 SENT, 3 DEAD",
+        Duration::from_secs(30),
+        async || {
+            let stats = outbox::stats::<OrderStep>(pool).await.unwrap();
+            (stats.sent, stats.dead) == (2, 1)
+        },
+    )
+    .await;
+    for held in &names[3..] {
+        let row = row_of::<OrderStep>(pool, held.as_str()).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts),
+            ("READY", 0),
+            "{held} waits behind the refused step, unattempted"
+        );
+    }
+    assert_eq!(
+        stored(2).await?,
+        names[..2],
+        "nothing after the refused step reached the broker"
+    );
+
+    refusing.store(false, std::sync::atomic::Ordering::SeqCst);
+    let requeued = outbox::ops::requeue_dead::<OrderStep>(pool, &[REFUSED_STEP]).await?;
+    assert_eq!(requeued.len(), 1);
+    wait_until("the whole run SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 5
+    })
+    .await;
+    relay.stop().await?;
+    assert_eq!(stored(5).await?, names, "the run in order, each step once");
+    Ok(())
+}
+
 /// What a broker must hold of [`order_steps`]: for each order (its key, as the
 /// `Outbox-Key` header writes it), its steps' event ids in the outbox's order.
 pub fn steps_by_order() -> BTreeMap<String, Vec<String>> {
