@@ -125,6 +125,7 @@ impl Bench {
         }
         self.hot_beside_quiet(args).await?;
         self.against_pgmq_fifo(args, leftovers).await?;
+        self.through_kafka(args).await?;
         if args.no_history {
             return Ok(());
         }
@@ -286,6 +287,102 @@ impl Bench {
         .execute(&self.pool)
         .await?;
         self.empty_queue(&queue).await
+    }
+
+    /// Part 4: the same key counts end to end through Kafka (a tansu broker, as the sinks
+    /// section runs it): the relay's ordered drain against the same events unordered,
+    /// through `KafkaSink`, and each key's first deliveries read back from the topic.
+    #[cfg(feature = "kafka")]
+    async fn through_kafka(&self, args: &Args) -> Result {
+        use super::sinks::with_brokers::kafka::Kafka;
+        const N: usize = 5_000;
+        self.line(&format!(
+            "\nPart 4: end to end through Kafka (tansu, in memory, a one-partition topic per \
+             run; `KafkaSink`: idempotent producer, `acks=all`): {N} events of each key count \
+             (100-byte payloads) drained by the relay ({WORKERS} workers, batch {BATCH}) ordered and unordered, in \
+             turn, {} runs; every run's records are then read back from the topic and each \
+             key's first deliveries checked to be in the order the events were enqueued (a \
+             run out of order fails the bench). A key's run goes to the broker an event per \
+             acknowledgement, so a hot key costs a producer round trip per event: with \
+             librdkafka's default `linger.ms` (5 ms), and with `linger.ms=0`.\n",
+            args.runs
+        ));
+        self.line("| `linger.ms` | keys | events | ordered events/s | unordered events/s | ordered / unordered | first deliveries in sequence |");
+        self.line("|---|---|---|---|---|---|---|");
+        for linger in [None, Some("0")] {
+            let broker = Kafka::start().await?;
+            let broker = match linger {
+                Some(ms) => broker.linger(ms),
+                None => broker,
+            };
+            self.kafka_rows(&broker, linger.unwrap_or("5 (default)"), args)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Part 4's rows for one producer setting.
+    #[cfg(feature = "kafka")]
+    async fn kafka_rows(
+        &self,
+        broker: &super::sinks::with_brokers::kafka::Kafka,
+        linger: &str,
+        args: &Args,
+    ) -> Result {
+        use super::sinks::with_brokers::kafka::Kafka;
+        const N: usize = 5_000;
+        for &keys in &args.ordering_keys {
+            let keys = keys as usize;
+            let ordered: Vec<BenchOrderedEvent> = (0..N)
+                .map(|i| BenchOrderedEvent {
+                    key: i64::try_from(i % keys).unwrap_or_default(),
+                    payload: format!("{i:0>100}"),
+                })
+                .collect();
+            let unordered: Vec<BenchKeyedEvent> = ordered.iter().map(Into::into).collect();
+            let (mut with, mut without) = (Vec::new(), Vec::new());
+            for run in 0..args.runs {
+                for ordered_now in [run % 2 == 0, run % 2 == 1] {
+                    if ordered_now {
+                        self.fill_with(&ordered).await?;
+                        with.push(
+                            self.relay_through_filled::<Kafka, BenchOrderedEvent>(
+                                broker, N, WORKERS,
+                            )
+                            .await?
+                            .0,
+                        );
+                    } else {
+                        self.fill_with(&unordered).await?;
+                        without.push(
+                            self.relay_through_filled::<Kafka, BenchKeyedEvent>(broker, N, WORKERS)
+                                .await?
+                                .0,
+                        );
+                    }
+                }
+            }
+            let ratio = Figure::of(with.iter().zip(&without).map(|(o, u)| o / u).collect());
+            self.line(&format!(
+                "| {linger} | {keys} | {N} | {} | {} | **{:.2}** ({:.2}–{:.2}) | yes, every run |",
+                Figure::of(with).show(""),
+                Figure::of(without).show(""),
+                ratio.median,
+                ratio.min,
+                ratio.max,
+            ));
+        }
+        Ok(())
+    }
+
+    #[cfg(not(feature = "kafka"))]
+    #[allow(clippy::unused_async)]
+    async fn through_kafka(&self, _args: &Args) -> Result {
+        self.line(
+            "\nPart 4 (end to end through Kafka) needs the `kafka` feature: \
+             `cargo run --release --features kafka --example bench -- --only ordering`.",
+        );
+        Ok(())
     }
 
     /// Events/s of pgmq consumers draining `events` (sent to the queue with their key as

@@ -293,6 +293,17 @@ pub(crate) mod with_brokers {
         /// How long the client's own loop takes to publish what `source` holds to `tag`'s,
         /// batches of [`BATCH`] pipelined, by `workers` tasks.
         async fn raw(&self, tag: &str, source: Source, workers: usize) -> Result<Duration>;
+        /// Whether the `n` events of an ordering benchmark (`key` and `payload`, its place
+        /// in the backlog, in its JSON body) that `tag`'s holds were first delivered in
+        /// sequence for each key (a redelivery may come later): `None` where the bench
+        /// does not read them back.
+        async fn first_deliveries_in_sequence(
+            &self,
+            _tag: &str,
+            _n: usize,
+        ) -> Result<Option<bool>> {
+            Ok(None)
+        }
         /// A consumer of `tag`'s recording each message's latency until `stop`.
         async fn consume(
             &self,
@@ -525,6 +536,13 @@ pub(crate) mod with_brokers {
             let elapsed = started.elapsed();
             drop(client);
             pool.close().await;
+            if T::SPEC.key().is_some()
+                && broker.first_deliveries_in_sequence(&tag, n).await? == Some(false)
+            {
+                return Err(
+                    format!("{}: a key's first deliveries out of sequence", B::NAME).into(),
+                );
+            }
             broker.delete(&tag).await?;
             let unsent: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
                 "SELECT count(*) FROM {} WHERE status <> 'SENT'",
@@ -909,6 +927,7 @@ pub(crate) mod with_brokers {
 
     #[cfg(feature = "kafka")]
     pub(crate) mod kafka {
+        use std::collections::{HashMap, HashSet};
         use std::ops::Range;
         use std::sync::{Arc, PoisonError};
         use std::time::Duration;
@@ -936,6 +955,8 @@ pub(crate) mod with_brokers {
         pub(crate) struct Kafka {
             tansu: Tansu,
             admin: AdminClient<DefaultClientContext>,
+            /// The sink's `linger.ms`, where not librdkafka's default (5 ms).
+            linger: Option<&'static str>,
         }
 
         fn topic_of(tag: &str) -> String {
@@ -948,7 +969,17 @@ pub(crate) mod with_brokers {
                 let admin = ClientConfig::new()
                     .set("bootstrap.servers", tansu.bootstrap())
                     .create()?;
-                Ok(Self { tansu, admin })
+                Ok(Self {
+                    tansu,
+                    admin,
+                    linger: None,
+                })
+            }
+
+            /// The sink's producer waits `ms` for more records before it sends a batch.
+            pub(crate) fn linger(mut self, ms: &'static str) -> Self {
+                self.linger = Some(ms);
+                self
             }
 
             fn config(&self) -> ClientConfig {
@@ -1026,7 +1057,11 @@ pub(crate) mod with_brokers {
             }
 
             async fn sink<T: Event>(&self, tag: &str) -> Result<Self::Sink<T>> {
-                Ok(KafkaSink::new(&self.config(), topic_of(tag))?)
+                let mut config = self.config();
+                if let Some(ms) = self.linger {
+                    config.set("linger.ms", ms);
+                }
+                Ok(KafkaSink::new(&config, topic_of(tag))?)
             }
 
             async fn raw(&self, tag: &str, source: Source, workers: usize) -> Result<Duration> {
@@ -1039,6 +1074,42 @@ pub(crate) mod with_brokers {
                     .create()?;
                 let topic: Arc<str> = topic_of(tag).into();
                 in_batches(source, workers, (producer, topic), publish).await
+            }
+
+            async fn first_deliveries_in_sequence(
+                &self,
+                tag: &str,
+                n: usize,
+            ) -> Result<Option<bool>> {
+                let consumer: StreamConsumer = self
+                    .config()
+                    .set("group.id", "outbox-bench-order")
+                    .set("enable.auto.commit", "false")
+                    .set("fetch.wait.max.ms", "10")
+                    .create()?;
+                let mut partitions = TopicPartitionList::new();
+                partitions.add_partition_offset(&topic_of(tag), 0, Offset::Beginning)?;
+                consumer.assign(&partitions)?;
+                // Each key's last event first delivered, by its place in the backlog.
+                let mut last: HashMap<i64, u64> = HashMap::new();
+                let mut seen = HashSet::with_capacity(n);
+                let mut in_sequence = true;
+                while seen.len() < n {
+                    let message = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
+                        .await
+                        .map_err(|_| {
+                            format!("{} of {n} events read back after 30 s", seen.len())
+                        })??;
+                    let body: serde_json::Value = serde_json::from_slice(
+                        message.payload().ok_or("a record without a body")?,
+                    )?;
+                    let key = body["key"].as_i64().ok_or("no key in the body")?;
+                    let place: u64 = body["payload"].as_str().ok_or("no payload")?.parse()?;
+                    if seen.insert(place) {
+                        in_sequence &= last.insert(key, place).is_none_or(|before| before < place);
+                    }
+                }
+                Ok(Some(in_sequence))
             }
 
             async fn consume(

@@ -206,7 +206,7 @@ pub async fn publish_all<T: Outbox, S: Sink<T>>(
 }
 
 /// The ordering benchmark's event, ordered by its `key` (`#[outbox(key)]`).
-#[derive(outbox::Outbox, Debug, Clone)]
+#[derive(outbox::Outbox, Serialize, Debug, Clone)]
 #[outbox(table = "bench_ordered_events", lease = "30s", retry_delay = "1s")]
 pub struct BenchOrderedEvent {
     #[outbox(key)]
@@ -215,7 +215,7 @@ pub struct BenchOrderedEvent {
 }
 
 /// [`BenchOrderedEvent`] without the ordering: the same columns, `key` a plain column.
-#[derive(outbox::Outbox, Debug, Clone)]
+#[derive(outbox::Outbox, Serialize, Debug, Clone)]
 #[outbox(table = "bench_keyed_events", lease = "30s", retry_delay = "1s")]
 pub struct BenchKeyedEvent {
     pub key: i64,
