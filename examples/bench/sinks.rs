@@ -26,7 +26,7 @@
 //! The acknowledgements: JetStream publish with `Nats-Msg-Id`, each `PubAck` awaited
 //! (a file-storage stream); RabbitMQ publisher confirms, persistent messages, `mandatory`,
 //! to a durable queue through the default exchange; Kafka's idempotent producer,
-//! `acks=all`, `message.timeout.ms=10000` (what `KafkaSink` sets for a 30 s lease), on a
+//! `acks=all`, `message.timeout.ms=10000`, `linger.ms=0` (what `KafkaSink` sets for a 30 s lease), on a
 //! one-partition topic of a tansu broker the bench starts (in memory; see
 //! `outbox-testkit/src/tansu.rs`).
 //!
@@ -955,7 +955,7 @@ pub(crate) mod with_brokers {
         pub(crate) struct Kafka {
             tansu: Tansu,
             admin: AdminClient<DefaultClientContext>,
-            /// The sink's `linger.ms`, where not librdkafka's default (5 ms).
+            /// The sink's `linger.ms`, where not the sink's default (0).
             linger: Option<&'static str>,
         }
 
@@ -1071,6 +1071,7 @@ pub(crate) mod with_brokers {
                     .set("enable.idempotence", "true")
                     .set("acks", "all")
                     .set("message.timeout.ms", "10000")
+                    .set("linger.ms", "0")
                     .create()?;
                 let topic: Arc<str> = topic_of(tag).into();
                 in_batches(source, workers, (producer, topic), publish).await

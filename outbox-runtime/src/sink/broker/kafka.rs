@@ -122,6 +122,13 @@ pub enum ConfigError {
 ///   [`send_timeout`](crate::relay::Relay::send_timeout) too (30 s by default), so
 ///   that every delivery report arrives before the relay gives up on the batch.
 ///
+/// - `linger.ms=0`: the relay hands the sink a batch and waits for its delivery reports,
+///   so waiting for more records before sending only delays the batch; and a key's run
+///   goes out a record per acknowledgement (a key's next record once the one before it
+///   is acknowledged), so each record of a hot key would wait out the linger. (Measured through tansu: one hot
+///   key at 177 records/s with librdkafka's default of 5 ms, 3,743 with 0; the
+///   unordered drain no slower.)
+///
 /// Records are spread over partitions by librdkafka's partitioner on the key
 /// (`consistent`, CRC32 of the key, set unless `config` sets another: librdkafka's own
 /// default sends an empty key to a random partition, which would break the order of an
@@ -426,6 +433,14 @@ fn producer_config(
     // other key the same way and keeps an empty one in one partition.
     if config.get("partitioner").is_none() {
         config.set("partitioner", "consistent");
+    }
+    // The relay hands over a batch and awaits its reports: lingering for more records
+    // only delays it, and a key's run goes a record per acknowledgement.
+    if ["linger.ms", "queue.buffering.max.ms"]
+        .iter()
+        .all(|property| config.get(property).is_none())
+    {
+        config.set("linger.ms", "0");
     }
     Ok(config)
 }
@@ -882,6 +897,7 @@ mod tests {
             assert_eq!(config.get("acks"), Some("all"));
             assert_eq!(config.get("message.timeout.ms"), Some(timeout), "{lease}s");
             assert_eq!(config.get("partitioner"), Some("consistent"));
+            assert_eq!(config.get("linger.ms"), Some("0"));
         }
     }
 
@@ -892,9 +908,11 @@ mod tests {
             &[
                 ("request.required.acks", "-1"),
                 ("delivery.timeout.ms", "19000"),
+                ("queue.buffering.max.ms", "20"),
             ],
         )
         .unwrap();
+        assert_eq!(config.get("linger.ms"), None, "its alias is kept");
         assert_eq!(config.get("acks"), None);
         assert_eq!(config.get("request.required.acks"), Some("-1"));
         assert_eq!(config.get("message.timeout.ms"), None);
