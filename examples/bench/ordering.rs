@@ -30,6 +30,9 @@ const WORKERS: usize = 4;
 const EVENTS: usize = 100_000;
 /// Claims timed per table in part 2.
 const CLAIMS: usize = 200;
+/// Events of each row of part 4, through a broker.
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+const THROUGH_BROKER: usize = 5_000;
 
 impl Bench {
     pub(super) async fn ordering(&self, args: &Args, leftovers: &PgmqLeftovers) -> Result {
@@ -125,7 +128,7 @@ impl Bench {
         }
         self.hot_beside_quiet(args).await?;
         self.against_pgmq_fifo(args, leftovers).await?;
-        self.through_kafka(args).await?;
+        self.through_brokers(args).await?;
         if args.no_history {
             return Ok(());
         }
@@ -289,48 +292,69 @@ impl Bench {
         self.empty_queue(&queue).await
     }
 
-    /// Part 4: the same key counts end to end through Kafka (a tansu broker, as the sinks
-    /// section runs it): the relay's ordered drain against the same events unordered,
-    /// through `KafkaSink`, and each key's first deliveries read back from the topic.
-    #[cfg(feature = "kafka")]
-    async fn through_kafka(&self, args: &Args) -> Result {
-        use super::sinks::with_brokers::kafka::Kafka;
-        const N: usize = 5_000;
+    /// Part 4: the same key counts end to end through each broker built in (features
+    /// `nats`, `rabbitmq`, `kafka`, as the sinks section runs them): the relay's ordered
+    /// drain against the same events unordered, through the broker's sink, and each key's
+    /// first deliveries read back.
+    #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+    async fn through_brokers(&self, args: &Args) -> Result {
+        #[allow(unused_imports)]
+        use super::sinks::with_brokers;
         self.line(&format!(
-            "\nPart 4: end to end through Kafka (tansu, in memory, a one-partition topic per \
-             run; `KafkaSink`: idempotent producer, `acks=all`): {N} events of each key count \
-             (100-byte payloads) drained by the relay ({WORKERS} workers, batch {BATCH}) ordered and unordered, in \
-             turn, {} runs; every run's records are then read back from the topic and each \
-             key's first deliveries checked to be in the order the events were enqueued (a \
-             run out of order fails the bench). A key's run goes to the broker an event per \
-             acknowledgement, so a hot key costs a producer round trip per event: with the \
-             sink's `linger.ms=0`, and with librdkafka's default of 5 ms.\n",
+            "\nPart 4: end to end through each broker, as the sinks section runs them (JetStream \
+             `PubAck`s; RabbitMQ publisher confirms; Kafka's idempotent producer, `acks=all`, \
+             on an in-memory tansu): {THROUGH_BROKER} events of each key count (100-byte \
+             payloads) drained by the relay ({WORKERS} workers, batch {BATCH}) ordered and \
+             unordered, in turn, {} runs; every ordered run's messages are then read back \
+             from the stream, queue or topic and each key's first deliveries checked to be \
+             in the order the events were enqueued (a run out of order fails the bench). A \
+             key's run goes to the broker an event per acknowledgement, so a hot key costs a \
+             broker round trip per event; Kafka with the sink's `linger.ms=0` and with \
+             librdkafka's default of 5 ms.\n",
             args.runs
         ));
-        self.line("| `linger.ms` | keys | events | ordered events/s | unordered events/s | ordered / unordered | first deliveries in sequence |");
-        self.line("|---|---|---|---|---|---|---|");
-        for linger in [None, Some("5")] {
-            let broker = Kafka::start().await?;
+        self.line(
+            "| broker | keys | events | ordered events/s | unordered events/s | ordered / unordered |",
+        );
+        self.line("|---|---|---|---|---|---|");
+        #[cfg(feature = "nats")]
+        self.broker_rows(
+            &with_brokers::nats::Nats::connect().await?,
+            "NATS JetStream",
+            args,
+        )
+        .await?;
+        #[cfg(feature = "rabbitmq")]
+        self.broker_rows(
+            &with_brokers::rabbitmq::Rabbit::connect().await?,
+            "RabbitMQ",
+            args,
+        )
+        .await?;
+        #[cfg(feature = "kafka")]
+        for (linger, label) in [
+            (None, "Kafka (tansu), `linger.ms=0`"),
+            (Some("5"), "Kafka (tansu), `linger.ms=5`"),
+        ] {
+            let broker = with_brokers::kafka::Kafka::start().await?;
             let broker = match linger {
                 Some(ms) => broker.linger(ms),
                 None => broker,
             };
-            self.kafka_rows(&broker, linger.unwrap_or("0 (the sink's)"), args)
-                .await?;
+            self.broker_rows(&broker, label, args).await?;
         }
         Ok(())
     }
 
-    /// Part 4's rows for one producer setting.
-    #[cfg(feature = "kafka")]
-    async fn kafka_rows(
+    /// Part 4's rows for one broker.
+    #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+    async fn broker_rows<B: super::sinks::with_brokers::Broker>(
         &self,
-        broker: &super::sinks::with_brokers::kafka::Kafka,
-        linger: &str,
+        broker: &B,
+        label: &str,
         args: &Args,
     ) -> Result {
-        use super::sinks::with_brokers::kafka::Kafka;
-        const N: usize = 5_000;
+        const N: usize = THROUGH_BROKER;
         for &keys in &args.ordering_keys {
             let keys = keys as usize;
             let ordered: Vec<BenchOrderedEvent> = (0..N)
@@ -345,26 +369,20 @@ impl Bench {
                 for ordered_now in [run % 2 == 0, run % 2 == 1] {
                     if ordered_now {
                         self.fill_with(&ordered).await?;
-                        with.push(
-                            self.relay_through_filled::<Kafka, BenchOrderedEvent>(
-                                broker, N, WORKERS,
-                            )
-                            .await?
-                            .0,
-                        );
+                        let drained =
+                            self.relay_through_filled::<B, BenchOrderedEvent>(broker, N, WORKERS);
+                        with.push(drained.await?.0);
                     } else {
                         self.fill_with(&unordered).await?;
-                        without.push(
-                            self.relay_through_filled::<Kafka, BenchKeyedEvent>(broker, N, WORKERS)
-                                .await?
-                                .0,
-                        );
+                        let drained =
+                            self.relay_through_filled::<B, BenchKeyedEvent>(broker, N, WORKERS);
+                        without.push(drained.await?.0);
                     }
                 }
             }
             let ratio = Figure::of(with.iter().zip(&without).map(|(o, u)| o / u).collect());
             self.line(&format!(
-                "| {linger} | {keys} | {N} | {} | {} | **{:.2}** ({:.2}–{:.2}) | yes, every run |",
+                "| {label} | {keys} | {N} | {} | {} | **{:.2}** ({:.2}–{:.2}) |",
                 Figure::of(with).show(""),
                 Figure::of(without).show(""),
                 ratio.median,
@@ -375,12 +393,12 @@ impl Bench {
         Ok(())
     }
 
-    #[cfg(not(feature = "kafka"))]
+    #[cfg(not(any(feature = "nats", feature = "rabbitmq", feature = "kafka")))]
     #[allow(clippy::unused_async)]
-    async fn through_kafka(&self, _args: &Args) -> Result {
+    async fn through_brokers(&self, _args: &Args) -> Result {
         self.line(
-            "\nPart 4 (end to end through Kafka) needs the `kafka` feature: \
-             `cargo run --release --features kafka --example bench -- --only ordering`.",
+            "\nPart 4 (end to end through the brokers) needs a broker feature: \
+             `cargo run --release --features nats,rabbitmq,kafka --example bench -- --only ordering`.",
         );
         Ok(())
     }

@@ -272,6 +272,48 @@ pub(crate) mod with_brokers {
     /// Microseconds from enqueue to a consumer, per message.
     pub(super) type Latencies = Arc<Mutex<Vec<u32>>>;
 
+    /// The messages of an ordering benchmark read back from a broker, in its order: each
+    /// key's first deliveries must come in the order the events were enqueued (the
+    /// `payload` of each is its place in the backlog); a redelivery may come later.
+    pub(super) struct FirstDeliveries {
+        /// Each key's last event first delivered, by its place.
+        last: std::collections::HashMap<i64, u64>,
+        seen: std::collections::HashSet<u64>,
+        in_sequence: bool,
+    }
+
+    impl FirstDeliveries {
+        pub(super) fn new() -> Self {
+            Self {
+                last: std::collections::HashMap::new(),
+                seen: std::collections::HashSet::new(),
+                in_sequence: true,
+            }
+        }
+
+        /// Notes the next message's JSON `body`.
+        pub(super) fn note(&mut self, body: &[u8]) -> Result {
+            let body: serde_json::Value = serde_json::from_slice(body)?;
+            let key = body["key"].as_i64().ok_or("no key in the body")?;
+            let place: u64 = body["payload"].as_str().ok_or("no payload")?.parse()?;
+            if self.seen.insert(place) {
+                self.in_sequence &= self
+                    .last
+                    .insert(key, place)
+                    .is_none_or(|before| before < place);
+            }
+            Ok(())
+        }
+
+        /// Whether the `n` events were all read, each key's in sequence.
+        pub(super) fn all_in_sequence(&self, n: usize) -> Result<bool> {
+            if self.seen.len() < n {
+                return Err(format!("{} of {n} events read back", self.seen.len()).into());
+            }
+            Ok(self.in_sequence)
+        }
+    }
+
     /// An event type the broker sinks publish: [`BenchEvent`], or its traced twin.
     pub(crate) trait Event:
         outbox::Outbox + serde::Serialize + Send + Sync + 'static
@@ -293,17 +335,9 @@ pub(crate) mod with_brokers {
         /// How long the client's own loop takes to publish what `source` holds to `tag`'s,
         /// batches of [`BATCH`] pipelined, by `workers` tasks.
         async fn raw(&self, tag: &str, source: Source, workers: usize) -> Result<Duration>;
-        /// Whether the `n` events of an ordering benchmark (`key` and `payload`, its place
-        /// in the backlog, in its JSON body) that `tag`'s holds were first delivered in
-        /// sequence for each key (a redelivery may come later): `None` where the bench
-        /// does not read them back.
-        async fn first_deliveries_in_sequence(
-            &self,
-            _tag: &str,
-            _n: usize,
-        ) -> Result<Option<bool>> {
-            Ok(None)
-        }
+        /// Whether the `n` events of an ordering benchmark that `tag`'s holds were first
+        /// delivered in sequence for each key ([`FirstDeliveries`]).
+        async fn first_deliveries_in_sequence(&self, tag: &str, n: usize) -> Result<bool>;
         /// A consumer of `tag`'s recording each message's latency until `stop`.
         async fn consume(
             &self,
@@ -536,9 +570,7 @@ pub(crate) mod with_brokers {
             let elapsed = started.elapsed();
             drop(client);
             pool.close().await;
-            if T::SPEC.key().is_some()
-                && broker.first_deliveries_in_sequence(&tag, n).await? == Some(false)
-            {
+            if T::SPEC.key().is_some() && !broker.first_deliveries_in_sequence(&tag, n).await? {
                 return Err(
                     format!("{}: a key's first deliveries out of sequence", B::NAME).into(),
                 );
@@ -654,8 +686,8 @@ pub(crate) mod with_brokers {
         use outbox::nats::{JetStreamSink, async_nats};
 
         use super::{
-            BATCH, Broker, Event, JSON, Latencies, RawMessage, Result, Source, in_batches,
-            latency_of, next_or_stop,
+            BATCH, Broker, Event, FirstDeliveries, JSON, Latencies, RawMessage, Result, Source,
+            in_batches, latency_of, next_or_stop,
         };
 
         pub(crate) struct Nats {
@@ -734,6 +766,16 @@ pub(crate) mod with_brokers {
                 in_batches(source, workers, client, publish).await
             }
 
+            async fn first_deliveries_in_sequence(&self, tag: &str, n: usize) -> Result<bool> {
+                let mut stream = self.jetstream.get_stream(stream_of(tag)).await?;
+                let stored = stream.info().await?.state.messages;
+                let mut first = FirstDeliveries::new();
+                for sequence in 1..=stored {
+                    first.note(&stream.get_raw_message(sequence).await?.payload)?;
+                }
+                first.all_in_sequence(n)
+            }
+
             async fn consume(
                 &self,
                 tag: &str,
@@ -772,8 +814,8 @@ pub(crate) mod with_brokers {
         use outbox::CancellationToken;
         use outbox::rabbitmq::RabbitSink;
         use outbox::rabbitmq::lapin::options::{
-            BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-            ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+            BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
+            BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
         };
         use outbox::rabbitmq::lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
         use outbox::rabbitmq::lapin::{
@@ -781,8 +823,8 @@ pub(crate) mod with_brokers {
         };
 
         use super::{
-            BATCH, Broker, Event, JSON, Latencies, RawMessage, Result, Source, in_batches,
-            latency_of, next_or_stop,
+            BATCH, Broker, Event, FirstDeliveries, JSON, Latencies, RawMessage, Result, Source,
+            in_batches, latency_of, next_or_stop,
         };
 
         pub(crate) struct Rabbit {
@@ -891,6 +933,19 @@ pub(crate) mod with_brokers {
                 elapsed
             }
 
+            async fn first_deliveries_in_sequence(&self, tag: &str, n: usize) -> Result<bool> {
+                let mut first = FirstDeliveries::new();
+                let taken = BasicGetOptions { no_ack: true };
+                while let Some(message) = self
+                    .admin
+                    .basic_get(queue_of(tag).as_str().into(), taken)
+                    .await?
+                {
+                    first.note(&message.delivery.data)?;
+                }
+                first.all_in_sequence(n)
+            }
+
             async fn consume(
                 &self,
                 tag: &str,
@@ -927,7 +982,6 @@ pub(crate) mod with_brokers {
 
     #[cfg(feature = "kafka")]
     pub(crate) mod kafka {
-        use std::collections::{HashMap, HashSet};
         use std::ops::Range;
         use std::sync::{Arc, PoisonError};
         use std::time::Duration;
@@ -946,8 +1000,8 @@ pub(crate) mod with_brokers {
         use outbox::message::header;
 
         use super::{
-            BATCH, Broker, Event, JSON, Latencies, RawMessage, Result, Source, in_batches,
-            latency_of,
+            BATCH, Broker, Event, FirstDeliveries, JSON, Latencies, RawMessage, Result, Source,
+            in_batches, latency_of,
         };
         // The tests' tansu.
         use outbox_testkit::tansu::Tansu;
@@ -1077,11 +1131,7 @@ pub(crate) mod with_brokers {
                 in_batches(source, workers, (producer, topic), publish).await
             }
 
-            async fn first_deliveries_in_sequence(
-                &self,
-                tag: &str,
-                n: usize,
-            ) -> Result<Option<bool>> {
+            async fn first_deliveries_in_sequence(&self, tag: &str, n: usize) -> Result<bool> {
                 let consumer: StreamConsumer = self
                     .config()
                     .set("group.id", "outbox-bench-order")
@@ -1091,26 +1141,17 @@ pub(crate) mod with_brokers {
                 let mut partitions = TopicPartitionList::new();
                 partitions.add_partition_offset(&topic_of(tag), 0, Offset::Beginning)?;
                 consumer.assign(&partitions)?;
-                // Each key's last event first delivered, by its place in the backlog.
-                let mut last: HashMap<i64, u64> = HashMap::new();
-                let mut seen = HashSet::with_capacity(n);
-                let mut in_sequence = true;
-                while seen.len() < n {
-                    let message = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
-                        .await
-                        .map_err(|_| {
-                            format!("{} of {n} events read back after 30 s", seen.len())
-                        })??;
-                    let body: serde_json::Value = serde_json::from_slice(
-                        message.payload().ok_or("a record without a body")?,
-                    )?;
-                    let key = body["key"].as_i64().ok_or("no key in the body")?;
-                    let place: u64 = body["payload"].as_str().ok_or("no payload")?.parse()?;
-                    if seen.insert(place) {
-                        in_sequence &= last.insert(key, place).is_none_or(|before| before < place);
+                let mut first = FirstDeliveries::new();
+                // Records until all `n` were seen, or none came for a while.
+                while let Ok(message) =
+                    tokio::time::timeout(Duration::from_secs(5), consumer.recv()).await
+                {
+                    first.note(message?.payload().ok_or("a record without a body")?)?;
+                    if first.all_in_sequence(n).is_ok() {
+                        break;
                     }
                 }
-                Ok(Some(in_sequence))
+                first.all_in_sequence(n)
             }
 
             async fn consume(
