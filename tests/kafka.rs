@@ -554,18 +554,11 @@ async fn kafka_a_run_stops_at_an_event_of_a_missing_topic_and_goes_on_in_order_o
     config
         .set("allow.auto.create.topics", "false")
         .set("topic.metadata.propagation.max.ms", "100");
-    let refusing = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let refuses = Arc::clone(&refusing);
-    let topic_of = topic.clone();
-    let sink = KafkaSink::new(&config, topic.clone())?.topic_from(move |step: &OrderStep| {
-        if refuses.load(Ordering::SeqCst) && step.name == broker::REFUSED_STEP {
-            missing.clone()
-        } else {
-            topic_of.clone()
-        }
-    });
+    let refusal = broker::Refusal::new();
+    let sink = KafkaSink::new(&config, topic.clone())?
+        .topic_from(refusal.destination(topic.clone(), missing));
     let bootstrap = tansu.bootstrap();
-    broker::a_refused_event_holds_the_rest_of_its_run(db.pool(), sink, &refusing, async |n| {
+    broker::a_refused_event_holds_the_rest_of_its_run(db.pool(), sink, &refusal, async |n| {
         Ok(records(&bootstrap, &topic, n)
             .await?
             .into_iter()

@@ -768,22 +768,14 @@ async fn a_run_stops_at_an_event_no_stream_takes_and_goes_on_in_order_once_reque
     let subject = format!("outbox.test.{}.steps", db.name());
     let nowhere = format!("outbox.test.{}.nowhere", db.name());
     let mut stream = SharedStream::create(&js, &db, &subject, |_| {}).await?;
-    let refusing = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let refuses = Arc::clone(&refusing);
-    let sink =
-        JetStreamSink::new(js.clone(), subject.clone()).subject_from(move |step: &OrderStep| {
-            if refuses.load(std::sync::atomic::Ordering::SeqCst)
-                && step.name == broker::REFUSED_STEP
-            {
-                nowhere.clone()
-            } else {
-                subject.clone()
-            }
-        });
-    broker::a_refused_event_holds_the_rest_of_its_run(db.pool(), sink, &refusing, async |n| {
-        assert_eq!(stream.info().await?.state.messages, n as u64);
-        let mut stored = Vec::with_capacity(n);
-        for sequence in 1..=n as u64 {
+    let refusal = broker::Refusal::new();
+    let sink = JetStreamSink::new(js.clone(), subject.clone())
+        .subject_from(refusal.destination(subject, nowhere));
+    broker::a_refused_event_holds_the_rest_of_its_run(db.pool(), sink, &refusal, async |n| {
+        let n = u64::try_from(n)?;
+        assert_eq!(stream.info().await?.state.messages, n);
+        let mut stored = Vec::new();
+        for sequence in 1..=n {
             let message = stream.get_raw_message(sequence).await?;
             let event_id = message.headers.get(header::EVENT_ID).ok_or("no event id")?;
             stored.push(event_id.as_str().to_owned());

@@ -560,23 +560,15 @@ async fn a_run_stops_at_a_returned_event_and_goes_on_in_order_once_requeued() ->
     let channel = connection.create_channel().await?;
     let db = schema_from_zero(&[OrderStep::migrations()]).await?;
     let topology = Topology::declare(&channel, &db).await?;
-    let refusing = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let refuses = Arc::clone(&refusing);
+    let refusal = broker::Refusal::new();
     let sink = topology
         .sink(&connection)
         .await?
-        .routing_key_from(move |step: &OrderStep| {
-            if refuses.load(std::sync::atomic::Ordering::SeqCst)
-                && step.name == broker::REFUSED_STEP
-            {
-                "nowhere".to_owned()
-            } else {
-                ROUTING_KEY.to_owned()
-            }
-        });
+        // No queue is bound with `nowhere`: the broker returns the message.
+        .routing_key_from(refusal.destination(ROUTING_KEY.to_owned(), "nowhere".to_owned()));
     // What the queue held so far, taken off it in its order.
     let mut taken = Vec::new();
-    broker::a_refused_event_holds_the_rest_of_its_run(db.pool(), sink, &refusing, async |n| {
+    broker::a_refused_event_holds_the_rest_of_its_run(db.pool(), sink, &refusal, async |n| {
         let options = BasicGetOptions { no_ack: true };
         while let Some(message) = channel
             .basic_get(topology.queue.as_str().into(), options)

@@ -150,8 +150,48 @@ pub fn run_of_one_key() -> Vec<OrderStep> {
         .collect()
 }
 
+/// While it holds, [`REFUSED_STEP`] goes where the broker refuses it.
+#[derive(Clone)]
+pub struct Refusal(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Refusal {
+    pub fn new() -> Self {
+        Self(std::sync::Arc::new(std::sync::atomic::AtomicBool::new(
+            true,
+        )))
+    }
+
+    /// A sink's destination for each step: `refused` for [`REFUSED_STEP`] while the
+    /// refusal holds, `taken` otherwise.
+    pub fn destination(
+        &self,
+        taken: String,
+        refused: String,
+    ) -> impl Fn(&OrderStep) -> String + Send + Sync + 'static {
+        let refusing = std::sync::Arc::clone(&self.0);
+        move |step| {
+            if refusing.load(std::sync::atomic::Ordering::SeqCst) && step.name == REFUSED_STEP {
+                refused.clone()
+            } else {
+                taken.clone()
+            }
+        }
+    }
+
+    /// The destination is mended.
+    fn end(&self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Default for Refusal {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// A run of one key through a real broker that refuses its third event ([`REFUSED_STEP`],
-/// which `sink` sends where no stream, topic or queue takes it while `refusing` is set):
+/// which `sink` sends where no stream, topic or queue takes it while `refusal` holds):
 /// the broker holds nothing after the refused event, however the run was sent, and once
 /// the operator requeues it (the destination mended), the broker holds the whole run in
 /// order, each event once.
@@ -161,7 +201,7 @@ pub fn run_of_one_key() -> Vec<OrderStep> {
 pub async fn a_refused_event_holds_the_rest_of_its_run<S: Sink<OrderStep>>(
     pool: &PgPool,
     sink: S,
-    refusing: &std::sync::atomic::AtomicBool,
+    refusal: &Refusal,
     mut stored: impl AsyncFnMut(usize) -> TestResult<Vec<String>>,
 ) -> TestResult {
     let run = run_of_one_key();
@@ -195,7 +235,7 @@ pub async fn a_refused_event_holds_the_rest_of_its_run<S: Sink<OrderStep>>(
         "nothing after the refused step reached the broker"
     );
 
-    refusing.store(false, std::sync::atomic::Ordering::SeqCst);
+    refusal.end();
     let requeued = outbox::ops::requeue_dead::<OrderStep>(pool, &[REFUSED_STEP]).await?;
     assert_eq!(requeued.len(), 1);
     wait_until("the whole run SENT", Duration::from_secs(30), async || {
