@@ -155,6 +155,8 @@ pub fn run_of_one_key() -> Vec<OrderStep> {
 pub struct Refusal(std::sync::Arc<std::sync::atomic::AtomicBool>);
 
 impl Refusal {
+    /// A refusal that holds until [`a_refused_event_holds_the_rest_of_its_run`] mends the
+    /// destination.
     pub fn new() -> Self {
         Self(std::sync::Arc::new(std::sync::atomic::AtomicBool::new(
             true,

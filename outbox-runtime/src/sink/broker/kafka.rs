@@ -125,9 +125,9 @@ pub enum ConfigError {
 /// - `linger.ms=0`: the relay hands the sink a batch and waits for its delivery reports,
 ///   so waiting for more records before sending only delays the batch; and a key's run
 ///   goes out a record per acknowledgement (a key's next record once the one before it
-///   is acknowledged), so each record of a hot key would wait out the linger. (Measured through tansu: one hot
-///   key at 177 records/s with librdkafka's default of 5 ms, 3,743 with 0; the
-///   unordered drain no slower.)
+///   is acknowledged), so each record of a hot key would wait out the linger. (Measured
+///   through tansu: one hot key at 166-177 records/s with librdkafka's default of 5 ms,
+///   1,800-3,700 with 0; unordered batches no slower.)
 ///
 /// Records are spread over partitions by librdkafka's partitioner on the key
 /// (`consistent`, CRC32 of the key, set unless `config` sets another: librdkafka's own
