@@ -305,9 +305,14 @@ pub(crate) mod with_brokers {
             Ok(())
         }
 
+        /// Whether all `n` events were read.
+        pub(super) fn seen_all(&self, n: usize) -> bool {
+            self.seen.len() >= n
+        }
+
         /// Whether the `n` events were all read, each key's in sequence.
         pub(super) fn all_in_sequence(&self, n: usize) -> Result<bool> {
-            if self.seen.len() < n {
+            if !self.seen_all(n) {
                 return Err(format!("{} of {n} events read back", self.seen.len()).into());
             }
             Ok(self.in_sequence)
@@ -1041,6 +1046,22 @@ pub(crate) mod with_brokers {
                 config.set("bootstrap.servers", self.tansu.bootstrap());
                 config
             }
+
+            /// A consumer of `tag`'s topic from its beginning.
+            fn consumer(&self, tag: &str) -> Result<StreamConsumer> {
+                let consumer: StreamConsumer = self
+                    .config()
+                    .set("group.id", "outbox-bench")
+                    .set("enable.auto.commit", "false")
+                    // tansu holds a fetch for its full wait even once records arrive:
+                    // a short wait measures the publish path, not tansu's fetch.
+                    .set("fetch.wait.max.ms", "10")
+                    .create()?;
+                let mut partitions = TopicPartitionList::new();
+                partitions.add_partition_offset(&topic_of(tag), 0, Offset::Beginning)?;
+                consumer.assign(&partitions)?;
+                Ok(consumer)
+            }
         }
 
         async fn publish(
@@ -1132,24 +1153,14 @@ pub(crate) mod with_brokers {
             }
 
             async fn first_deliveries_in_sequence(&self, tag: &str, n: usize) -> Result<bool> {
-                let consumer: StreamConsumer = self
-                    .config()
-                    .set("group.id", "outbox-bench-order")
-                    .set("enable.auto.commit", "false")
-                    .set("fetch.wait.max.ms", "10")
-                    .create()?;
-                let mut partitions = TopicPartitionList::new();
-                partitions.add_partition_offset(&topic_of(tag), 0, Offset::Beginning)?;
-                consumer.assign(&partitions)?;
+                let consumer = self.consumer(tag)?;
                 let mut first = FirstDeliveries::new();
                 // Records until all `n` were seen, or none came for a while.
-                while let Ok(message) =
-                    tokio::time::timeout(Duration::from_secs(5), consumer.recv()).await
+                while !first.seen_all(n)
+                    && let Ok(message) =
+                        tokio::time::timeout(Duration::from_secs(5), consumer.recv()).await
                 {
                     first.note(message?.payload().ok_or("a record without a body")?)?;
-                    if first.all_in_sequence(n).is_ok() {
-                        break;
-                    }
                 }
                 first.all_in_sequence(n)
             }
@@ -1160,17 +1171,7 @@ pub(crate) mod with_brokers {
                 latencies: Latencies,
                 stop: CancellationToken,
             ) -> Result<tokio::task::JoinHandle<Result>> {
-                let consumer: StreamConsumer = self
-                    .config()
-                    .set("group.id", "outbox-bench")
-                    .set("enable.auto.commit", "false")
-                    // tansu holds a fetch for its full wait even once records arrive:
-                    // a short wait measures the publish path, not tansu's fetch.
-                    .set("fetch.wait.max.ms", "10")
-                    .create()?;
-                let mut partitions = TopicPartitionList::new();
-                partitions.add_partition_offset(&topic_of(tag), 0, Offset::Beginning)?;
-                consumer.assign(&partitions)?;
+                let consumer = self.consumer(tag)?;
                 Ok(tokio::spawn(async move {
                     loop {
                         let message = tokio::select! {

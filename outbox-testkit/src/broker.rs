@@ -4,6 +4,8 @@
 //! per-key order a broker must keep.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use outbox::Outbox as _;
@@ -152,15 +154,13 @@ pub fn run_of_one_key() -> Vec<OrderStep> {
 
 /// While it holds, [`REFUSED_STEP`] goes where the broker refuses it.
 #[derive(Clone)]
-pub struct Refusal(std::sync::Arc<std::sync::atomic::AtomicBool>);
+pub struct Refusal(Arc<AtomicBool>);
 
 impl Refusal {
     /// A refusal that holds until [`a_refused_event_holds_the_rest_of_its_run`] mends the
     /// destination.
     pub fn new() -> Self {
-        Self(std::sync::Arc::new(std::sync::atomic::AtomicBool::new(
-            true,
-        )))
+        Self(Arc::new(AtomicBool::new(true)))
     }
 
     /// A sink's destination for each step: `refused` for [`REFUSED_STEP`] while the
@@ -170,9 +170,9 @@ impl Refusal {
         taken: String,
         refused: String,
     ) -> impl Fn(&OrderStep) -> String + Send + Sync + 'static {
-        let refusing = std::sync::Arc::clone(&self.0);
+        let refusing = Arc::clone(&self.0);
         move |step| {
-            if refusing.load(std::sync::atomic::Ordering::SeqCst) && step.name == REFUSED_STEP {
+            if refusing.load(Ordering::SeqCst) && step.name == REFUSED_STEP {
                 refused.clone()
             } else {
                 taken.clone()
@@ -182,7 +182,7 @@ impl Refusal {
 
     /// The destination is mended.
     fn end(&self) {
-        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.0.store(false, Ordering::SeqCst);
     }
 }
 
