@@ -24,7 +24,7 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior, sleep};
 
 use super::cpu::{Cpu, postmaster};
-use super::{Args, Bench, BenchEvent, LatencySink, Result, stamped};
+use super::{Args, Bench, BenchEvent, Figure, LatencySink, Result, stamped};
 
 /// Fleet members (tasks of this process, each with its own connection budget).
 const MEMBERS: usize = 2;
@@ -132,12 +132,10 @@ impl Bench {
             Some(median(&hot.dedicated)),
         ));
         self.line(&format!(
-            "\nHot database, fleet / its own relay: **{:.2}** ({:.2}-{:.2}); events/s of each \
+            "\nHot database, fleet / its own relay: {}; events/s of each \
              run, fleet: {}; its own relay: {}; the hot events' enqueue → publish p99, \
              fleet: {}; its own relay: {}.\n",
-            median(&ratios),
-            ratios.iter().copied().fold(f64::INFINITY, f64::min),
-            ratios.iter().copied().fold(0.0, f64::max),
+            Figure::of(ratios.clone()).ratio(),
             rates(&hot.fleet),
             rates(&hot.dedicated),
             latencies(&hot.fleet_p99),
@@ -528,9 +526,10 @@ fn ms(micros: Option<u32>) -> String {
 }
 
 fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    Figure::of(values.to_vec()).median
 }
 
 fn rates(values: &[f64]) -> String {

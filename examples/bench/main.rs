@@ -227,6 +227,11 @@ impl Figure {
         (self.max - self.min) / self.median * 50.0
     }
 
+    /// A ratio's cell: the median in bold, the lowest and highest in parentheses.
+    fn ratio(self) -> String {
+        format!("**{:.2}** ({:.2}–{:.2})", self.median, self.min, self.max)
+    }
+
     fn show(self, unit: &str) -> String {
         format!("{:.0}{unit} ±{:.0}%", self.median, self.spread())
     }
@@ -443,12 +448,10 @@ impl Bench {
                 }
                 let ratio = Figure::of(ratios);
                 self.line(&format!(
-                    "| {batch} | {workers} | {n} | {} | {} | **{:.2}** ({:.2}–{:.2}) |",
+                    "| {batch} | {workers} | {n} | {} | {} | {} |",
                     Figure::of(relay).show(""),
                     Figure::of(floor).show(""),
-                    ratio.median,
-                    ratio.min,
-                    ratio.max
+                    ratio.ratio(),
                 ));
             }
         }
@@ -517,10 +520,7 @@ impl Bench {
                 let [relay, relay_deleting, archive, delete] = rates;
                 let ratio = |relay: &[f64], pgmq: &[f64]| {
                     let ratio = Figure::of(relay.iter().zip(pgmq).map(|(r, p)| r / p).collect());
-                    format!(
-                        "**{:.2}** ({:.2}–{:.2})",
-                        ratio.median, ratio.min, ratio.max
-                    )
+                    ratio.ratio()
                 };
                 let (to_archive, to_delete) =
                     (ratio(&relay, &archive), ratio(&relay_deleting, &delete));
@@ -918,12 +918,10 @@ impl Bench {
         let ratio = Figure::of(ratios);
         self.line(&format!("| {ours} | {baseline} | ratio |\n|---|---|---|"));
         self.line(&format!(
-            "| {} ev/s | {} ev/s | **{:.2}** ({:.2}–{:.2}) |\n",
+            "| {} ev/s | {} ev/s | {} |\n",
             Figure::of(typed).show(""),
             Figure::of(raw).show(""),
-            ratio.median,
-            ratio.min,
-            ratio.max
+            ratio.ratio(),
         ));
     }
 

@@ -108,22 +108,15 @@ impl Bench {
             let shown =
                 |figure: Option<Figure>| figure.map_or_else(|| "-".to_owned(), |f| f.show(""));
             self.line(&format!(
-                "| {keys} | {n} | {} | {} | **{:.2}** ({:.2}–{:.2}) | {} | **{:.2}** ({:.2}–{:.2}) | {} | {} | {} |",
+                "| {keys} | {n} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 Figure::of(with.iter().map(|d| d.0).collect()).show(""),
                 Figure::of(without.iter().map(|d| d.0).collect()).show(""),
-                ratio.median,
-                ratio.min,
-                ratio.max,
+                ratio.ratio(),
                 Figure::of(sending_with.clone()).show(""),
-                sending_ratio.median,
-                sending_ratio.min,
-                sending_ratio.max,
+                sending_ratio.ratio(),
                 shown(cpu_with),
                 shown(cpu_without),
-                cpu_ratio.map_or_else(
-                    || "-".to_owned(),
-                    |r| format!("**{:.2}** ({:.2}–{:.2})", r.median, r.min, r.max)
-                ),
+                cpu_ratio.map_or_else(|| "-".to_owned(), Figure::ratio),
             ));
         }
         self.hot_beside_quiet(args).await?;
@@ -264,10 +257,7 @@ impl Bench {
             }
             let ratio = |pgmq: &[f64]| {
                 let ratio = Figure::of(relay.iter().zip(pgmq).map(|(r, p)| r / p).collect());
-                format!(
-                    "**{:.2}** ({:.2}–{:.2})",
-                    ratio.median, ratio.min, ratio.max
-                )
+                ratio.ratio()
             };
             let cut =
                 [grouped_cut, round_robin_cut].map(|cut| if cut { " (first 30 s)" } else { "" });
@@ -382,12 +372,10 @@ impl Bench {
             }
             let ratio = Figure::of(with.iter().zip(&without).map(|(o, u)| o / u).collect());
             self.line(&format!(
-                "| {label} | {keys} | {N} | {} | {} | **{:.2}** ({:.2}–{:.2}) |",
+                "| {label} | {keys} | {N} | {} | {} | {} |",
                 Figure::of(with).show(""),
                 Figure::of(without).show(""),
-                ratio.median,
-                ratio.min,
-                ratio.max,
+                ratio.ratio(),
             ));
         }
         Ok(())

@@ -164,13 +164,11 @@ impl Bench {
             }
             let ratio = Figure::of(ratios);
             self.line(&format!(
-                "| {} | {workers} | {} | {} | **{:.2}** ({:.2}–{:.2}) | {} | {} | {} |",
+                "| {} | {workers} | {} | {} | {} | {} | {} | {} |",
                 B::NAME,
                 Figure::of(relay).show(""),
                 Figure::of(pipeline).show(""),
-                ratio.median,
-                ratio.min,
-                ratio.max,
+                ratio.ratio(),
                 Figure::of(raw).show(""),
                 Figure::of(alone).show(""),
                 Figure::of(noop).show(""),

@@ -283,12 +283,10 @@ mod with_otel {
         fn row(self, cells: &str) -> String {
             let ratio = Figure::of(self.ratios);
             let mut row = format!(
-                "{cells}| {} | {} | **{:.2}** ({:.2}–{:.2}) |",
+                "{cells}| {} | {} | {} |",
                 Figure::of(self.traced).show(""),
                 Figure::of(self.untraced).show(""),
-                ratio.median,
-                ratio.min,
-                ratio.max,
+                ratio.ratio(),
             );
             if let Some(cpu) = self.cpu {
                 let side = |of: fn(&(Work, Work)) -> f64| Figure::of(cpu.iter().map(of).collect());
