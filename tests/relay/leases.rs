@@ -23,7 +23,8 @@ use sqlx::{AssertSqlSafe, PgPool};
 use tokio::time::Instant;
 
 use crate::{
-    Plan, ScriptSink, Seen, Wait, budgeted, fast, lease_until, long_send, payment, wait_past,
+    Plan, ScriptSink, Seen, Wait, budgeted, fast, lease_until, long_send, payment, take_over,
+    wait_past,
 };
 
 #[tokio::test]
@@ -335,20 +336,6 @@ async fn through_a_proxy(db: &TestSchema) -> TestResult<(Proxy, PgPool)> {
         .connect_with(direct.host("127.0.0.1").port(proxy.port))
         .await?;
     Ok((proxy, through))
-}
-
-/// Makes the row look claimed by another publisher: a newer generation, a live lease.
-async fn take_over<T: Outbox>(pool: &PgPool, event_id: &EventId) -> i64 {
-    sqlx::query_scalar(AssertSqlSafe(format!(
-        "UPDATE {} SET generation = generation + 1,
-             lease_until = clock_timestamp() + interval '1 hour'
-         WHERE event_id = $1 AND status = 'INPROGRESS' RETURNING generation",
-        T::SPEC.table()
-    )))
-    .bind(event_id.as_str())
-    .fetch_one(pool)
-    .await
-    .unwrap()
 }
 
 /// A sink that holds a batch with a victim until the relay says the victim is lost.

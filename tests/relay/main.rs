@@ -103,6 +103,21 @@ async fn retry_delays(pool: &PgPool) -> Vec<f64> {
         .unwrap()
 }
 
+/// Makes the row look claimed by another publisher (as after a pause of the relay's
+/// past its lease): a newer generation, a lease an hour long. Returns the generation.
+async fn take_over<T: Outbox>(pool: &PgPool, event_id: &(impl AsRef<str> + ?Sized)) -> i64 {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "UPDATE {} SET generation = generation + 1,
+             lease_until = clock_timestamp() + interval '1 hour'
+         WHERE event_id = $1 AND status = 'INPROGRESS' RETURNING generation",
+        T::SPEC.table()
+    )))
+    .bind(event_id.as_ref())
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 /// What a [`ScriptSink`] saw of one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Seen {

@@ -8,12 +8,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use outbox::relay::Backoff;
-use outbox::{Delivery, Outbox, Relay, Sink, SinkError};
-use outbox_testkit::events::{KeyedReminder, LenientStep, OrderStep};
+use outbox::{CancellationToken, Delivery, Outbox, Relay, Sink, SinkError};
+use outbox_testkit::events::{KeyedReminder, LenientStep, OrderStep, OrderedChaosEvent};
+use outbox_testkit::logs::Captured;
 use outbox_testkit::rows::{row_of, status};
 use outbox_testkit::running::start;
 use outbox_testkit::schema::schema_with;
 use outbox_testkit::{TestResult, wait_until};
+
+use crate::{Plan, ScriptSink, Wait, fast, take_over};
 
 /// An event's name, as the tests script and read it.
 trait Named {
@@ -477,6 +480,105 @@ async fn a_continuation_claimed_ahead_waits_unattempted_when_its_run_breaks() ->
             "{name}"
         );
     }
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// The events `a1`, `a2`, .. of one order, with a lease of 2 s.
+fn short_leased(names: &[&str]) -> Vec<OrderedChaosEvent> {
+    names
+        .iter()
+        .zip(1..)
+        .map(|(name, seq)| OrderedChaosEvent {
+            name: (*name).into(),
+            order_id: 1,
+            seq,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_run_claimed_ahead_whose_first_event_is_taken_over_hands_the_rest_back_at_once()
+-> TestResult {
+    let logs = Captured::default();
+    // A current-thread runtime polls the relay's tasks on this thread: they log here.
+    let _logging = logs.this_thread(tracing_subscriber::filter::LevelFilter::INFO);
+    let db = schema_with(&[OrderedChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    OrderedChaosEvent::enqueue_all(&short_leased(&["a1", "a2", "a3", "a4"]), pool).await?;
+    // Batches of two: a1 stays in the sink while the run's continuation, {a3, a4}, is
+    // claimed ahead.
+    let released = CancellationToken::new();
+    let sink = ScriptSink::new({
+        let released = released.clone();
+        move |call, seen| match call {
+            0 => Plan::after(Wait::Until(released.clone()), seen),
+            _ => Plan::ok(seen),
+        }
+    });
+    let relay = start(
+        fast(Relay::<OrderedChaosEvent, _>::new(
+            pool.clone(),
+            sink.clone(),
+        ))
+        .batch_size(2)
+        .send_timeout(Duration::from_mins(1)),
+    );
+    wait_until(
+        "the continuation claimed ahead",
+        Duration::from_secs(10),
+        async || status::<OrderedChaosEvent>(pool, "a4").await == "INPROGRESS",
+    )
+    .await;
+    // Another publisher takes a3 over meanwhile (as after a pause of this relay's).
+    let theirs = take_over::<OrderedChaosEvent>(pool, "a3").await;
+    // The relay finds it out at the next renewal of the batch claimed ahead (a third of
+    // its lease gone), while a1 is still out.
+    wait_until(
+        "the relay finds a3 taken over",
+        Duration::from_secs(10),
+        async || logs.lines_with(&["taken over while they waited"]) == 1,
+    )
+    .await;
+    released.cancel();
+
+    // a4 cannot go before a3: this relay hands it back, unattempted, to wait behind a3
+    // (not out its lease, which would leave it expired behind a3's live claim).
+    wait_until("a4 handed back", Duration::from_secs(10), async || {
+        status::<OrderedChaosEvent>(pool, "a4").await == "READY"
+    })
+    .await;
+    let a4 = row_of::<OrderedChaosEvent>(pool, "a4").await;
+    assert_eq!(a4.attempts, 0, "its attempt not counted");
+    assert_eq!(status::<OrderedChaosEvent>(pool, "a2").await, "SENT");
+    // The other publisher's a3 goes; then a4, from this relay.
+    sqlx::query(
+        "UPDATE ordered_chaos_events SET status = 'SENT', lease_until = NULL
+         WHERE event_id = 'a3' AND generation = $1",
+    )
+    .bind(theirs)
+    .execute(pool)
+    .await?;
+    wait_until("a4 SENT", Duration::from_secs(10), async || {
+        status::<OrderedChaosEvent>(pool, "a4").await == "SENT"
+    })
+    .await;
+    relay.stop().await?;
+    let seen: Vec<String> = sink
+        .deliveries()
+        .into_iter()
+        .map(|seen| seen.event_id)
+        .collect();
+    assert_eq!(
+        seen,
+        ["a1", "a2", "a4"],
+        "a3 never from this relay, a4 once"
+    );
+    assert_eq!(
+        row_of::<OrderedChaosEvent>(pool, "a4").await.attempts,
+        1,
+        "a4 went on its first counted attempt"
+    );
     db.drop_schema().await?;
     Ok(())
 }

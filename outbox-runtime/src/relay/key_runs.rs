@@ -76,19 +76,26 @@ pub(super) fn arrange<T: Outbox>(claims: &mut [Claim<T>]) -> Layers {
 
 /// Keeps the `claims` (in id order, as claimed) for which `keep` holds, and of a key's
 /// run only what can still go in order: a claim after a dropped one of its key is
-/// dropped too. (Its lease ends, and it is claimed again behind the other.)
+/// dropped too, and returned, `keep` having held for it: still this worker's, to hand
+/// back (it waits behind the other, unattempted, instead of out its lease).
 pub(super) fn retain_in_order<T: Outbox>(
     claims: &mut Vec<Claim<T>>,
     mut keep: impl FnMut(&mut Claim<T>) -> bool,
-) {
+) -> Vec<Claim<T>> {
     let mut broken = BrokenRuns::default();
-    claims.retain_mut(|claim| {
-        let kept = broken.lets_go(claim.key()) && keep(claim);
-        if !kept {
-            broken.break_at(claim.key());
+    let mut behind = Vec::new();
+    for mut claim in std::mem::take(claims) {
+        let own = keep(&mut claim);
+        if own && broken.lets_go(claim.key()) {
+            claims.push(claim);
+            continue;
         }
-        kept
-    });
+        broken.break_at(claim.key());
+        if own {
+            behind.push(claim);
+        }
+    }
+    behind
 }
 
 /// Whether a key repeats in `claims`: the claim took runs, which it does only in the

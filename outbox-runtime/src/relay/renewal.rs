@@ -114,16 +114,19 @@ impl<'r, 'a, T: Outbox> Renewal<'r, 'a, T> {
 /// While the batch waits, any lease left will do (it is renewed again at the next
 /// tick); before the sink gets it, two thirds ([`Needed::ToSend`]: what a sink may rely
 /// on, as the Kafka sink's message timeout does).
+///
+/// Returns the rows to publish, and those dropped only because an earlier event of
+/// their key was: still this worker's, to hand back.
 pub(super) async fn renew_ahead<T: Outbox>(
     conn: &mut Connection<'_>,
     mut ahead: Vec<Claim<T>>,
     needed: Needed,
-) -> Vec<Claim<T>> {
+) -> (Vec<Claim<T>>, Vec<Claim<T>>) {
     let table = T::SPEC.table;
     let every = T::SPEC.lease / 3;
     let earliest = deadline(ahead.iter().map(Claim::lease_deadline));
     if ahead.is_empty() || earliest > Instant::now() + 2 * every {
-        return ahead;
+        return (ahead, Vec::new());
     }
     let rows: Vec<Owned> = ahead.iter().map(Owned::of).collect();
     let before = ahead.len();
@@ -133,31 +136,33 @@ pub(super) async fn renew_ahead<T: Outbox>(
                 Needed::ToWait => Duration::ZERO,
                 Needed::ToSend => 2 * every,
             };
-        super::key_runs::retain_in_order(&mut ahead, |claim| claim.lease_deadline() > enough);
-        if ahead.len() < before {
+        let behind =
+            super::key_runs::retain_in_order(&mut ahead, |claim| claim.lease_deadline() > enough);
+        if ahead.len() + behind.len() < before {
             tracing::warn!(
                 table,
-                dropped = before - ahead.len(),
+                dropped = before - ahead.len() - behind.len(),
                 "events claimed ahead could not be renewed; not publishing them (claimed again once their leases end)"
             );
         }
-        return ahead;
+        return (ahead, behind);
     };
     let renewed: HashMap<i64, Lease> = renewed.into_iter().collect();
-    super::key_runs::retain_in_order(&mut ahead, |claim| {
+    let behind = super::key_runs::retain_in_order(&mut ahead, |claim| {
         renewed
             .get(&claim.id())
             .map(|lease| claim.renewed(*lease))
             .is_some()
     });
-    if ahead.len() < before {
+    if ahead.len() + behind.len() < before {
         tracing::info!(
             table,
-            lost = before - ahead.len(),
-            "events claimed ahead were taken over while they waited; not publishing them"
+            lost = before - ahead.len() - behind.len(),
+            behind = behind.len(),
+            "events claimed ahead were taken over while they waited; not publishing them (nor the events of their keys after them, handed back)"
         );
     }
-    ahead
+    (ahead, behind)
 }
 
 /// How much lease a row of a batch claimed ahead must have left, when its renewal fails,

@@ -90,6 +90,10 @@ struct Batch<T: Outbox> {
     /// a key (a claim takes those only in the room its heads left, having found fewer
     /// than it looked for).
     more: bool,
+    /// Claims dropped from the batch while it waited, behind an earlier event of their
+    /// key that was taken over: still this worker's, handed back with the next
+    /// outcomes recorded.
+    behind: Vec<Claim<T>>,
 }
 
 impl<T: Outbox> Batch<T> {
@@ -98,6 +102,7 @@ impl<T: Outbox> Batch<T> {
             claims: Vec::new(),
             full: false,
             more: false,
+            behind: Vec::new(),
         }
     }
 
@@ -105,9 +110,10 @@ impl<T: Outbox> Batch<T> {
         self.claims.is_empty()
     }
 
-    /// The batch, if it has rows, leaving an empty one.
+    /// The batch, if it has rows (to publish or to hand back), leaving an empty one.
     fn take(&mut self) -> Option<Self> {
-        (!self.is_empty()).then(|| std::mem::replace(self, Self::empty()))
+        (!self.is_empty() || !self.behind.is_empty())
+            .then(|| std::mem::replace(self, Self::empty()))
     }
 }
 
@@ -134,7 +140,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     None => continue,
                 },
             };
-            let Some(batch) = Self::renew_to_send(&mut state.conn, batch).await else {
+            let Some(batch) = Self::renew_to_send(&mut state, batch).await else {
                 continue;
             };
             self.publish_and_settle(&mut state, batch).await?;
@@ -204,11 +210,24 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
 
     /// The renew step: the sink gets a batch with two thirds of its lease left. One
     /// claimed ahead waited for the batch before it, and one claimed just now may have
-    /// had a late commit (a slow one, a pause). `None` when no row is left.
-    async fn renew_to_send(conn: &mut Connection<'_>, batch: Batch<T>) -> Option<Batch<T>> {
-        let Batch { claims, full, more } = batch;
-        let claims = renewal::renew_ahead(conn, claims, Needed::ToSend).await;
-        (!claims.is_empty()).then_some(Batch { claims, full, more })
+    /// had a late commit (a slow one, a pause). What is dropped behind an event of its
+    /// key taken over is handed back. `None` when no row is left.
+    async fn renew_to_send(state: &mut State<'_, T>, batch: Batch<T>) -> Option<Batch<T>> {
+        let Batch {
+            claims,
+            full,
+            more,
+            behind,
+        } = batch;
+        let (claims, dropped) = renewal::renew_ahead(&mut state.conn, claims, Needed::ToSend).await;
+        state.pending.release(&behind);
+        state.pending.release(&dropped);
+        (!claims.is_empty()).then_some(Batch {
+            claims,
+            full,
+            more,
+            behind: Vec::new(),
+        })
     }
 
     /// The publish step, with the batch transaction beside it, then the settle step:
@@ -254,9 +273,9 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// The hand-back step: a batch claimed ahead that will not be sent goes back,
     /// `READY`, due now, its attempt not counted (with the pending outcomes).
     fn hand_back_ahead(state: &mut State<'_, T>) {
-        if let Some(ahead) = state.ahead.take() {
-            state.pending.release(&ahead.claims);
-        }
+        let ahead = std::mem::replace(&mut state.ahead, Batch::empty());
+        state.pending.release(&ahead.claims);
+        state.pending.release(&ahead.behind);
     }
 
     /// The back-off step, after the batch transaction failed (transiently) once more:

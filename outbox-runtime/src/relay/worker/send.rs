@@ -214,7 +214,9 @@ async fn renew_in_flight<T: Outbox>(
         && let Some(Ok(next)) = ahead
     {
         let waiting = std::mem::take(&mut next.claims);
-        next.claims = renewal::renew_ahead(conn, waiting, Needed::ToWait).await;
+        let (claims, behind) = renewal::renew_ahead(conn, waiting, Needed::ToWait).await;
+        next.claims = claims;
+        next.behind.extend(behind);
     }
     Renewed::Owned
 }

@@ -74,6 +74,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             claims: claimed.claims,
             full: claimed.full,
             more,
+            behind: Vec::new(),
         })
     }
 
