@@ -195,7 +195,7 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                 // The claim made by hand too: the same steps, without runs.
                 let each = claim(table, "1", false);
                 quote! {
-                    ::sqlx::query!(#sql, #ids, #ids).fetch_all(pool).await?;
+                    ::sqlx::query!(#sql, #ids, #ids, 1_i64).fetch_all(pool).await?;
                     ::sqlx::query!(#each).fetch_all(pool).await?;
                 }
             } else {
@@ -206,7 +206,7 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
         Statement::ClaimFrom => {
             let sql = claim_from(table, "1");
             let checked = if table.model.key().is_some() {
-                quote!(::sqlx::query!(#sql, 0_i64, #ids, #ids).fetch_all(pool).await?;)
+                quote!(::sqlx::query!(#sql, 0_i64, #ids, #ids, 1_i64).fetch_all(pool).await?;)
             } else {
                 quote!(::sqlx::query!(#sql, 0_i64).fetch_all(pool).await?;)
             };
@@ -856,7 +856,8 @@ impl RunSteps {
     /// The steps after `heads` (a query of `id, ctid, key, attempts`: the first event
     /// still to go of each key, claimed by this statement), which left `room` rows of
     /// the batch; the claimer's runs in flight are bound from parameter `$tails` on
-    /// ([`continued`]).
+    /// ([`continued`]), and the most events of a key a run may have in the parameter
+    /// after them (`bigint`, at least 1).
     fn after(table: &Table<'_>, heads: &str, room: &str, tails: usize) -> Self {
         let continued = continued(table, room, tails);
         let heads = format!(
@@ -864,8 +865,9 @@ impl RunSteps {
             table.model.key().map_or_else(String::new, head_columns)
         );
         let room = format!("{room} - (SELECT count(*) FROM continued)");
+        let length = format!("${}::bigint", tails + 2);
         Self {
-            ctes: format!("{continued}{}", runs(table, &heads, &room)),
+            ctes: format!("{continued}{}", runs(table, &heads, &room, &length)),
         }
     }
 }
@@ -950,18 +952,20 @@ fn continued(table: &Table<'_>, room: &str, tails: usize) -> String {
 /// For a keyed table, the claim's runs: after the `heads` (a query of `id, ctid, key,
 /// attempts`: the first event still to go of each key, claimed by this statement), the
 /// events that follow each in its key, claimed with it so that one claim carries a
-/// key's events in order, up to `room` more rows (the batch's rest).
+/// key's events in order, up to `room` more rows (the batch's rest), and up to
+/// `length` events of a key, its head included.
 ///
 /// A run is the events after its head, in id order, up to the first that may not go
-/// now ([`may_follow`]), or one `DEAD` where that holds the key. An expired claim may
-/// follow in a run: the run is then reclaimed as a whole, in order.
+/// now ([`may_follow`]), or one `DEAD` where that holds the key, and at most `length`
+/// events long. An expired claim may follow in a run: the run is then reclaimed as a
+/// whole, in order.
 ///
 /// Keys share the batch: every head first (the `ready` scan), then the runs by depth
 /// (each key's first follower, then each key's second, ..), so one hot key takes only
 /// the room its peers leave. The candidates are found in the statement's snapshot, then
 /// locked, skipping any another transaction holds or changed since; a run ends before
 /// the first that was not locked, so it stays contiguous.
-fn runs(table: &Table<'_>, heads: &str, room: &str) -> String {
+fn runs(table: &Table<'_>, heads: &str, room: &str, length: &str) -> String {
     let Some(key) = table.model.key() else {
         return String::new();
     };
@@ -977,9 +981,9 @@ fn runs(table: &Table<'_>, heads: &str, room: &str) -> String {
          \x20           SELECT {} FROM {t} AS q\n\
          \x20           WHERE (q.{k}, q.id) > (h.{k}, h.id)\n\
          \x20               AND (q.{k}, q.id) <= (h.{k}, {last}) AND q.status <> '{sent}'{blocking}\n\
-         \x20           ORDER BY q.{k}, q.id LIMIT {room}) AS q\n\
+         \x20           ORDER BY q.{k}, q.id LIMIT least({room}, {length} - 1)) AS q\n\
          \x20       WHERE h.attempts < {max}) AS q\n\
-         \x20   WHERE in_run\n\
+         \x20   WHERE in_run AND depth < {length}\n\
          \x20   ORDER BY depth, id LIMIT {room}\n\
          ), run_locked AS (\n\
          \x20   SELECT ctid FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM run_candidates))\n\

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use outbox::relay::Backoff;
 use outbox::{CancellationToken, Delivery, Outbox, Relay, Sink, SinkError};
+use outbox_testkit::counters::Counters;
 use outbox_testkit::events::{KeyedReminder, LenientStep, OrderStep, OrderedChaosEvent};
 use outbox_testkit::logs::Captured;
 use outbox_testkit::rows::{row_of, status};
@@ -579,6 +580,42 @@ async fn a_run_claimed_ahead_whose_first_event_is_taken_over_hands_the_rest_back
         1,
         "a4 went on its first counted attempt"
     );
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_run_is_at_most_run_length_events_and_goes_on_in_the_next_batch() -> TestResult {
+    let counters = Counters::default();
+    let _recorder = metrics::set_default_local_recorder(&counters);
+    let db = schema_with(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    let mut events: Vec<OrderStep> = (1..=7).map(|n| step(&format!("h{n}"), 1)).collect();
+    events.push(step("k1", 2));
+    OrderStep::enqueue_all(&events, pool).await?;
+    let sink = WaitsForTheClaimAhead::new(Scripted::default(), pool, "h3", "h4");
+    let running = start(relay::<OrderStep, _>(pool, sink.clone(), 10).run_length(3));
+    wait_until("every event is SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 8
+    })
+    .await;
+    running.stop().await?;
+
+    // Runs of three: h1..h3 beside k1, then h4..h6 and h7, each batch continuing the
+    // run before it, claimed ahead while that one was out.
+    assert_eq!(
+        counters.samples(outbox::relay::metric::BATCH_SIZE, OrderStep::SPEC.table()),
+        [4.0, 3.0, 1.0]
+    );
+    assert_eq!(
+        sink.claimed_ahead(),
+        Some(true),
+        "h4 claimed while h3 was out"
+    );
+    let mut hot: Vec<String> = sink.scripted.deliveries();
+    hot.retain(|name| name.starts_with('h'));
+    let expected: Vec<String> = (1..=7).map(|n| format!("h{n}")).collect();
+    assert_eq!(hot, expected, "once each, in order");
     db.drop_schema().await?;
     Ok(())
 }

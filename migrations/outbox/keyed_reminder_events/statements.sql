@@ -57,9 +57,9 @@ WITH expired AS (
             SELECT q.ctid, q.id, q.status, q.attempts, q.next_attempt_at, q.lease_until, q.publish_at FROM "keyed_reminder_events" AS q
             WHERE (q."account", q.id) > (h."account", h.id)
                 AND (q."account", q.id) <= (h."account", 9223372036854775807) AND q.status <> 'SENT'
-            ORDER BY q."account", q.id LIMIT 100 - (SELECT count(*) FROM expired) - (SELECT count(*) FROM ready) - (SELECT count(*) FROM continued)) AS q
+            ORDER BY q."account", q.id LIMIT least(100 - (SELECT count(*) FROM expired) - (SELECT count(*) FROM ready) - (SELECT count(*) FROM continued), $3::bigint - 1)) AS q
         WHERE h.attempts < 10) AS q
-    WHERE in_run
+    WHERE in_run AND depth < $3::bigint
     ORDER BY depth, id LIMIT 100 - (SELECT count(*) FROM expired) - (SELECT count(*) FROM ready) - (SELECT count(*) FROM continued)
 ), run_locked AS (
     SELECT ctid FROM "keyed_reminder_events" WHERE ctid = ANY(ARRAY(SELECT ctid FROM run_candidates))
@@ -189,9 +189,9 @@ WITH ready AS (
             SELECT q.ctid, q.id, q.status, q.attempts, q.next_attempt_at, q.lease_until, q.publish_at FROM "keyed_reminder_events" AS q
             WHERE (q."account", q.id) > (h."account", h.id)
                 AND (q."account", q.id) <= (h."account", 9223372036854775807) AND q.status <> 'SENT'
-            ORDER BY q."account", q.id LIMIT 100 - (SELECT count(*) FROM ready) - (SELECT count(*) FROM continued)) AS q
+            ORDER BY q."account", q.id LIMIT least(100 - (SELECT count(*) FROM ready) - (SELECT count(*) FROM continued), $4::bigint - 1)) AS q
         WHERE h.attempts < 10) AS q
-    WHERE in_run
+    WHERE in_run AND depth < $4::bigint
     ORDER BY depth, id LIMIT 100 - (SELECT count(*) FROM ready) - (SELECT count(*) FROM continued)
 ), run_locked AS (
     SELECT ctid FROM "keyed_reminder_events" WHERE ctid = ANY(ARRAY(SELECT ctid FROM run_candidates))

@@ -57,9 +57,9 @@ WITH expired AS (
             SELECT q.ctid, q.id, q.status, q.attempts, q.next_attempt_at, q.lease_until FROM "lenient_order_events" AS q
             WHERE (q."order_id", q.id) > (h."order_id", h.id)
                 AND (q."order_id", q.id) <= (h."order_id", 9223372036854775807) AND q.status <> 'SENT' AND q.status <> 'DEAD'
-            ORDER BY q."order_id", q.id LIMIT 100 - (SELECT count(*) FROM expired) - (SELECT count(*) FROM ready) - (SELECT count(*) FROM continued)) AS q
+            ORDER BY q."order_id", q.id LIMIT least(100 - (SELECT count(*) FROM expired) - (SELECT count(*) FROM ready) - (SELECT count(*) FROM continued), $3::bigint - 1)) AS q
         WHERE h.attempts < 1) AS q
-    WHERE in_run
+    WHERE in_run AND depth < $3::bigint
     ORDER BY depth, id LIMIT 100 - (SELECT count(*) FROM expired) - (SELECT count(*) FROM ready) - (SELECT count(*) FROM continued)
 ), run_locked AS (
     SELECT ctid FROM "lenient_order_events" WHERE ctid = ANY(ARRAY(SELECT ctid FROM run_candidates))
@@ -215,9 +215,9 @@ WITH ready AS (
             SELECT q.ctid, q.id, q.status, q.attempts, q.next_attempt_at, q.lease_until FROM "lenient_order_events" AS q
             WHERE (q."order_id", q.id) > (h."order_id", h.id)
                 AND (q."order_id", q.id) <= (h."order_id", 9223372036854775807) AND q.status <> 'SENT' AND q.status <> 'DEAD'
-            ORDER BY q."order_id", q.id LIMIT 100 - (SELECT count(*) FROM ready) - (SELECT count(*) FROM continued)) AS q
+            ORDER BY q."order_id", q.id LIMIT least(100 - (SELECT count(*) FROM ready) - (SELECT count(*) FROM continued), $4::bigint - 1)) AS q
         WHERE h.attempts < 1) AS q
-    WHERE in_run
+    WHERE in_run AND depth < $4::bigint
     ORDER BY depth, id LIMIT 100 - (SELECT count(*) FROM ready) - (SELECT count(*) FROM continued)
 ), run_locked AS (
     SELECT ctid FROM "lenient_order_events" WHERE ctid = ANY(ARRAY(SELECT ctid FROM run_candidates))

@@ -256,13 +256,15 @@ statements! {
     /// limit written into the text (see `Statements::claim_limited`). On a table with an
     /// ordering key, the relay's claim (runs of a key) binds the claimer's runs in
     /// flight: `$1` the ids and `$2` the generations (`bigint[]`) of the last event of
-    /// each, whose key's next event may follow it in this claim; otherwise no
+    /// each, whose key's next event may follow it in this claim, and `$3` the most
+    /// events of one key the claim takes (`bigint`, at least 1); otherwise no
     /// parameters. Returns the [`claim_header`] columns, then the payload columns.
     Claim => "claim",
     /// [`Claim`](Self::Claim) of due `READY` rows only, from a position in the `READY`
     /// index on: `$1` the earliest `next_attempt_at` to look at, in microseconds since
     /// the Unix epoch (`bigint`), then on a keyed table the runs in flight as `$2` and
-    /// `$3`. Rows due before it are left to `Claim`. Same result.
+    /// `$3`, and the most events of a key as `$4`. Rows due before it are left to
+    /// `Claim`. Same result.
     ClaimFrom => "claim_from",
     /// Guarded `INPROGRESS -> SENT`: `$1` id, `$2` generation (`bigint`). Returns `id`.
     Complete => "complete",

@@ -51,6 +51,8 @@ pub struct Relay<T, S> {
     pool: PgPool,
     sink: S,
     batch_size: u32,
+    /// The most events of a key one claim takes (`None`: the batch size).
+    run_length: Option<u32>,
     concurrency: usize,
     shutdown_grace: Duration,
     poll_interval: Duration,
@@ -89,6 +91,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             pool,
             sink,
             batch_size: 100,
+            run_length: None,
             concurrency: 1,
             shutdown_grace: Duration::from_secs(10),
             poll_interval: Duration::from_secs(5),
@@ -108,6 +111,25 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
     pub fn batch_size(mut self, rows: u32) -> Self {
         self.batch_size = rows.max(1);
         self
+    }
+
+    /// On a table with an ordering key, the most events of one key a claim takes
+    /// together, its run (at least 1; by default, and at most, the batch size). A key's
+    /// run goes out in order, an event once the one before it was acknowledged, and
+    /// goes on from batch to batch while there is more of the key; a shorter run lets
+    /// fewer of a key's events wait in one batch behind one that fails, and bounds how
+    /// many of them a consumer gets before the next batch. Keys still share a batch
+    /// (every key's first event before any key's second), whatever the length.
+    pub fn run_length(mut self, events: u32) -> Self {
+        self.run_length = Some(events.max(1));
+        self
+    }
+
+    /// The length of a run in this relay's claims.
+    fn longest_run(&self) -> u32 {
+        self.run_length
+            .unwrap_or(self.batch_size)
+            .min(self.batch_size)
     }
 
     /// Workers claiming and publishing concurrently (at least 1).

@@ -11,8 +11,8 @@ use crate::table::batch::{Recorded, record};
 use crate::table::claiming::{ClaimedBatch, Runs, Scope, begin_limited, claim_on};
 use crate::table::row::{Outcome, Owned};
 
-/// Records `outcomes`, then claims up to `limit` more rows in `scope`, with runs of a key
-/// (continuing `after`, the last event of each run the worker has in flight): one
+/// Records `outcomes`, then claims up to `limit` more rows in `scope`, with `runs` of a
+/// key (continuing the runs the worker has in flight): one
 /// transaction, one commit per batch. Returns the claimed batch, and what recording
 /// did. Rows whose payload does not decode are moved to `DEAD` and not returned as
 /// claims.
@@ -28,7 +28,7 @@ pub(crate) async fn record_and_claim<T: Outbox>(
     outcomes: &[(Owned, Outcome)],
     scope: Scope,
     limit: u32,
-    after: &[Owned],
+    runs: Runs<'_>,
 ) -> Result<(ClaimedBatch<T>, Recorded), OutboxError> {
     let table = T::SPEC.table;
     let no_outcomes = || Recorded::Sent(HashSet::new());
@@ -55,7 +55,7 @@ pub(crate) async fn record_and_claim<T: Outbox>(
         record::<T>(&mut *tx, outcomes).await?
     };
     // Undecodable rows were moved to DEAD and logged: nothing to publish.
-    let claimed = claim_on::<T>(&mut tx, scope, limit, Runs::After(after)).await?;
+    let claimed = claim_on::<T>(&mut tx, scope, limit, runs).await?;
     tx.commit().await.on_table(table)?;
     Ok((claimed, recorded))
 }

@@ -36,24 +36,32 @@ pub(crate) enum Scope {
 pub(crate) enum Runs<'a> {
     /// One event per key.
     No,
-    /// Runs, and after each of these rows (the last event of each run the claimer has
-    /// in flight, still its own), the next event of its key as a head: the claimer
-    /// sends it after that run, and only if the run went whole.
-    After(&'a [Owned]),
+    /// Runs of up to `length` events of a key (at least 1), and after each of the
+    /// `tails` (the last event of each run the claimer has in flight, still its own),
+    /// the next event of its key as a head: the claimer sends it after that run, and
+    /// only if the run went whole.
+    After { tails: &'a [Owned], length: u32 },
 }
 
-impl<'a> Runs<'a> {
+impl Runs<'_> {
     /// Whether the claim takes runs.
     pub(crate) fn taken(self) -> bool {
-        matches!(self, Self::After(_))
+        matches!(self, Self::After { .. })
     }
 
-    /// The rows after which runs continue (none without runs).
-    pub(crate) fn after(self) -> &'a [Owned] {
-        match self {
-            Self::No => &[],
-            Self::After(after) => after,
-        }
+    /// Whether a key's run in `claims` is as long as a run may be: more of that key
+    /// may be due, however few rows the claim took.
+    fn at_length<T: Outbox>(self, claims: &[Claim<T>]) -> bool {
+        let Self::After { length, .. } = self else {
+            return false;
+        };
+        let length = usize::try_from(length).unwrap_or(usize::MAX);
+        let mut counts = std::collections::HashMap::<&str, usize>::new();
+        claims.iter().filter_map(Claim::key).any(|key| {
+            let count = counts.entry(key).or_default();
+            *count += 1;
+            *count >= length
+        })
     }
 }
 
@@ -66,8 +74,8 @@ pub(crate) struct ClaimedBatch<T: Outbox> {
     /// The latest `next_attempt_at` among the `READY` rows claimed (microseconds since
     /// the Unix epoch): how far into the `READY` index the claim got.
     pub(crate) reached: Option<i64>,
-    /// Whether the claim found all it looked for (the rows that do not decode count):
-    /// more may be due.
+    /// Whether the claim found all it looked for (the rows that do not decode count),
+    /// or a run as long as a run may be: more may be due.
     pub(crate) full: bool,
     /// How long its claim statements took.
     pub(crate) took: Duration,
@@ -218,7 +226,7 @@ async fn claim_noting<T: Outbox>(
         let rows = match scope {
             Scope::All => statements::claim::<T>(&mut *conn, wanted, runs).await?,
             Scope::ReadyFrom(from) => {
-                statements::claim_from::<T>(&mut *conn, from, wanted, runs.after()).await?
+                statements::claim_from::<T>(&mut *conn, from, wanted, runs).await?
             }
         };
         took += sent.elapsed();
@@ -245,7 +253,8 @@ async fn claim_noting<T: Outbox>(
         }
     }
     let found = claims.len() + undecodable.len();
-    let full = limit > 0 && found >= usize::try_from(limit).unwrap_or(usize::MAX);
+    let full = limit > 0
+        && (found >= usize::try_from(limit).unwrap_or(usize::MAX) || runs.at_length(&claims));
     // UPDATE .. RETURNING does not promise an order; publish in id order.
     claims.sort_unstable_by_key(Claim::id);
     // A run goes on only past events that go: what follows an undecodable event of its

@@ -122,31 +122,36 @@ pub(crate) async fn claim<'e, T: Outbox>(
 }
 
 /// [`Statement::ClaimFrom`] of up to `limit` rows from `from` on (microseconds since the
-/// Unix epoch), with runs, written as [`claim`] is: the rows claimed.
+/// Unix epoch), written as [`claim`] is: the rows claimed. On a keyed table its text
+/// takes runs: `runs` must say which.
 pub(crate) async fn claim_from<'e, T: Outbox>(
     executor: impl PgExecutor<'e>,
     from: i64,
     limit: u32,
-    after: &[Owned],
+    runs: Runs<'_>,
 ) -> Result<Vec<PgRow>, OutboxError> {
     let spec = T::SPEC;
     let query = sqlx::query(AssertSqlSafe(spec.sql.claim_from_limited(limit))).bind(from);
-    bind_runs::<T>(query, Runs::After(after))
+    bind_runs::<T>(query, runs)
         .fetch_all(executor)
         .await
         .on_table(spec.table)
 }
 
-/// A keyed claim with runs binds the claimer's runs in flight, as two arrays.
+/// A keyed claim with runs binds the claimer's runs in flight, as two arrays, and the
+/// most events of a key it takes.
 fn bind_runs<'q, T: Outbox>(
     query: Query<'q, Postgres, PgArguments>,
     runs: Runs<'_>,
 ) -> Query<'q, Postgres, PgArguments> {
     match runs {
-        Runs::After(after) if T::SPEC.key().is_some() => {
+        Runs::After { tails, length } if T::SPEC.key().is_some() => {
             let (ids, generations): (Vec<i64>, Vec<i64>) =
-                after.iter().map(|row| (row.id, row.generation)).unzip();
-            query.bind(ids).bind(generations)
+                tails.iter().map(|row| (row.id, row.generation)).unzip();
+            query
+                .bind(ids)
+                .bind(generations)
+                .bind(i64::from(length.max(1)))
         }
         _ => query,
     }

@@ -9,7 +9,7 @@ use crate::error::OutboxError;
 use crate::sink::Sink;
 use crate::spec::Outbox;
 use crate::table::batch::Recorded;
-use crate::table::claiming::Scope;
+use crate::table::claiming::{Runs, Scope};
 use crate::table::metric;
 use crate::table::row::{Outcome, Owned};
 use outbox_internals::Status;
@@ -34,8 +34,12 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             .map_or((Scope::All, 0), |next| (next.scope, self.relay.batch_size));
         let claiming = next.is_some().then(|| self.wakeups.claiming());
         let limit_time = crate::table::claiming::transaction_limit(T::SPEC.lease);
+        let runs = Runs::After {
+            tails: after,
+            length: self.relay.longest_run(),
+        };
         let transaction = async {
-            record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, scope, limit, after)
+            record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, scope, limit, runs)
                 .await
         };
         let Ok(done) = tokio::time::timeout(limit_time, transaction).await else {
