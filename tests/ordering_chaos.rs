@@ -1,7 +1,8 @@
 //! Per-key ordering under chaos: four relay processes publish 1,000 orders × 20 events
 //! and 4 hot orders × 200 events (`#[outbox(key)]`; a hot order's runs go on from
-//! batch to batch) through a sink that fails now and then, while the test SIGKILLs and
-//! restarts them, SIGSTOPs them past their lease and terminates their database sessions.
+//! batch to batch, each process with a run length of its own) through a sink that fails
+//! now and then, while the test SIGKILLs and restarts them, SIGSTOPs them past their
+//! lease and terminates their database sessions.
 //!
 //! The sink writes every event it takes into `ordering_deliveries` (the broker's log),
 //! and a trigger notes when each `SENT` is recorded. Then, per order:
@@ -93,13 +94,18 @@ async fn relay_child(url: &str) -> i32 {
     // From here a SIGTERM is a graceful shutdown: before, it ends the process.
     child::say(READY);
     let seed = child::param("SEED").and_then(|seed| seed.parse().ok());
+    let mut rng = seed.map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
+    // Each process its own run length: runs of one event, a few, or a whole batch, cut
+    // and continued from batch to batch.
+    let run_length = [1, 3, 7, 50][rng.usize(..4)];
     let sink = Broker {
         pool: pool.clone(),
-        rng: Mutex::new(seed.map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed)),
+        rng: Mutex::new(rng),
         delivered: Mutex::default(),
     };
     let relay = Relay::<OrderedChaosEvent, _>::new(pool, sink)
         .batch_size(50)
+        .run_length(run_length)
         .concurrency(2)
         .poll_interval(Duration::from_millis(200))
         .retry_backoff(Backoff::new(
