@@ -82,13 +82,7 @@ async fn behind_a_slow_send(
 ) -> TestResult<(EventId, EventId, ScriptSink, Running)> {
     let first = long_send("first").enqueue(pool).await?.into_event_id();
     let second = long_send("second").enqueue(pool).await?.into_event_id();
-    let sink = ScriptSink::new({
-        let released = released.clone();
-        move |call, seen| match call {
-            0 => Plan::after(Wait::Until(released.clone()), seen),
-            _ => Plan::ok(seen),
-        }
-    });
+    let sink = ScriptSink::holding_the_first_call(released);
     let relay = start(
         fast(Relay::<LongSend, _>::new(pool.clone(), sink.clone()))
             .batch_size(1)
@@ -291,13 +285,7 @@ async fn a_worker_whose_database_goes_silent_closes_that_connection_and_goes_on(
     // into the silence. (Well within a third of the lease, 2 s: no renewal runs
     // meanwhile.)
     let released = CancellationToken::new();
-    let sink = ScriptSink::new({
-        let released = released.clone();
-        move |call, seen| match call {
-            0 => Plan::after(Wait::Until(released.clone()), seen),
-            _ => Plan::ok(seen),
-        }
-    });
+    let sink = ScriptSink::holding_the_first_call(&released);
     let relay = start(fast(Relay::<ChaosEvent, _>::new(through, sink.clone())));
     wait_until("the send started", Duration::from_secs(5), async || {
         !sink.calls().is_empty()

@@ -198,6 +198,16 @@ impl ScriptSink {
         Self::new(|_, seen| Plan::ok(seen))
     }
 
+    /// A sink whose first call lasts until the test cancels `released`; the others
+    /// answer at once.
+    fn holding_the_first_call(released: &CancellationToken) -> Self {
+        let released = released.clone();
+        Self::new(move |call, seen| match call {
+            0 => Plan::after(Wait::Until(released.clone()), seen),
+            _ => Plan::ok(seen),
+        })
+    }
+
     fn log(&self) -> MutexGuard<'_, Log> {
         self.log.lock().unwrap_or_else(PoisonError::into_inner)
     }

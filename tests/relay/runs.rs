@@ -510,13 +510,7 @@ async fn a_run_claimed_ahead_whose_first_event_is_taken_over_hands_the_rest_back
     // Batches of two: a1 stays in the sink while the run's continuation, {a3, a4}, is
     // claimed ahead.
     let released = CancellationToken::new();
-    let sink = ScriptSink::new({
-        let released = released.clone();
-        move |call, seen| match call {
-            0 => Plan::after(Wait::Until(released.clone()), seen),
-            _ => Plan::ok(seen),
-        }
-    });
+    let sink = ScriptSink::holding_the_first_call(&released);
     let relay = start(
         fast(Relay::<OrderedChaosEvent, _>::new(
             pool.clone(),

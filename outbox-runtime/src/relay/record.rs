@@ -12,10 +12,9 @@ use crate::table::claiming::{ClaimedBatch, Runs, Scope, begin_limited, claim_on}
 use crate::table::row::{Outcome, Owned};
 
 /// Records `outcomes`, then claims up to `limit` more rows in `scope`, with `runs` of a
-/// key (continuing the runs the worker has in flight): one
-/// transaction, one commit per batch. Returns the claimed batch, and what recording
-/// did. Rows whose payload does not decode are moved to `DEAD` and not returned as
-/// claims.
+/// key (continuing the runs the worker has in flight): one transaction, one commit per
+/// batch. Returns the claimed batch, and what recording did. Rows whose payload does
+/// not decode are moved to `DEAD` and not returned as claims.
 ///
 /// The order is what keeps workers from deadlocking. A claim skipping rows that another
 /// worker claimed after the claim's snapshot still locks them (PostgreSQL locks the
