@@ -10,14 +10,16 @@ use std::time::Duration;
 use outbox::relay::Backoff;
 use outbox::{CancellationToken, Delivery, Outbox, Relay, Sink, SinkError};
 use outbox_testkit::counters::Counters;
-use outbox_testkit::events::{KeyedReminder, LenientStep, OrderStep, OrderedChaosEvent};
+use outbox_testkit::events::{
+    Address, KeyedNote, KeyedReminder, LenientStep, OrderStep, OrderedChaosEvent,
+};
 use outbox_testkit::logs::Captured;
 use outbox_testkit::rows::{row_of, status};
 use outbox_testkit::running::start;
 use outbox_testkit::schema::schema_with;
 use outbox_testkit::{TestResult, wait_until};
 
-use crate::{Plan, ScriptSink, Wait, fast, take_over};
+use crate::{ScriptSink, Seen, fast, take_over};
 
 /// An event's name, as the tests script and read it.
 trait Named {
@@ -187,6 +189,72 @@ async fn a_dead_event_in_a_run_holds_the_rest_of_its_key() -> TestResult {
         "a3 waits for an operator"
     );
     assert_eq!(outbox::stats::<OrderStep>(pool).await?.held_keys, 1);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_undecodable_event_in_a_run_holds_the_rest_of_its_key_unattempted() -> TestResult {
+    let db = schema_with(&[KeyedNote::migrations()]).await?;
+    let pool = db.pool();
+    let notes: Vec<KeyedNote> = (1..=4)
+        .map(|n| KeyedNote {
+            name: format!("n{n}"),
+            order_id: 1,
+            body: Address {
+                city: "Oslo".into(),
+            },
+        })
+        .collect();
+    KeyedNote::enqueue_all(&notes, pool).await?;
+    // n2's payload, rewritten behind the outbox's back, no longer decodes.
+    sqlx::query("UPDATE keyed_note_events SET body = '\"no city\"' WHERE event_id = 'n2'")
+        .execute(pool)
+        .await?;
+    let sink = ScriptSink::always_ok();
+    let running = start(relay::<KeyedNote, _>(pool, sink.clone(), 10));
+    wait_until("n1 SENT, n2 DEAD", Duration::from_secs(30), async || {
+        let stats = outbox::stats::<KeyedNote>(pool).await.unwrap();
+        (stats.sent, stats.dead) == (1, 1)
+    })
+    .await;
+
+    // One claim took the run; n2 went to DEAD unsent, and n3, n4 were handed back, their
+    // attempt not counted, to wait behind it.
+    assert!(
+        row_of::<KeyedNote>(pool, "n2")
+            .await
+            .last_error
+            .is_some_and(|error| error.starts_with("cannot decode payload"))
+    );
+    for name in ["n3", "n4"] {
+        let row = row_of::<KeyedNote>(pool, name).await;
+        assert_eq!((row.status.as_str(), row.attempts), ("READY", 0), "{name}");
+    }
+    assert_eq!(
+        sink.deliveries(),
+        [Seen::new(
+            "n1",
+            row_of::<KeyedNote>(pool, "n1").await.generation,
+            1
+        )]
+    );
+    // The operator mends n2 and requeues it: the key goes on, in order.
+    sqlx::query("UPDATE keyed_note_events SET body = '{\"city\": \"Oslo\"}' WHERE event_id = 'n2'")
+        .execute(pool)
+        .await?;
+    outbox::ops::requeue_dead::<KeyedNote>(pool, &["n2"]).await?;
+    wait_until("all four SENT", Duration::from_secs(30), async || {
+        outbox::stats::<KeyedNote>(pool).await.unwrap().sent == 4
+    })
+    .await;
+    running.stop().await?;
+    let sent: Vec<String> = sink
+        .deliveries()
+        .into_iter()
+        .map(|seen| seen.event_id)
+        .collect();
+    assert_eq!(sent, ["n1", "n2", "n3", "n4"], "once each, in order");
     db.drop_schema().await?;
     Ok(())
 }

@@ -75,7 +75,7 @@ fn check(tables: &[TableMigrations]) {
 
 /// Every event type in this repository: the `checked` build applies their files to
 /// the schema it compiles against.
-fn every_table() -> [TableMigrations; 27] {
+fn every_table() -> [TableMigrations; 28] {
     [
         outbox_testkit::app::OrderPlaced::migrations(),
         outbox_testkit::app::EmailChanged::migrations(),
@@ -97,6 +97,7 @@ fn every_table() -> [TableMigrations; 27] {
         outbox_testkit::events::LenientStep::migrations(),
         outbox_testkit::events::Shipment::migrations(),
         outbox_testkit::events::OrderedChaosEvent::migrations(),
+        outbox_testkit::events::KeyedNote::migrations(),
         outbox_testkit::events::ParcelSentChanged::migrations(),
         outbox_testkit::events::LongSend::migrations(),
         outbox_testkit::events::Reminder::migrations(),
