@@ -35,7 +35,6 @@ use crate::error::OutboxError;
 use crate::sink::Sink;
 use crate::spec::Outbox;
 use crate::table::claim::Claim;
-use crate::table::metric;
 
 pub(crate) struct Worker<T, S> {
     pub(crate) relay: Arc<Relay<T, S>>,
@@ -173,10 +172,6 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                 if batch.is_empty() {
                     // Idle: the connection goes back to the pool until there is work.
                     state.conn.release();
-                    if claim_next {
-                        metrics::counter!(metric::IDLE_CLAIMS, self.relay.labels.iter())
-                            .increment(1);
-                    }
                     if stopping {
                         // Recorded: the loop ends.
                     } else if unavailable {

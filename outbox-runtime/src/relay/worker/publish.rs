@@ -70,9 +70,6 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             // (Not one whose rows were all dropped since: the claim was full.)
             let found_nothing =
                 claim_next && matches!(&ahead, Some(Ok(next)) if next.is_empty() && !next.full);
-            if found_nothing {
-                metrics::counter!(metric::IDLE_CLAIMS, self.relay.labels.iter()).increment(1);
-            }
             let results = answer.results();
             sends.end(results.as_deref());
             let continued_broken = match &mut ahead {

@@ -71,6 +71,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             claiming.answered(more);
         }
         if let Some(next) = next {
+            // A claim statement ran and found nothing due (not a worker that waited for
+            // a keyed table's first sweep, which ran none).
+            if claimed.claims.is_empty() && !claimed.full {
+                metrics::counter!(metric::IDLE_CLAIMS, self.relay.labels.iter()).increment(1);
+            }
             next.done(claimed.took);
             self.frontier.advance(claimed.reached);
         }
