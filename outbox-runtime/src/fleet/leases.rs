@@ -323,15 +323,14 @@ pub async fn assignments(home: &PgPool, fleet: &str) -> Result<Vec<Assignment>, 
     Ok(rows
         .into_iter()
         .map(|(target, owner, generation, left, served, waited, since)| {
-            let seconds = |s: f64| Duration::from_secs_f64(s.max(0.0));
-            let lease_left = left.filter(|s| *s > 0.0).map(Duration::from_secs_f64);
+            let lease_left = left.and_then(remaining);
             Assignment {
                 target,
                 owner: owner.filter(|_| lease_left.is_some()),
                 generation,
-                served_for: served.filter(|_| lease_left.is_some()).map(seconds),
-                observed: since.map(seconds),
-                oldest_due: waited.map(seconds),
+                served_for: served.filter(|_| lease_left.is_some()).map(elapsed),
+                observed: since.map(elapsed),
+                oldest_due: waited.map(elapsed),
                 lease_left,
             }
         })
@@ -352,7 +351,19 @@ pub async fn members(home: &PgPool, fleet: &str) -> Result<Vec<Member>, OutboxEr
         .into_iter()
         .map(|(name, left)| Member {
             name,
-            alive_for: (left > 0.0).then(|| Duration::from_secs_f64(left)),
+            alive_for: remaining(left),
         })
         .collect())
+}
+
+/// What is left of a lease with `seconds` to go, as the database counted them: `None`
+/// once it is over.
+fn remaining(seconds: f64) -> Option<Duration> {
+    (seconds > 0.0).then(|| Duration::from_secs_f64(seconds))
+}
+
+/// How long ago something was, `seconds` as the database counted them (none in the
+/// future: the clocks of two statements may disagree by a little).
+fn elapsed(seconds: f64) -> Duration {
+    Duration::from_secs_f64(seconds.max(0.0))
 }
