@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sqlx::postgres::PgPoolOptions;
 use tokio::task::JoinHandle;
-use tokio::time::{sleep, sleep_until};
+use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
 use super::{Fleet, Target};
@@ -129,7 +129,7 @@ async fn serve<T, S>(
         let result = tokio::select! {
             result = &mut run => result,
             () = observe(&fleet, &pool, name, generation) => unreachable!("it observes until dropped"),
-            () = lease_ends(&tenure, &stop) => {
+            () = tenure.ended() => {
                 // The relay's workers stopped claiming already; it records what it
                 // had in flight and hands the rest back.
                 stop.cancel();
@@ -184,12 +184,5 @@ async fn observe<T: Outbox, S: Sink<T>>(
         if let Err(error) = recorded {
             tracing::debug!(fleet = %fleet.name, target, %error, "cannot observe the target");
         }
-    }
-}
-
-/// Returns when `tenure` is over.
-async fn lease_ends(tenure: &Tenure, stop: &CancellationToken) {
-    while tenure.is_live() && !stop.is_cancelled() {
-        sleep_until(tenure.deadline()).await;
     }
 }

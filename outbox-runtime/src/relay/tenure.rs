@@ -11,7 +11,7 @@
 use std::sync::Mutex;
 use std::sync::PoisonError;
 
-use tokio::time::Instant;
+use tokio::time::{Instant, sleep_until};
 
 #[derive(Debug)]
 pub(crate) struct Tenure {
@@ -43,5 +43,12 @@ impl Tenure {
 
     pub(crate) fn is_live(&self) -> bool {
         Instant::now() < self.deadline()
+    }
+
+    /// Returns once it is over (an extension meanwhile moves the end it waits for).
+    pub(crate) async fn ended(&self) {
+        while self.is_live() {
+            sleep_until(self.deadline()).await;
+        }
     }
 }
