@@ -220,6 +220,14 @@ impl ScriptSink {
         self.log().calls.concat()
     }
 
+    /// The event id of every delivery, in the order the sink got them.
+    fn event_ids(&self) -> Vec<String> {
+        self.deliveries()
+            .into_iter()
+            .map(|seen| seen.event_id)
+            .collect()
+    }
+
     fn abandoned(&self) -> usize {
         self.log().abandoned
     }

@@ -221,7 +221,7 @@ async fn killed_sessions_do_not_stop_the_relay_and_every_event_ends_sent_once() 
         .fetch_one(&side)
         .await?;
     assert_eq!(total, 200, "each event is one row, SENT");
-    let delivered: HashSet<String> = sink.deliveries().into_iter().map(|s| s.event_id).collect();
+    let delivered: HashSet<String> = sink.event_ids().into_iter().collect();
     let missing: Vec<&EventId> = ids
         .iter()
         .filter(|id| !delivered.contains(id.as_str()))

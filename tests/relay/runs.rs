@@ -249,12 +249,11 @@ async fn an_undecodable_event_in_a_run_holds_the_rest_of_its_key_unattempted() -
     })
     .await;
     running.stop().await?;
-    let sent: Vec<String> = sink
-        .deliveries()
-        .into_iter()
-        .map(|seen| seen.event_id)
-        .collect();
-    assert_eq!(sent, ["n1", "n2", "n3", "n4"], "once each, in order");
+    assert_eq!(
+        sink.event_ids(),
+        ["n1", "n2", "n3", "n4"],
+        "once each, in order"
+    );
     db.drop_schema().await?;
     Ok(())
 }
@@ -627,13 +626,8 @@ async fn a_run_claimed_ahead_whose_first_event_is_taken_over_hands_the_rest_back
     })
     .await;
     relay.stop().await?;
-    let seen: Vec<String> = sink
-        .deliveries()
-        .into_iter()
-        .map(|seen| seen.event_id)
-        .collect();
     assert_eq!(
-        seen,
+        sink.event_ids(),
         ["a1", "a2", "a4"],
         "a3 never from this relay, a4 once"
     );
