@@ -69,13 +69,25 @@ use tokio::time::{Instant, sleep};
 pub type TestResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 /// Polls `done` every 20 ms until it holds; fails the test after `limit`.
-pub async fn wait_until(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
+pub async fn wait_until(what: &str, limit: Duration, done: impl AsyncFnMut() -> bool) {
+    wait_until_explained(what, limit, done, async || String::new()).await;
+}
+
+/// [`wait_until`], failing with what `explain` says of where things stand (the rows
+/// left, a log): what a test that stalls once in many runs needs to say why.
+pub async fn wait_until_explained(
+    what: &str,
+    limit: Duration,
+    mut done: impl AsyncFnMut() -> bool,
+    explain: impl AsyncFnOnce() -> String,
+) {
     let deadline = Instant::now() + limit;
     while !done().await {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting until {what}"
-        );
+        if Instant::now() >= deadline {
+            let explained = explain().await;
+            let separator = if explained.is_empty() { "" } else { "\n" };
+            panic!("timed out after {limit:?} waiting until {what}{separator}{explained}");
+        }
         sleep(Duration::from_millis(20)).await;
     }
 }

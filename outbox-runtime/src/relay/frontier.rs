@@ -28,7 +28,8 @@
 //! sweeps is the expired claims and the setting aside of held events. Until its first
 //! sweep has set aside what waits behind its keys' first events, a claim from the start
 //! would walk all of it, one probe per event, to find nothing more than the sweep
-//! finds: the other workers wait for that sweep. (Measured beside one hot key's
+//! finds: the other workers wait for that sweep ([`Frontier::next`] returns once it
+//! ended, or failed). (Measured beside one hot key's
 //! backlog of 100,000 events: three workers' claims of 2 s each, twice, beside the
 //! sweep, slowing it from about 3 s to 5.5 s.)
 
@@ -36,6 +37,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::table::claiming::Scope;
@@ -69,6 +71,8 @@ pub(super) struct Frontier {
     /// Whether claims wait for the first sweep (at the start, for good).
     waits_for_first_sweep: bool,
     sweeps: Mutex<Sweeps>,
+    /// Told when a sweep ends: the claims waiting for the first one go.
+    swept: Notify,
 }
 
 #[derive(Debug)]
@@ -107,7 +111,7 @@ impl NextClaim<'_> {
 /// it is capped at [`MAX_SPACING`] all the same.
 #[derive(Debug)]
 struct Sweep<'f> {
-    sweeps: &'f Mutex<Sweeps>,
+    frontier: &'f Frontier,
     started: Instant,
     /// How long its claim took, once it succeeded.
     took: Option<Duration>,
@@ -116,7 +120,7 @@ struct Sweep<'f> {
 impl Drop for Sweep<'_> {
     fn drop(&mut self) {
         let now = Instant::now();
-        let mut sweeps = self.sweeps.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut sweeps = self.frontier.lock();
         sweeps.running = false;
         sweeps.swept = true;
         let spacing = match self.took {
@@ -129,6 +133,8 @@ impl Drop for Sweep<'_> {
                 .max(AFTER_A_FAILED_SWEEP),
         };
         sweeps.due = now + spacing.min(MAX_SPACING);
+        drop(sweeps);
+        self.frontier.swept.notify_waiters();
     }
 }
 
@@ -158,21 +164,34 @@ impl Frontier {
                 due: Instant::now(),
                 swept: false,
             }),
+            swept: Notify::new(),
         }
     }
 
     /// The next claim: a sweep when one is due and no other worker runs one; otherwise
     /// a claim from the frontier (the start of the index before any claim found one),
-    /// or none while a keyed table's first sweep runs.
-    pub(super) fn next(&self) -> Option<NextClaim<'_>> {
+    /// once a keyed table's first sweep has ended.
+    pub(super) async fn next(&self) -> NextClaim<'_> {
+        loop {
+            // Made before the sweeps are looked at: it hears a sweep that ends after.
+            let swept = self.swept.notified();
+            if let Some(next) = self.try_next() {
+                return next;
+            }
+            swept.await;
+        }
+    }
+
+    /// The next claim, or none while a keyed table's first sweep runs.
+    fn try_next(&self) -> Option<NextClaim<'_>> {
         let from = self.from.load(Ordering::Relaxed);
-        let mut sweeps = self.sweeps.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut sweeps = self.lock();
         if !sweeps.running && Instant::now() >= sweeps.due {
             sweeps.running = true;
             return Some(NextClaim {
                 scope: Scope::All,
                 sweep: Some(Sweep {
-                    sweeps: &self.sweeps,
+                    frontier: self,
                     started: Instant::now(),
                     took: None,
                 }),
@@ -185,6 +204,10 @@ impl Frontier {
             scope: Scope::ReadyFrom(from.max(0)),
             sweep: None,
         })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sweeps> {
+        self.sweeps.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A claim got as far as `reached` (the latest `next_attempt_at` it claimed from
@@ -207,18 +230,18 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_first_claim_sweeps_and_the_next_ones_claim_from_the_frontier() {
         let frontier = Frontier::new();
-        let first = frontier.next().unwrap();
+        let first = frontier.next().await;
         assert_eq!(first.scope, Scope::All);
         // While it sweeps, another worker without a frontier claims from the start of
         // the index.
-        let second = frontier.next().unwrap();
+        let second = frontier.next().await;
         assert_eq!(second.scope, Scope::ReadyFrom(0));
         assert!(second.sweep.is_none());
         frontier.advance(Some(10_000_000));
-        assert_eq!(frontier.next().unwrap().scope, Scope::ReadyFrom(9_500_000));
+        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(9_500_000));
         first.done(Duration::from_millis(1));
         second.done(Duration::from_millis(1));
-        assert_eq!(frontier.next().unwrap().scope, Scope::ReadyFrom(9_500_000));
+        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(9_500_000));
     }
 
     #[test]
@@ -233,70 +256,89 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_keyed_tables_claims_between_sweeps_start_at_the_beginning() {
         let frontier = Frontier::at_the_start();
-        let sweep = frontier.next().unwrap();
+        let sweep = frontier.next().await;
         assert_eq!(sweep.scope, Scope::All, "the first claim sweeps");
-        assert!(frontier.next().is_none(), "the others wait for it");
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), frontier.next())
+                .await
+                .is_err(),
+            "the others wait for it"
+        );
         sweep.done(Duration::from_millis(2));
         frontier.advance(Some(10_000_000));
         assert_eq!(
-            frontier.next().unwrap().scope,
+            frontier.next().await.scope,
             Scope::ReadyFrom(0),
             "then claim from the start, and stay there"
         );
         tokio::time::advance(Duration::from_millis(199)).await;
-        assert_eq!(frontier.next().unwrap().scope, Scope::ReadyFrom(0));
+        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(0));
         tokio::time::advance(Duration::from_millis(1)).await;
         assert_eq!(
-            frontier.next().unwrap().scope,
+            frontier.next().await.scope,
             Scope::All,
             "and again after 100 × 2 ms"
         );
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_claim_waiting_for_a_keyed_tables_first_sweep_goes_once_it_ends() {
+        let frontier = std::sync::Arc::new(Frontier::at_the_start());
+        let sweep = frontier.next().await;
+        let waiting = tokio::spawn({
+            let frontier = std::sync::Arc::clone(&frontier);
+            async move { frontier.next().await.scope }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiting.is_finished(), "it waits while the sweep runs");
+        sweep.done(Duration::from_millis(2));
+        assert_eq!(waiting.await.unwrap(), Scope::ReadyFrom(0));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_keyed_tables_first_sweep_that_failed_is_waited_for_no_longer() {
         let frontier = Frontier::at_the_start();
-        drop(frontier.next().unwrap());
-        assert_eq!(frontier.next().unwrap().scope, Scope::ReadyFrom(0));
+        drop(frontier.next().await);
+        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(0));
     }
 
     #[tokio::test(start_paused = true)]
     async fn sweeps_are_spaced_by_their_own_cost_a_failed_one_as_well() {
         let frontier = Frontier::new();
         frontier.advance(Some(1_000_000));
-        let sweep = frontier.next().unwrap();
+        let sweep = frontier.next().await;
         assert_eq!(sweep.scope, Scope::All);
         sweep.done(Duration::from_millis(10));
         // Due again after 100 × 10 ms.
         tokio::time::advance(Duration::from_millis(999)).await;
-        assert_eq!(frontier.next().unwrap().scope, Scope::ReadyFrom(500_000));
+        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(500_000));
         tokio::time::advance(Duration::from_millis(1)).await;
-        let failed = frontier.next().unwrap();
+        let failed = frontier.next().await;
         assert_eq!(failed.scope, Scope::All);
         tokio::time::advance(Duration::from_millis(30)).await;
         drop(failed);
         // A failure after 30 ms: due again after 100 × 30 ms.
         tokio::time::advance(Duration::from_millis(2999)).await;
-        assert_eq!(frontier.next().unwrap().scope, Scope::ReadyFrom(500_000));
+        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(500_000));
         tokio::time::advance(Duration::from_millis(1)).await;
-        let quick = frontier.next().unwrap();
+        let quick = frontier.next().await;
         assert_eq!(quick.scope, Scope::All);
         drop(quick);
         // One that failed at once: after a second.
         tokio::time::advance(Duration::from_millis(999)).await;
-        assert_eq!(frontier.next().unwrap().scope, Scope::ReadyFrom(500_000));
+        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(500_000));
         tokio::time::advance(Duration::from_millis(1)).await;
-        assert_eq!(frontier.next().unwrap().scope, Scope::All);
+        assert_eq!(frontier.next().await.scope, Scope::All);
     }
 
     #[tokio::test(start_paused = true)]
     async fn however_long_a_sweep_took_the_next_is_due_within_a_minute() {
         let frontier = Frontier::new();
         frontier.advance(Some(1_000_000));
-        frontier.next().unwrap().done(Duration::from_secs(20));
+        frontier.next().await.done(Duration::from_secs(20));
         tokio::time::advance(Duration::from_secs(59)).await;
-        assert_eq!(frontier.next().unwrap().scope, Scope::ReadyFrom(500_000));
+        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(500_000));
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(frontier.next().unwrap().scope, Scope::All);
+        assert_eq!(frontier.next().await.scope, Scope::All);
     }
 }

@@ -25,7 +25,7 @@ use super::sink_panics::publish_contained;
 use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 use crate::table::claim::Claim;
-use crate::table::key_order::BrokenRuns;
+use crate::table::key_order::{self, BrokenRuns};
 use crate::table::row::Owned;
 
 /// Where each layer of an arranged batch starts and ends, in order.
@@ -43,18 +43,10 @@ pub(super) fn arrange<T: Outbox>(claims: &mut [Claim<T>]) -> Layers {
         return whole();
     }
     claims.sort_unstable_by_key(Claim::id);
-    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(claims.len());
-    // Each claim's depth in its key's run, by id: 0 for a head and a NULL key.
     let depths: HashMap<i64, usize> = claims
         .iter()
-        .map(|claim| {
-            let depth = claim.key().map_or(0, |key| {
-                let next = seen.entry(key).or_default();
-                *next += 1;
-                *next - 1
-            });
-            (claim.id(), depth)
-        })
+        .map(Claim::id)
+        .zip(key_order::depths(claims))
         .collect();
     let deepest = depths.values().copied().max().unwrap_or(0);
     if deepest == 0 {
@@ -101,14 +93,7 @@ pub(super) fn retain_in_order<T: Outbox>(
 /// Whether a key repeats in `claims`: the claim took runs, which it does only in the
 /// room its heads left, its scan having found fewer due events than it looked for.
 pub(super) fn took_runs<T: Outbox>(claims: &[Claim<T>]) -> bool {
-    if T::SPEC.key().is_none() {
-        return false;
-    }
-    let mut keys = std::collections::HashSet::with_capacity(claims.len());
-    claims
-        .iter()
-        .filter_map(Claim::key)
-        .any(|key| !keys.insert(key))
+    key_order::longest_run(claims) > 1
 }
 
 /// The last event of each key in `claims` (a batch about to be published): where the

@@ -119,24 +119,6 @@ impl Wakeups {
         }
     }
 
-    /// A worker that was to claim could not start (a keyed table's first sweep is still
-    /// running, and the others wait for it): a signal it was woken for waits, as one
-    /// that arrived while claims run, for the end of the claims running now (the sweep
-    /// is one), or [`DEFER_LIMIT`] if none runs any more. (Left `waking`, it would keep
-    /// every later signal from waking anyone, and the one it was woken for would wait
-    /// for the poll.)
-    pub(super) fn put_off(&self) {
-        let mut state = self.lock();
-        state.waking = false;
-        if state.unanswered.is_some()
-            && !std::mem::replace(&mut state.deferred, true)
-            && state.claims == 0
-        {
-            drop(state);
-            self.deferred.notify_one();
-        }
-    }
-
     /// Waits until a signal wants a worker, a recorded retry is due, or `poll` has
     /// passed.
     pub(super) async fn idle(&self, poll: Duration) {
@@ -337,24 +319,24 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_worker_woken_while_the_first_sweep_runs_puts_its_signal_off_to_the_sweeps_end() {
+    async fn a_worker_woken_while_a_long_claim_runs_answers_the_signal_with_its_own_claim_after_it()
+    {
         let wakeups = std::sync::Arc::new(Wakeups::default());
         let watcher = tokio::spawn({
             let wakeups = std::sync::Arc::clone(&wakeups);
             async move { match wakeups.watch_deferred().await {} }
         });
+        // A keyed table's first sweep outlasts the limit: a worker is woken, and waits
+        // for the sweep's end before its claim starts.
         let sweep = wakeups.claiming();
         wakeups.notified();
-        // The sweep outlasts the limit: a worker is woken, and cannot claim yet.
         wakeups.idle(Duration::from_mins(1)).await;
-        wakeups.put_off();
-        assert!(!wakes(&wakeups).await, "put off while the sweep runs");
+        wakeups.notified();
         sweep.answered(false);
         assert!(
-            wakes(&wakeups).await,
-            "the sweep started before the notification: a worker claims for it now"
+            !wakes(&wakeups).await,
+            "the woken worker's claim is still to come: it answers both"
         );
-        wakeups.notified();
         wakeups.claiming().answered(false);
         wakeups.notified();
         assert!(

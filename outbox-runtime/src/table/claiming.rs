@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::batch;
 use super::claim::{Claim, Claimed, dead_letter, decode_claim};
-use super::key_order::BrokenRuns;
+use super::key_order::{self, BrokenRuns};
 use super::row::{Outcome, Owned};
 use super::statements;
 use crate::error::{OnTable as _, OutboxError};
@@ -55,13 +55,7 @@ impl Runs<'_> {
         let Self::After { length, .. } = self else {
             return false;
         };
-        let length = usize::try_from(length).unwrap_or(usize::MAX);
-        let mut counts = std::collections::HashMap::<&str, usize>::new();
-        claims.iter().filter_map(Claim::key).any(|key| {
-            let count = counts.entry(key).or_default();
-            *count += 1;
-            *count >= length
-        })
+        key_order::longest_run(claims) >= usize::try_from(length).unwrap_or(usize::MAX)
     }
 }
 

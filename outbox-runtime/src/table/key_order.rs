@@ -1,6 +1,30 @@
 //! The rule of a key's run: once an event of a key does not go (not published, not
 //! decodable, no longer owned), no event after it in that key goes either; those wait
-//! behind it, handed back as if never claimed.
+//! behind it, handed back as if never claimed. And where each event of a batch stands
+//! in its key's run.
+
+use std::collections::HashMap;
+
+use super::claim::Claim;
+use crate::spec::Outbox;
+
+/// Each claim's depth in its key's run, `claims` being in id order: 0 for a key's first
+/// event in them, 1 for its second, ..; 0 for an event without a key.
+pub(crate) fn depths<T: Outbox>(claims: &[Claim<T>]) -> impl Iterator<Item = usize> + '_ {
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(claims.len());
+    claims.iter().map(move |claim| {
+        claim.key().map_or(0, |key| {
+            let next = seen.entry(key).or_default();
+            *next += 1;
+            *next - 1
+        })
+    })
+}
+
+/// The most events of one key in `claims` (1 when no key repeats, 0 for none).
+pub(crate) fn longest_run<T: Outbox>(claims: &[Claim<T>]) -> usize {
+    depths(claims).max().map_or(0, |deepest| deepest + 1)
+}
 
 /// The keys whose run broke so far, going through events in order (by id, within each
 /// key).

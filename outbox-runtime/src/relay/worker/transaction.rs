@@ -27,12 +27,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         claim_next: bool,
         after: &[Owned],
     ) -> Result<Batch<T>, OutboxError> {
-        // No claim while a keyed table's first sweep runs: only the recording, and the
-        // wake-up this worker may have come for waits for the sweep.
-        let next = claim_next.then(|| self.frontier.next()).flatten();
-        if claim_next && next.is_none() {
-            self.wakeups.put_off();
-        }
+        let next = if claim_next {
+            Some(self.frontier.next().await)
+        } else {
+            None
+        };
         let (scope, limit) = next
             .as_ref()
             .map_or((Scope::All, 0), |next| (next.scope, self.relay.batch_size));
@@ -71,10 +70,8 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             self.wakeups.retry_at(tokio::time::Instant::now() + delay);
         }
         let more = claimed.full && !key_runs::took_runs(&claimed.claims);
-        // The sweep's end first: a worker woken as this claim ends finds it over.
         if let Some(next) = next {
-            // A claim statement ran and found nothing due (not a worker that waited for
-            // a keyed table's first sweep, which ran none).
+            // A claim statement ran and found nothing due.
             if claimed.claims.is_empty() && !claimed.full {
                 metrics::counter!(metric::IDLE_CLAIMS, self.relay.labels.iter()).increment(1);
             }
