@@ -23,6 +23,9 @@
  *  -DSEND_BROKEN    a batch claimed ahead is sent even when its key's events in the
  *                   batch before did not all go;
  *  -DNO_FENCING     outcomes are recorded without the generation and lease check.
+ * And one that keeps it another way:
+ *  -DATOMIC_RUNS    a run goes to the broker at once, and the broker stores all of it
+ *                   or none (JetStream's atomic batches, a Kafka transaction).
  *
  * It follows the claim statements (the key's first event not SENT as a head, READY or
  * with its lease over; its run: the events after it that are READY or with their
@@ -193,6 +196,28 @@ inline hand_back(b) {
     b.size = 0
 }
 
+#ifdef ATOMIC_RUNS
+/* The broker takes the batch out, in order (`i` ends past it). */
+inline deliver_run() {
+    i = 0;
+    do
+    :: i < out[me].size -> deliver(out[me].ids[i]); i++
+    :: else -> break
+    od
+}
+
+/* The sink's answer for the batch out: `first` for its first event, `rest` for the
+   others (`i` ends past it). */
+inline answer_run(first, rest) {
+    out[me].results[0] = first;
+    i = 1;
+    do
+    :: i < out[me].size -> out[me].results[i] = rest; i++
+    :: else -> break
+    od
+}
+#endif
+
 proctype Worker(byte me) {
     byte i;
     bool stopped, all_went, claimed_ahead;
@@ -207,6 +232,17 @@ proctype Worker(byte me) {
                transaction beside it */
             i = 0; stopped = false; claimed_ahead = false;
             do
+#ifdef ATOMIC_RUNS
+            :: i < out[me].size ->
+                /* the whole run at once, to a broker that stores all of it or none */
+                if
+                :: atomic { deliver_run(); answer_run(ACK, ACK) }
+                :: atomic { deliver_run(); answer_run(DOUBT, DOUBT) }
+                :: atomic { deliver_run(); answer_run(FAIL, HELD) }
+                :: atomic { answer_run(DOUBT, DOUBT) }
+                :: atomic { answer_run(FAIL, HELD) }
+                fi
+#else
             :: i < out[me].size ->
                 if
                 :: stopped -> out[me].results[i] = HELD
@@ -223,6 +259,7 @@ proctype Worker(byte me) {
 #endif
                 fi;
                 i++
+#endif
             :: !claimed_ahead ->
                 /* recording the batch before, then claiming ahead: one transaction */
                 atomic {
