@@ -11,7 +11,10 @@ use crate::spec::Outbox;
 /// Each claim's depth in its key's run, `claims` being in id order: 0 for a key's first
 /// event in them, 1 for its second, ..; 0 for an event without a key.
 pub(crate) fn depths<T: Outbox>(claims: &[Claim<T>]) -> impl Iterator<Item = usize> + '_ {
-    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(claims.len());
+    // An unkeyed table's batches (every event 0) allocate nothing.
+    let keyed = T::SPEC.key().is_some();
+    let mut seen: HashMap<&str, usize> =
+        HashMap::with_capacity(if keyed { claims.len() } else { 0 });
     claims.iter().map(move |claim| {
         claim.key().map_or(0, |key| {
             let next = seen.entry(key).or_default();
