@@ -44,6 +44,12 @@ impl Named for KeyedReminder {
     }
 }
 
+impl Named for OrderedChaosEvent {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
 /// A sink that writes down each call's events, in order, and answers as scripted: an
 /// event's scripted failures first, then success.
 #[derive(Clone, Default)]
@@ -427,6 +433,87 @@ async fn a_run_whose_lease_ends_mid_send_is_reclaimed_whole_and_in_order() -> Te
     stalled.wake.notify_one();
     first.stop().await?;
     assert_eq!(outbox::stats::<OrderStep>(pool).await?.sent, 3);
+    db.drop_schema().await?;
+    Ok(())
+}
+
+/// The role of [`mid_run_relay_child`], and what it says once it hangs on `a2`.
+const MID_RUN: &str = "mid-run-relay";
+const HANGING: &str = "mid-run-relay hangs on a2";
+
+/// The relay process of the SIGKILL test: a relay of [`OrderedChaosEvent`] on the
+/// test's schema (the parameter `URL`) whose broker takes `a1` and never answers for
+/// `a2`, until its parent kills it. A no-op in a normal run.
+#[test]
+fn mid_run_relay_child() {
+    if !outbox_testkit::child::requested(MID_RUN) {
+        return;
+    }
+    outbox_testkit::broker::relay_until_killed::<OrderedChaosEvent, _>(MID_RUN, async || {
+        HangsMidRun
+    });
+}
+
+/// Takes `a1`; takes `a2` and never answers.
+struct HangsMidRun;
+
+impl Sink<OrderedChaosEvent> for HangsMidRun {
+    async fn publish(
+        &self,
+        batch: &[Delivery<'_, OrderedChaosEvent>],
+    ) -> Vec<Result<(), SinkError>> {
+        if batch.iter().any(|delivery| delivery.event().name == "a2") {
+            outbox_testkit::child::say(HANGING);
+            std::future::pending::<()>().await;
+        }
+        batch.iter().map(|_| Ok(())).collect()
+    }
+}
+
+/// A relay process is SIGKILLed in the middle of a run: its broker took `a1` and holds
+/// `a2` unanswered, `a3` to `a5` are not sent. Nothing of the run was recorded: once its
+/// lease ends (2 s, no longer renewed), another relay reclaims the run whole, in one
+/// claim, and publishes it in order from `a1`.
+#[tokio::test]
+async fn a_run_whose_relay_is_killed_mid_send_is_reclaimed_whole_and_in_order() -> TestResult {
+    let db = schema_with(&[OrderedChaosEvent::migrations()]).await?;
+    let pool = db.pool();
+    let names = ["a1", "a2", "a3", "a4", "a5"];
+    OrderedChaosEvent::enqueue_all(&short_leased(&names), pool).await?;
+    let mut child = outbox_testkit::child::ChildCommand::test("runs::mid_run_relay_child")
+        .spawn(MID_RUN, &[("URL", &db.url())])?;
+    outbox_testkit::child::handshake(child.stderr()?, HANGING, Duration::from_secs(30)).await?;
+    for name in names {
+        let row = row_of::<OrderedChaosEvent>(pool, name).await;
+        assert_eq!(
+            (row.status.as_str(), row.attempts),
+            ("INPROGRESS", 1),
+            "{name}: one claim took the whole run"
+        );
+    }
+    child.kill()?;
+
+    let sink = Scripted::default();
+    let second = start(relay::<OrderedChaosEvent, _>(pool, sink.clone(), 10));
+    wait_until("the run is SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderedChaosEvent>(pool).await.unwrap().sent == 5
+    })
+    .await;
+    second.stop().await?;
+    // Reclaimed whole: a1 again (the broker has it twice: first in order all the same),
+    // then the rest, each after the one before was acknowledged.
+    assert_eq!(
+        sink.calls(),
+        names.map(|name| vec![name.to_owned()]),
+        "the run, in order, an event per call"
+    );
+    for name in names {
+        assert_eq!(
+            row_of::<OrderedChaosEvent>(pool, name).await.attempts,
+            2,
+            "{name}: reclaimed once"
+        );
+    }
     db.drop_schema().await?;
     Ok(())
 }
