@@ -13,7 +13,11 @@ use outbox_internals::{
 use crate::attr::{self, Errors};
 
 /// Not a column: the claim statement returns it beside the payload columns.
-const RESERVED_RESULTS: [&str; 2] = [claim_header::RECLAIMED_NAME, claim_header::KEY_NAME];
+const RESERVED_RESULTS: [&str; 3] = [
+    claim_header::RECLAIMED_NAME,
+    claim_header::KEY_NAME,
+    claim_header::REACH_NAME,
+];
 
 /// PostgreSQL's system columns: `CREATE TABLE` refuses a column with one of these names.
 const SYSTEM_COLUMNS: &[&str] = &["tableoid", "xmin", "cmin", "xmax", "cmax", "ctid"];

@@ -828,7 +828,10 @@ fn claim(table: &Table<'_>, limit: &str, runs: bool) -> String {
         take(
             table,
             &format!("SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready{claimed}"),
-            &format!("o.id = ANY(ARRAY(SELECT id FROM expired{reclaimed}))")
+            &format!("o.id = ANY(ARRAY(SELECT id FROM expired{reclaimed}))"),
+            steps
+                .is_some()
+                .then_some("(SELECT least(at, statement_timestamp()) FROM reach)"),
         )
     )
 }
@@ -1028,6 +1031,12 @@ fn runs(table: &Table<'_>, heads: &str, room: &str, length: &str) -> String {
 /// back for long (behind a `DEAD` event): each recheck that finds them still held back
 /// doubles their age, so they are rechecked a logarithmic number of times.
 ///
+/// In the relay's claims (`runs`), the events of a key this claim takes are left where
+/// they are: the claimer continues its run with them, batch after batch (claims of a
+/// keyed table move on from what they stepped over, and a relay that records a key's
+/// last event taken looks behind its frontier again). Set aside, a hot key's backlog
+/// would cost one more write per event, a third of the relay's first claim of it.
+///
 /// Only the range the `ready` scan walked is looked at, by `(next_attempt_at, id)` (one
 /// batch enqueued in one statement shares its `next_attempt_at`): up to its last row,
 /// every due row when it found fewer than it looked for, and none when expired claims
@@ -1064,7 +1073,7 @@ fn parking(table: &Table<'_>, limit: &str, runs: bool) -> String {
          \x20       SELECT c.ctid, pg_notify('{channel}', '') FROM {t} AS c\n\
          \x20       WHERE c.status = '{ready}' AND c.next_attempt_at <= statement_timestamp()\n\
          \x20           AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))\n\
-         \x20           AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready{claimed}))\n\
+         \x20           AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready{claimed})){running}\n\
          \x20           AND EXISTS (SELECT FROM {t} AS p\n\
          \x20               WHERE {before} AND p.status <> '{sent}' AND p.status IN ({waiting})\n\
          \x20                   AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready{claimed}))\n\
@@ -1073,6 +1082,14 @@ fn parking(table: &Table<'_>, limit: &str, runs: bool) -> String {
         channel = table.model.table,
         claimed = if runs {
             format!(" UNION ALL {}", RunSteps::CLAIMED)
+        } else {
+            String::new()
+        },
+        running = if runs {
+            format!(
+                "\n\x20           AND c.{k} <> ALL(ARRAY(SELECT {k} FROM expired \
+                 UNION ALL SELECT {k} FROM ready UNION ALL SELECT {k} FROM continued))"
+            )
         } else {
             String::new()
         },
@@ -1141,12 +1158,13 @@ fn claim_from(table: &Table<'_>, limit: &str) -> String {
     let ready = Status::Ready.as_sql();
     let (c, in_turn) = (candidate(table), in_turn(table));
     let (columns, steps, claimed, reclaimed) = match table.model.key() {
-        // The run steps read the heads as `id, ctid, key, attempts`.
+        // The run steps read the heads as `id, ctid, key, attempts`; the reach, the last
+        // row's `next_attempt_at`.
         Some(key) => (
-            format!("id, ctid{}", head_columns(key)),
+            format!("id, ctid{}, next_attempt_at", head_columns(key)),
             RunSteps::after(
                 table,
-                "SELECT * FROM ready",
+                &format!("SELECT id, ctid{} FROM ready", head_columns(key)),
                 &format!("{limit} - (SELECT count(*) FROM ready)"),
                 2,
             )
@@ -1172,13 +1190,25 @@ fn claim_from(table: &Table<'_>, limit: &str) -> String {
         take(
             table,
             &format!("SELECT ctid FROM ready{claimed}"),
-            &reclaimed
+            &reclaimed,
+            table
+                .model
+                .key()
+                .map(|_| {
+                    format!(
+                        "(SELECT CASE WHEN count(*) < {limit} THEN statement_timestamp() \
+                         ELSE max(next_attempt_at) END FROM ready)"
+                    )
+                })
+                .as_deref(),
         )
     )
 }
 
 /// The claim of the `candidates` (a query of `ctid`s), returning the claim header, with
-/// `reclaimed` as its last column, and the payload.
+/// `reclaimed` as its last column, the payload, the key and, in the relay's claims of a
+/// keyed table, `reach` (an expression of the statement's `READY` scan: how far it saw
+/// every due row, [`claim_header::REACH_NAME`]).
 ///
 /// The claim: generation + 1 and a fresh lease. An expired claim that used the whole
 /// attempt budget (or a row due again after the budget was lowered) is moved to DEAD
@@ -1199,7 +1229,7 @@ fn claim_from(table: &Table<'_>, limit: &str) -> String {
 /// (A `READY` row moved to `DEAD` because its budget was lowered can race: a sweep that
 /// sets its successor aside and commits after this claim's snapshot goes unseen, and the
 /// successor waits out the lease or its age. Rare, and only after a budget change.)
-fn take(table: &Table<'_>, candidates: &str, reclaimed: &str) -> String {
+fn take(table: &Table<'_>, candidates: &str, reclaimed: &str, reach: Option<&str>) -> String {
     let (t, max, lease) = (&table.name, table.model.max_attempts, &table.lease);
     let (in_progress, dead) = (Status::InProgress.as_sql(), Status::Dead.as_sql());
     let returning = claim_header::COLUMNS
@@ -1217,6 +1247,7 @@ fn take(table: &Table<'_>, candidates: &str, reclaimed: &str) -> String {
                 claim_header::KEY_NAME
             )
         }))
+        .chain(reach.map(|reach| format!("{reach} AS {}", claim_header::REACH_NAME)))
         .chain(
             table
                 .model

@@ -648,3 +648,89 @@ async fn stalled(pool: &sqlx::PgPool, logs: &outbox_testkit::logs::Captured) -> 
         tail.join("\n")
     )
 }
+
+/// A sink that holds each call with an event named `held` until the test lets it go,
+/// writing down every event it publishes, in order.
+#[derive(Clone)]
+struct HoldsOne {
+    held: &'static str,
+    go: Arc<tokio::sync::Semaphore>,
+    published: Arc<Mutex<Vec<String>>>,
+}
+
+impl Sink<OrderStep> for HoldsOne {
+    async fn publish(&self, batch: &[Delivery<'_, OrderStep>]) -> Vec<Result<(), SinkError>> {
+        if batch.iter().any(|d| d.event().name == self.held) {
+            let _go = self.go.acquire().await;
+        }
+        self.published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(batch.iter().map(|d| d.event().name.clone()));
+        batch.iter().map(|_| Ok(())).collect()
+    }
+}
+
+/// While a1 is out, other claims take b1 and c1 and step over a2, held behind a1: the
+/// relay's frontier moves on past a2. The worker that records a1, its key's last event
+/// in flight, claims from behind it again: a2 goes after a1 on no wake-up (the poll is
+/// an hour). (A sweep, due by then, would find it as well.)
+#[tokio::test]
+async fn an_event_stepped_over_behind_its_key_goes_once_the_event_before_it_is_recorded()
+-> TestResult {
+    let db = schema_with(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    let sink = HoldsOne {
+        held: "a1",
+        go: Arc::new(tokio::sync::Semaphore::new(0)),
+        published: Arc::default(),
+    };
+    let relay = start(
+        Relay::<OrderStep, _>::new(db.connect(4).await?, sink.clone())
+            .concurrency(2)
+            .batch_size(10)
+            .poll_interval(Duration::from_hours(1)),
+    );
+    enqueue(pool, &[step("a1", 1)]).await;
+    wait_until("a1 is out", Duration::from_secs(10), async || {
+        status::<OrderStep>(pool, "a1").await == "INPROGRESS"
+    })
+    .await;
+    enqueue(pool, &[step("a2", 1), step("b1", 2)]).await;
+    wait_until(
+        "b1 is SENT beside a1",
+        Duration::from_secs(10),
+        async || status::<OrderStep>(pool, "b1").await == "SENT",
+    )
+    .await;
+    // A claim more than the frontier's margin (half a second) later steps over a2 too,
+    // and moves the frontier past it.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    enqueue(pool, &[step("c1", 3)]).await;
+    wait_until(
+        "c1 is SENT beside a1",
+        Duration::from_secs(10),
+        async || status::<OrderStep>(pool, "c1").await == "SENT",
+    )
+    .await;
+    assert_eq!(
+        status::<OrderStep>(pool, "a2").await,
+        "READY",
+        "held behind a1"
+    );
+
+    sink.go.add_permits(1);
+    wait_until("a2 is SENT after a1", Duration::from_secs(10), async || {
+        status::<OrderStep>(pool, "a2").await == "SENT"
+    })
+    .await;
+    relay.stop().await?;
+    let published = sink
+        .published
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    assert_eq!(published, ["b1", "c1", "a1", "a2"]);
+    db.drop_schema().await?;
+    Ok(())
+}

@@ -762,3 +762,72 @@ async fn a_run_is_at_most_run_length_events_and_goes_on_in_the_next_batch() -> T
     db.drop_schema().await?;
     Ok(())
 }
+
+/// A sink that, on its first call, notes the events of the table set aside (`READY` and
+/// not due) while that call's events are out, then answers as `scripted` says.
+#[derive(Clone)]
+struct NotesSetAside {
+    scripted: Scripted,
+    pool: sqlx::PgPool,
+    set_aside: Arc<Mutex<Option<Vec<String>>>>,
+}
+
+impl Sink<OrderStep> for NotesSetAside {
+    async fn publish(&self, batch: &[Delivery<'_, OrderStep>]) -> Vec<Result<(), SinkError>> {
+        let first = self
+            .set_aside
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none();
+        if first {
+            let names: Vec<String> = sqlx::query_scalar(
+                "SELECT event_id FROM order_step_events
+                 WHERE status = 'READY' AND next_attempt_at > statement_timestamp() ORDER BY id",
+            )
+            .fetch_all(&self.pool)
+            .await
+            .unwrap_or_else(|error| vec![format!("cannot read the table: {error}")]);
+            *self
+                .set_aside
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(names);
+        }
+        self.scripted.publish(batch).await
+    }
+}
+
+#[tokio::test]
+async fn the_backlog_of_a_key_the_relay_takes_stays_in_place_while_its_runs_go_out() -> TestResult {
+    let db = schema_with(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    OrderStep::enqueue_all(&hot_key(), pool).await?;
+    let sink = NotesSetAside {
+        scripted: Scripted::default(),
+        pool: pool.clone(),
+        set_aside: Arc::default(),
+    };
+    let running = start(relay::<OrderStep, _>(pool, sink.clone(), 10));
+    wait_until("every event is SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 30
+    })
+    .await;
+    running.stop().await?;
+
+    // The first claim took h1..h10 and stepped over h11..h30, held behind them: it left
+    // them where they were (a claim by hand sets them aside, a write each), and the
+    // worker went on with the key's run, batch after batch.
+    let set_aside = sink
+        .set_aside
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    assert_eq!(
+        set_aside,
+        Some(Vec::new()),
+        "nothing set aside while h1..h10 were out"
+    );
+    let expected: Vec<String> = (1..=30).map(|n| format!("h{n}")).collect();
+    assert_eq!(sink.scripted.deliveries(), expected, "once each, in order");
+    db.drop_schema().await?;
+    Ok(())
+}

@@ -83,6 +83,7 @@ WITH expired AS (
         WHERE c.status = 'READY' AND c.next_attempt_at <= statement_timestamp()
             AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
             AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
+            AND c."key" <> ALL(ARRAY(SELECT "key" FROM expired UNION ALL SELECT "key" FROM ready UNION ALL SELECT "key" FROM continued))
             AND EXISTS (SELECT FROM "bench_ordered_events" AS p
                 WHERE (p."key", p.id) < (c."key", c.id) AND (p."key", p.id) >= (c."key", -9223372036854775808) AND p.status <> 'SENT' AND p.status IN ('READY', 'DEAD')
                     AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
@@ -100,7 +101,7 @@ UPDATE "bench_ordered_events" AS o SET
         ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 10'
             || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM continued WHERE expired UNION ALL SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."key", o."payload", o."key"::text AS outbox_key;
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM continued WHERE expired UNION ALL SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."key", o."payload", o."key"::text AS outbox_key, (SELECT least(at, statement_timestamp()) FROM reach) AS outbox_reach;
 
 -- claim (one event per key)
 WITH expired AS (
@@ -153,7 +154,7 @@ RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_atte
 
 -- claim_from
 WITH ready AS (
-    SELECT id, ctid, "key", attempts FROM "bench_ordered_events" AS c
+    SELECT id, ctid, "key", attempts, next_attempt_at FROM "bench_ordered_events" AS c
     WHERE status = 'READY'
         AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'
         AND next_attempt_at <= statement_timestamp()
@@ -184,7 +185,7 @@ WITH ready AS (
             bool_and(q.attempts < 10 AND (
                 q.status = 'READY' AND (q.next_attempt_at <= statement_timestamp() OR q.attempts = 0)
                 OR q.status = 'INPROGRESS' AND q.lease_until <= statement_timestamp())) OVER (PARTITION BY h.id ORDER BY q.id) AS in_run
-        FROM (SELECT * FROM ready UNION ALL SELECT id, ctid, "key", attempts FROM continued) AS h CROSS JOIN LATERAL (
+        FROM (SELECT id, ctid, "key", attempts FROM ready UNION ALL SELECT id, ctid, "key", attempts FROM continued) AS h CROSS JOIN LATERAL (
             SELECT q.ctid, q.id, q.status, q.attempts, q.next_attempt_at, q.lease_until FROM "bench_ordered_events" AS q
             WHERE (q."key", q.id) > (h."key", h.id)
                 AND (q."key", q.id) <= (h."key", 9223372036854775807) AND q.status <> 'SENT'
@@ -213,7 +214,7 @@ UPDATE "bench_ordered_events" AS o SET
         ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 10'
             || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM continued WHERE expired UNION ALL SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."key", o."payload", o."key"::text AS outbox_key;
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM continued WHERE expired UNION ALL SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."key", o."payload", o."key"::text AS outbox_key, (SELECT CASE WHEN count(*) < 100 THEN statement_timestamp() ELSE max(next_attempt_at) END FROM ready) AS outbox_reach;
 
 -- complete
 WITH done AS (

@@ -84,6 +84,7 @@ WITH expired AS (
         WHERE c.status = 'READY' AND c.next_attempt_at <= statement_timestamp()
             AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
             AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
+            AND c."order_id" <> ALL(ARRAY(SELECT "order_id" FROM expired UNION ALL SELECT "order_id" FROM ready UNION ALL SELECT "order_id" FROM continued))
             AND EXISTS (SELECT FROM "ordered_chaos_events" AS p
                 WHERE (p."order_id", p.id) < (c."order_id", c.id) AND (p."order_id", p.id) >= (c."order_id", -9223372036854775808) AND p.status <> 'SENT' AND p.status IN ('READY', 'DEAD')
                     AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
@@ -101,7 +102,7 @@ UPDATE "ordered_chaos_events" AS o SET
         ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 1000'
             || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM continued WHERE expired UNION ALL SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."order_id", o."seq", o."order_id"::text AS outbox_key;
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM continued WHERE expired UNION ALL SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."order_id", o."seq", o."order_id"::text AS outbox_key, (SELECT least(at, statement_timestamp()) FROM reach) AS outbox_reach;
 
 -- claim (one event per key)
 WITH expired AS (
@@ -154,7 +155,7 @@ RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_atte
 
 -- claim_from
 WITH ready AS (
-    SELECT id, ctid, "order_id", attempts FROM "ordered_chaos_events" AS c
+    SELECT id, ctid, "order_id", attempts, next_attempt_at FROM "ordered_chaos_events" AS c
     WHERE status = 'READY'
         AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'
         AND next_attempt_at <= statement_timestamp()
@@ -185,7 +186,7 @@ WITH ready AS (
             bool_and(q.attempts < 1000 AND (
                 q.status = 'READY' AND (q.next_attempt_at <= statement_timestamp() OR q.attempts = 0)
                 OR q.status = 'INPROGRESS' AND q.lease_until <= statement_timestamp())) OVER (PARTITION BY h.id ORDER BY q.id) AS in_run
-        FROM (SELECT * FROM ready UNION ALL SELECT id, ctid, "order_id", attempts FROM continued) AS h CROSS JOIN LATERAL (
+        FROM (SELECT id, ctid, "order_id", attempts FROM ready UNION ALL SELECT id, ctid, "order_id", attempts FROM continued) AS h CROSS JOIN LATERAL (
             SELECT q.ctid, q.id, q.status, q.attempts, q.next_attempt_at, q.lease_until FROM "ordered_chaos_events" AS q
             WHERE (q."order_id", q.id) > (h."order_id", h.id)
                 AND (q."order_id", q.id) <= (h."order_id", 9223372036854775807) AND q.status <> 'SENT'
@@ -214,7 +215,7 @@ UPDATE "ordered_chaos_events" AS o SET
         ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 1000'
             || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM continued WHERE expired UNION ALL SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."order_id", o."seq", o."order_id"::text AS outbox_key;
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM continued WHERE expired UNION ALL SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."order_id", o."seq", o."order_id"::text AS outbox_key, (SELECT CASE WHEN count(*) < 100 THEN statement_timestamp() ELSE max(next_attempt_at) END FROM ready) AS outbox_reach;
 
 -- complete
 WITH done AS (

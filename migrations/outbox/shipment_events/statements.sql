@@ -84,6 +84,7 @@ WITH expired AS (
         WHERE c.status = 'READY' AND c.next_attempt_at <= statement_timestamp()
             AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
             AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
+            AND c."parcel" <> ALL(ARRAY(SELECT "parcel" FROM expired UNION ALL SELECT "parcel" FROM ready UNION ALL SELECT "parcel" FROM continued))
             AND EXISTS (SELECT FROM "shipment_events" AS p
                 WHERE (p."parcel", p.id) < (c."parcel", c.id) AND (p."parcel", p.id) >= (c."parcel", -9223372036854775808) AND p.status <> 'SENT' AND p.status IN ('READY', 'DEAD')
                     AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
@@ -101,7 +102,7 @@ UPDATE "shipment_events" AS o SET
         ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 10'
             || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM expired UNION ALL SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM continued WHERE expired UNION ALL SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."parcel", o."parcel"::text AS outbox_key;
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM continued WHERE expired UNION ALL SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."parcel", o."parcel"::text AS outbox_key, (SELECT least(at, statement_timestamp()) FROM reach) AS outbox_reach;
 
 -- claim (one event per key)
 WITH expired AS (
@@ -154,7 +155,7 @@ RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_atte
 
 -- claim_from
 WITH ready AS (
-    SELECT id, ctid, "parcel", attempts FROM "shipment_events" AS c
+    SELECT id, ctid, "parcel", attempts, next_attempt_at FROM "shipment_events" AS c
     WHERE status = 'READY'
         AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'
         AND next_attempt_at <= statement_timestamp()
@@ -185,7 +186,7 @@ WITH ready AS (
             bool_and(q.attempts < 10 AND (
                 q.status = 'READY' AND (q.next_attempt_at <= statement_timestamp() OR q.attempts = 0)
                 OR q.status = 'INPROGRESS' AND q.lease_until <= statement_timestamp())) OVER (PARTITION BY h.id ORDER BY q.id) AS in_run
-        FROM (SELECT * FROM ready UNION ALL SELECT id, ctid, "parcel", attempts FROM continued) AS h CROSS JOIN LATERAL (
+        FROM (SELECT id, ctid, "parcel", attempts FROM ready UNION ALL SELECT id, ctid, "parcel", attempts FROM continued) AS h CROSS JOIN LATERAL (
             SELECT q.ctid, q.id, q.status, q.attempts, q.next_attempt_at, q.lease_until FROM "shipment_events" AS q
             WHERE (q."parcel", q.id) > (h."parcel", h.id)
                 AND (q."parcel", q.id) <= (h."parcel", 9223372036854775807) AND q.status <> 'SENT'
@@ -214,7 +215,7 @@ UPDATE "shipment_events" AS o SET
         ELSE 'attempt budget exhausted: ' || o.attempts || ' claims made, the budget is now 10'
             || coalesce('; the last error: ' || o.last_error, '') END
 WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
-RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM continued WHERE expired UNION ALL SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."parcel", o."parcel"::text AS outbox_key;
+RETURNING o.id, o.event_id, o.generation, o.attempts, o.lease_until, o.next_attempt_at, o.created_at, o.id = ANY(ARRAY(SELECT id FROM continued WHERE expired UNION ALL SELECT id FROM run_members WHERE expired)) AS outbox_reclaimed, o."parcel", o."parcel"::text AS outbox_key, (SELECT CASE WHEN count(*) < 100 THEN statement_timestamp() ELSE max(next_attempt_at) END FROM ready) AS outbox_reach;
 
 -- complete
 WITH done AS (

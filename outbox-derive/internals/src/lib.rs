@@ -205,6 +205,11 @@ pub mod claim_header {
     pub const RECLAIMED_NAME: &str = "outbox_reclaimed";
     /// For a type with an ordering key, the key as text, after the payload columns.
     pub const KEY_NAME: &str = "outbox_key";
+    /// For a type with an ordering key, in the relay's claims, after the key: how far
+    /// its `READY` scan saw every due row it could (`timestamptz`, NULL when expired
+    /// claims filled the batch): the statement's time when the scan found fewer rows
+    /// than it looked for, else the `next_attempt_at` of the last row it found.
+    pub const REACH_NAME: &str = "outbox_reach";
 }
 
 /// Declares [`Statement`] from one list, so its variants, [`Statement::ALL`] and

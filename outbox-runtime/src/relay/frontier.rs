@@ -23,17 +23,23 @@
 //! connection or recording outcomes says nothing of what a sweep costs (a 20 s wait
 //! for the pool once spaced the next sweep half an hour later).
 //!
-//! A table with an ordering key keeps its frontier at the start of the index
-//! ([`Frontier::at_the_start`]): there, what the claims between sweeps leave to the
-//! sweeps is the expired claims and the setting aside of held events. Until its first
-//! sweep has set aside what waits behind its keys' first events, a claim from the start
-//! would walk all of it, one probe per event, to find nothing more than the sweep
-//! finds: the other workers wait for that sweep ([`Frontier::next`] returns once it
-//! ended, or failed). (Measured beside one hot key's
-//! backlog of 100,000 events: three workers' claims of 2 s each, twice, beside the
-//! sweep, slowing it from about 3 s to 5.5 s.)
+//! On a table with an ordering key ([`Frontier::keyed`]), a claim steps over the events
+//! held back behind their key's first one, and reports how far it saw every due row (its
+//! reach: the statement's time when it found fewer rows than it looked for). Events held
+//! so are left behind: those of a key the relay has in flight come in its runs, claimed
+//! by key; for the others, a worker that records a key's last event it had (nothing of
+//! the key in flight or just claimed) moves the frontier *back* to where the next one
+//! can be ([`NextClaim::settle`], [`Frontier::retreat`]): no earlier than [`MARGIN`]
+//! before that event's enqueue. A claim that began before such a retreat may not have
+//! seen what it was for (its snapshot can predate the recording), so it does not move the
+//! frontier on: each retreat is counted, and a claim advances only if none happened
+//! since it began, other than its own worker's. Until its first sweep, a keyed table's
+//! claims wait ([`Frontier::next`] returns once it ended, or failed): from the start,
+//! each would walk the backlog held behind its keys' first events, one probe per event,
+//! beside the sweep that walks it once. (Measured beside one hot key's backlog of
+//! 100,000 events: three workers' claims of 2 s each, twice, beside the sweep, slowing
+//! it from about 3 s to 5.5 s.)
 
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -64,19 +70,19 @@ const NONE: i64 = i64::MIN;
 /// A relay's frontier in the `READY` index, shared by its workers, and its sweeps.
 #[derive(Debug)]
 pub(super) struct Frontier {
-    /// Microseconds since the Unix epoch, or [`NONE`].
-    from: AtomicI64,
-    /// Whether claims move it forward (not at the start, for good).
-    moves: bool,
-    /// Whether claims wait for the first sweep (at the start, for good).
+    /// Whether claims wait for the first sweep (a keyed table's).
     waits_for_first_sweep: bool,
-    sweeps: Mutex<Sweeps>,
+    state: Mutex<State>,
     /// Told when a sweep ends: the claims waiting for the first one go.
     swept: Notify,
 }
 
 #[derive(Debug)]
-struct Sweeps {
+struct State {
+    /// Microseconds since the Unix epoch, or [`NONE`].
+    from: i64,
+    /// Retreats so far: a claim that began before one does not advance.
+    retreats: u64,
     /// A worker is sweeping: the others claim from the frontier.
     running: bool,
     /// When the next sweep is due.
@@ -90,16 +96,51 @@ struct Sweeps {
 pub(super) struct NextClaim<'f> {
     pub(super) scope: Scope,
     sweep: Option<Sweep<'f>>,
+    frontier: &'f Frontier,
+    /// The frontier's retreats when the claim began.
+    retreats: u64,
 }
 
 impl NextClaim<'_> {
-    /// The claim succeeded, its statements having taken `took`: a sweep schedules the
-    /// next one after its own cost.
-    pub(super) fn done(mut self, took: Duration) {
+    /// Starts the claim no later than `at` in the index (microseconds since the Unix
+    /// epoch): the transaction records events after which the next of their key may
+    /// wait there ([`Frontier::behind`]).
+    pub(super) fn look_back_to(&mut self, at: Option<i64>) {
+        if let (Scope::ReadyFrom(from), Some(at)) = (&mut self.scope, at) {
+            *from = (*from).min(at.max(0));
+        }
+    }
+
+    /// The claim succeeded, its statements having taken `took` (a sweep schedules the
+    /// next one after its own cost), and got as far as `reached` (microseconds since the
+    /// Unix epoch): the frontier retreats to `behind` ([`Frontier::retreat`], for the
+    /// events recorded in its transaction), then moves up to [`MARGIN`] before `reached`,
+    /// unless another worker retreated since the claim began.
+    pub(super) fn settle(mut self, took: Duration, reached: Option<i64>, behind: Option<i64>) {
         if let Some(sweep) = &mut self.sweep {
             sweep.took = Some(took);
         }
+        let mut state = self.frontier.lock();
+        let untouched = state.retreats == self.retreats;
+        if let Some(behind) = behind {
+            state.retreat(behind);
+        }
+        if let Some(reached) = reached.filter(|_| untouched) {
+            state.from = state.from.max(reached.saturating_sub(margin()));
+        }
     }
+}
+
+impl State {
+    fn retreat(&mut self, to: i64) {
+        self.from = self.from.min(to.max(0));
+        self.retreats += 1;
+    }
+}
+
+/// [`MARGIN`] in microseconds.
+fn margin() -> i64 {
+    i64::try_from(MARGIN.as_micros()).unwrap_or(i64::MAX)
 }
 
 /// A sweep in progress. Dropped without [`NextClaim::done`] (its claim failed), the
@@ -140,32 +181,46 @@ impl Drop for Sweep<'_> {
 
 impl Frontier {
     pub(super) fn new() -> Self {
-        Self::starting(NONE, true)
+        Self::starting(false)
     }
 
-    /// The frontier of a table with an ordering key: the start of the `READY` index,
-    /// for good. An event held back by its key keeps its place in the index, which the
-    /// claims pass, so a frontier that moved on would leave it behind once released.
-    /// What the sweeps add for such a table is the rest of the full claim: expired
-    /// claims, and setting aside the events held behind a waiting one (`parked`), whose
-    /// second walk over the claimed range cost a fifth of the ordered drain at 1,000
-    /// keys, measured. Between sweeps, a held event is stepped over (one probe each).
-    pub(super) fn at_the_start() -> Self {
-        Self::starting(0, false)
+    /// The frontier of a table with an ordering key: its claims wait for the first sweep,
+    /// and events of a key recorded move it back ([`Frontier::retreat`]).
+    pub(super) fn keyed() -> Self {
+        Self::starting(true)
     }
 
-    fn starting(from: i64, moves: bool) -> Self {
+    fn starting(keyed: bool) -> Self {
         Self {
-            from: AtomicI64::new(from),
-            moves,
-            waits_for_first_sweep: !moves,
-            sweeps: Mutex::new(Sweeps {
+            waits_for_first_sweep: keyed,
+            state: Mutex::new(State {
+                from: NONE,
+                retreats: 0,
                 running: false,
                 due: Instant::now(),
                 swept: false,
             }),
             swept: Notify::new(),
         }
+    }
+
+    /// Where the next event of a key may wait once the events `finished` (their
+    /// enqueue times, microseconds since the Unix epoch) are recorded: [`MARGIN`] before
+    /// the earliest. The next event of a key was enqueued after the event before it,
+    /// and is never due before its own enqueue; one whose enqueuing transaction
+    /// committed later than that is found by a sweep, as any late commit is.
+    pub(super) fn behind(finished: impl IntoIterator<Item = i64>) -> Option<i64> {
+        finished
+            .into_iter()
+            .min()
+            .map(|enqueued| enqueued.saturating_sub(margin()))
+    }
+
+    /// Events recorded outside a claim's transaction may have let the next of their key
+    /// go, which may wait at `to` (microseconds since the Unix epoch): the frontier
+    /// moves back there, and the claims that began before do not move it on.
+    pub(super) fn retreat(&self, to: i64) {
+        self.lock().retreat(to);
     }
 
     /// The next claim: a sweep when one is due and no other worker runs one; otherwise
@@ -184,10 +239,10 @@ impl Frontier {
 
     /// The next claim, or none while a keyed table's first sweep runs.
     fn try_next(&self) -> Option<NextClaim<'_>> {
-        let from = self.from.load(Ordering::Relaxed);
-        let mut sweeps = self.lock();
-        if !sweeps.running && Instant::now() >= sweeps.due {
-            sweeps.running = true;
+        let mut state = self.lock();
+        let retreats = state.retreats;
+        if !state.running && Instant::now() >= state.due {
+            state.running = true;
             return Some(NextClaim {
                 scope: Scope::All,
                 sweep: Some(Sweep {
@@ -195,37 +250,40 @@ impl Frontier {
                     started: Instant::now(),
                     took: None,
                 }),
+                frontier: self,
+                retreats,
             });
         }
-        if self.waits_for_first_sweep && !sweeps.swept {
+        if self.waits_for_first_sweep && !state.swept {
             return None;
         }
         Some(NextClaim {
-            scope: Scope::ReadyFrom(from.max(0)),
+            scope: Scope::ReadyFrom(state.from.max(0)),
             sweep: None,
+            frontier: self,
+            retreats,
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Sweeps> {
-        self.sweeps.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// A claim got as far as `reached` (the latest `next_attempt_at` it claimed from
-    /// `READY`, in microseconds since the Unix epoch): the frontier moves up to
-    /// [`MARGIN`] before it, and never back. One [at the start](Self::at_the_start)
-    /// stays there.
-    pub(super) fn advance(&self, reached: Option<i64>) {
-        if let Some(reached) = reached.filter(|_| self.moves) {
-            let margin = i64::try_from(MARGIN.as_micros()).unwrap_or(i64::MAX);
-            self.from
-                .fetch_max(reached.saturating_sub(margin), Ordering::Relaxed);
-        }
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Frontier {
+        /// A claim from the frontier that got as far as `reached`.
+        async fn advance(&self, reached: Option<i64>) {
+            self.next().await.settle(Duration::ZERO, reached, None);
+        }
+
+        fn from(&self) -> i64 {
+            self.lock().from
+        }
+    }
 
     #[tokio::test(start_paused = true)]
     async fn the_first_claim_sweeps_and_the_next_ones_claim_from_the_frontier() {
@@ -237,25 +295,29 @@ mod tests {
         let second = frontier.next().await;
         assert_eq!(second.scope, Scope::ReadyFrom(0));
         assert!(second.sweep.is_none());
-        frontier.advance(Some(10_000_000));
+        frontier.advance(Some(10_000_000)).await;
         assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(9_500_000));
-        first.done(Duration::from_millis(1));
-        second.done(Duration::from_millis(1));
+        first.settle(Duration::from_millis(1), None, None);
+        second.settle(Duration::from_millis(1), None, None);
         assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(9_500_000));
-    }
-
-    #[test]
-    fn the_frontier_trails_the_latest_row_claimed_and_never_moves_back() {
-        let frontier = Frontier::new();
-        frontier.advance(Some(5_000_000));
-        frontier.advance(Some(2_000_000));
-        frontier.advance(None);
-        assert_eq!(frontier.from.load(Ordering::Relaxed), 4_500_000);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_keyed_tables_claims_between_sweeps_start_at_the_beginning() {
-        let frontier = Frontier::at_the_start();
+    async fn the_frontier_trails_the_latest_row_claimed_and_a_claim_never_moves_it_back() {
+        let frontier = Frontier::new();
+        frontier
+            .next()
+            .await
+            .settle(Duration::from_secs(1), None, None);
+        frontier.advance(Some(5_000_000)).await;
+        frontier.advance(Some(2_000_000)).await;
+        frontier.advance(None).await;
+        assert_eq!(frontier.from(), 4_500_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_keyed_tables_claims_wait_for_its_first_sweep_then_move_on() {
+        let frontier = Frontier::keyed();
         let sweep = frontier.next().await;
         assert_eq!(sweep.scope, Scope::All, "the first claim sweeps");
         assert!(
@@ -264,26 +326,13 @@ mod tests {
                 .is_err(),
             "the others wait for it"
         );
-        sweep.done(Duration::from_millis(2));
-        frontier.advance(Some(10_000_000));
-        assert_eq!(
-            frontier.next().await.scope,
-            Scope::ReadyFrom(0),
-            "then claim from the start, and stay there"
-        );
-        tokio::time::advance(Duration::from_millis(199)).await;
-        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(0));
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert_eq!(
-            frontier.next().await.scope,
-            Scope::All,
-            "and again after 100 × 2 ms"
-        );
+        sweep.settle(Duration::from_millis(2), Some(10_000_000), None);
+        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(9_500_000));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_claim_waiting_for_a_keyed_tables_first_sweep_goes_once_it_ends() {
-        let frontier = std::sync::Arc::new(Frontier::at_the_start());
+        let frontier = std::sync::Arc::new(Frontier::keyed());
         let sweep = frontier.next().await;
         let waiting = tokio::spawn({
             let frontier = std::sync::Arc::clone(&frontier);
@@ -291,24 +340,69 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!waiting.is_finished(), "it waits while the sweep runs");
-        sweep.done(Duration::from_millis(2));
+        sweep.settle(Duration::from_millis(2), None, None);
         assert_eq!(waiting.await.unwrap(), Scope::ReadyFrom(0));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_keyed_tables_first_sweep_that_failed_is_waited_for_no_longer() {
-        let frontier = Frontier::at_the_start();
+        let frontier = Frontier::keyed();
         drop(frontier.next().await);
         assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(0));
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_claim_that_began_before_a_retreat_does_not_move_the_frontier_past_it() {
+        let frontier = Frontier::keyed();
+        frontier
+            .next()
+            .await
+            .settle(Duration::from_secs(1), Some(10_000_000), None);
+        // A claim begins; meanwhile another worker records a key's last event, whose
+        // next may wait at 2 s: the claim's snapshot may not have seen it let go.
+        let before = frontier.next().await;
+        assert_eq!(before.scope, Scope::ReadyFrom(9_500_000));
+        frontier.retreat(2_000_000);
+        before.settle(Duration::ZERO, Some(20_000_000), None);
+        assert_eq!(frontier.from(), 2_000_000, "the retreat holds");
+        // A claim that began after it moves on.
+        frontier.advance(Some(20_000_000)).await;
+        assert_eq!(frontier.from(), 19_500_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_that_records_a_keys_last_event_starts_behind_it_and_moves_on_past_it() {
+        let frontier = Frontier::keyed();
+        frontier
+            .next()
+            .await
+            .settle(Duration::from_secs(1), Some(10_000_000), None);
+        let behind = Frontier::behind([3_000_000, 4_000_000]);
+        assert_eq!(
+            behind,
+            Some(2_500_000),
+            "MARGIN before the earliest enqueue"
+        );
+        let mut claim = frontier.next().await;
+        claim.look_back_to(behind);
+        assert_eq!(claim.scope, Scope::ReadyFrom(2_500_000));
+        // Its own retreat does not stop it: it ran after its own recording.
+        claim.settle(Duration::ZERO, Some(12_000_000), behind);
+        assert_eq!(frontier.from(), 11_500_000);
+        // One that another worker's retreat overtook does not move on, and keeps that
+        // worker's retreat.
+        let overtaken = frontier.next().await;
+        frontier.retreat(1_000_000);
+        overtaken.settle(Duration::ZERO, Some(13_000_000), Some(5_000_000));
+        assert_eq!(frontier.from(), 1_000_000);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn sweeps_are_spaced_by_their_own_cost_a_failed_one_as_well() {
         let frontier = Frontier::new();
-        frontier.advance(Some(1_000_000));
         let sweep = frontier.next().await;
         assert_eq!(sweep.scope, Scope::All);
-        sweep.done(Duration::from_millis(10));
+        sweep.settle(Duration::from_millis(10), Some(1_000_000), None);
         // Due again after 100 × 10 ms.
         tokio::time::advance(Duration::from_millis(999)).await;
         assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(500_000));
@@ -334,8 +428,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn however_long_a_sweep_took_the_next_is_due_within_a_minute() {
         let frontier = Frontier::new();
-        frontier.advance(Some(1_000_000));
-        frontier.next().await.done(Duration::from_secs(20));
+        frontier
+            .next()
+            .await
+            .settle(Duration::from_secs(20), Some(1_000_000), None);
         tokio::time::advance(Duration::from_secs(59)).await;
         assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(500_000));
         tokio::time::advance(Duration::from_secs(1)).await;

@@ -26,7 +26,7 @@ use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 use crate::table::claim::Claim;
 use crate::table::key_order::{self, BrokenRuns};
-use crate::table::row::Owned;
+use crate::table::row::{Outcome, Owned};
 
 /// Where each layer of an arranged batch starts and ends, in order.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -104,19 +104,63 @@ pub(super) fn tails<T: Outbox>(claims: &[Claim<T>]) -> Vec<Owned> {
     if T::SPEC.key().is_none() {
         return Vec::new();
     }
+    last_of_each_key(claims)
+        .into_values()
+        .map(Owned::of)
+        .collect()
+}
+
+/// The last event (the largest id) of each key in `claims`.
+fn last_of_each_key<T: Outbox>(claims: &[Claim<T>]) -> HashMap<&str, &Claim<T>> {
     let mut last: HashMap<&str, &Claim<T>> = HashMap::new();
     for claim in claims {
         if let Some(key) = claim.key() {
-            last.entry(key)
-                .and_modify(|tail| {
-                    if claim.id() > tail.id() {
-                        *tail = claim;
-                    }
-                })
-                .or_insert(claim);
+            let tail = last.entry(key).or_insert(claim);
+            if claim.id() > tail.id() {
+                *tail = claim;
+            }
         }
     }
-    last.into_values().map(Owned::of).collect()
+    last
+}
+
+/// A key whose last event in a batch was published, or died: once that is recorded, the
+/// key's next event, if any, may go, and may wait behind the relay's frontier, which the
+/// claims moved on past it while it was held back.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    /// The event's row id.
+    pub(crate) id: i64,
+    pub(crate) key: String,
+    /// When it was enqueued, in microseconds since the Unix epoch.
+    pub(crate) enqueued: i64,
+}
+
+/// The keys of `claims` whose last event there has an outcome in `outcomes` that
+/// finishes it (`SENT`, `DEAD`).
+pub(super) fn finished<T: Outbox>(
+    claims: &[Claim<T>],
+    outcomes: &[(Owned, Outcome)],
+) -> Vec<Finished> {
+    if T::SPEC.key().is_none() {
+        return Vec::new();
+    }
+    let finishes: HashMap<i64, bool> = outcomes
+        .iter()
+        .map(|(row, outcome)| {
+            let finishes = matches!(outcome, Outcome::Sent | Outcome::Dead { .. });
+            (row.id, finishes)
+        })
+        .collect();
+    last_of_each_key(claims)
+        .into_iter()
+        .filter(|(_, claim)| finishes.get(&claim.id()) == Some(&true))
+        .map(|(key, claim)| Finished {
+            id: claim.id(),
+            key: key.to_owned(),
+            enqueued: claim.enqueued_micros(),
+        })
+        .collect()
 }
 
 /// Takes out of `ahead` (claimed while `rows` were out, `results` what the sink said of

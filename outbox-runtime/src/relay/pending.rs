@@ -2,6 +2,7 @@
 
 use tokio::time::Instant;
 
+use super::key_runs::Finished;
 use crate::spec::Outbox;
 use crate::table::claim::Claim;
 use crate::table::row::{Outcome, Owned};
@@ -15,6 +16,8 @@ pub(crate) struct Pending {
     /// previous batch's `end` up to this one's, whose earliest lease ends at `deadline`
     /// (recording them after that cannot succeed).
     pub(crate) batches: Vec<(usize, Instant)>,
+    /// On a keyed table, the keys whose last event in the batches is finished here.
+    pub(crate) finished: Vec<Finished>,
     /// The batch was smaller than the batch size: nothing else was due when it was
     /// claimed.
     pub(crate) drained: bool,
@@ -38,6 +41,7 @@ impl Pending {
     pub(crate) fn after(mut self, earlier: Self) -> Self {
         let offset = self.outcomes.len();
         self.outcomes.extend(earlier.outcomes);
+        self.finished.extend(earlier.finished);
         self.batches.extend(
             earlier
                 .batches

@@ -49,7 +49,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
         let stop = shutdown.child_token();
         let wakeups = Arc::new(Wakeups::default());
         let frontier = Arc::new(if T::SPEC.key().is_some() {
-            Frontier::at_the_start()
+            Frontier::keyed()
         } else {
             Frontier::new()
         });

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgRow, PgValueFormat};
-use sqlx::{PgExecutor, Postgres, Row};
+use sqlx::{Column as _, PgExecutor, Postgres, Row, ValueRef as _};
 use tokio::time::Instant;
 
 use super::row::{Lease, Owned, Retried};
@@ -98,6 +98,11 @@ impl<T: Outbox> Claim<T> {
     /// When the event was enqueued (its row's `created_at`, the database's clock).
     pub fn created_at(&self) -> SystemTime {
         self.created_at.into()
+    }
+
+    /// [`created_at`](Self::created_at) in microseconds since the Unix epoch.
+    pub(crate) fn enqueued_micros(&self) -> i64 {
+        self.created_at.timestamp_micros()
     }
 
     /// The event's ordering key as text (`#[outbox(key)]`), to publish it under: a
@@ -339,6 +344,17 @@ fn decode_event<T: Outbox>(row: &PgRow, event_id: &str) -> Result<T, sqlx::Error
             ))
         },
     )
+}
+
+/// How far the `READY` scan of a relay's claim on a keyed table saw every due row
+/// ([`header::REACH_NAME`]), in microseconds since the Unix epoch; `None` where expired
+/// claims filled the batch.
+pub(crate) fn reach(row: &PgRow) -> Result<Option<i64>, sqlx::Error> {
+    let column = row.try_column(header::REACH_NAME)?.ordinal();
+    if row.try_get_raw(column)?.is_null() {
+        return Ok(None);
+    }
+    unix_micros(row, column).map(Some)
 }
 
 /// Microseconds from 2000-01-01, PostgreSQL's epoch, back to the Unix epoch.

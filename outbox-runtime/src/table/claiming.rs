@@ -6,7 +6,7 @@ use sqlx::{Acquire, Connection as _, PgConnection, Postgres, Row};
 use tokio::time::Instant;
 
 use super::batch;
-use super::claim::{Claim, Claimed, dead_letter, decode_claim};
+use super::claim::{self, Claim, Claimed, dead_letter, decode_claim};
 use super::key_order::{self, BrokenRuns};
 use super::row::{Outcome, Owned};
 use super::statements;
@@ -65,8 +65,10 @@ pub(crate) struct ClaimedBatch<T: Outbox> {
     pub(crate) claims: Vec<Claim<T>>,
     /// The rows whose payload does not decode, moved to `DEAD`.
     pub(crate) undecodable: Vec<OutboxError>,
-    /// The latest `next_attempt_at` among the `READY` rows claimed (microseconds since
-    /// the Unix epoch): how far into the `READY` index the claim got.
+    /// How far into the `READY` index the claim saw every due row it could, in
+    /// microseconds since the Unix epoch: the latest `next_attempt_at` among the `READY`
+    /// rows claimed, or on a keyed table the statement's own reach (its scan steps over
+    /// events held back by their key, and may find fewer rows than it looked for).
     pub(crate) reached: Option<i64>,
     /// Whether the claim found all it looked for (the rows that do not decode count),
     /// or a run as long as a run may be: more may be due.
@@ -233,6 +235,12 @@ async fn claim_noting<T: Outbox>(
             }));
         }
         let mut exhausted = false;
+        if T::SPEC.key().is_some()
+            && runs.taken()
+            && let Some(row) = rows.first()
+        {
+            reached = reached.max(claim::reach(row).on_table(T::SPEC.table)?);
+        }
         for row in &rows {
             let (claimed, due) = decode_claim(row, sent).on_table(T::SPEC.table)?;
             match claimed {
@@ -240,7 +248,9 @@ async fn claim_noting<T: Outbox>(
                 Claimed::Undecodable(bad) => undecodable.push(bad),
                 Claimed::Exhausted => exhausted = true,
             }
-            reached = reached.max(due);
+            if T::SPEC.key().is_none() {
+                reached = reached.max(due);
+            }
         }
         if !exhausted || wanted == 0 {
             break;

@@ -45,7 +45,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             let sends = self.relay.tracer.open(&self.relay.sink, &mut deliveries);
             let rows = InFlight::pair(&claims, &deliveries);
             let claim_next = full && !self.stopping();
-            let tails = key_runs::tails(&claims);
+            let in_flight = &claims;
             let beside = (claim_next || !earlier.outcomes.is_empty()).then(|| {
                 // The connection moves to the transaction, and comes back with its result.
                 let mut db = Connection {
@@ -55,7 +55,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                 };
                 async move {
                     let ahead = self
-                        .record_and_claim(&mut db, earlier, claim_next, &tails)
+                        .record_and_claim(&mut db, earlier, claim_next, in_flight)
                         .await;
                     if ahead.is_err() {
                         db.release();
@@ -86,7 +86,9 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     .map(|(row, outcome)| (row, outcome.in_ascii()))
                     .collect();
             }
+            let finished = key_runs::finished(&claims, &outcomes);
             let mut pending = Pending {
+                finished,
                 // With an ordering key, recording a batch lets the next event of each of
                 // its keys go, and nobody is notified: the claim that follows the
                 // recording in its transaction finds them.

@@ -1,6 +1,9 @@
 //! The batch transaction: the outcomes of the batches published, and the next claim.
 
+use std::collections::HashSet;
+
 use super::super::connection::Connection;
+use super::super::frontier::Frontier;
 use super::super::key_runs;
 use super::super::pending::Pending;
 use super::super::record;
@@ -9,6 +12,7 @@ use crate::error::OutboxError;
 use crate::sink::Sink;
 use crate::spec::Outbox;
 use crate::table::batch::Recorded;
+use crate::table::claim::Claim;
 use crate::table::claiming::{Runs, Scope};
 use crate::table::metric;
 use crate::table::row::{Outcome, Owned};
@@ -17,28 +21,40 @@ use outbox_internals::Status;
 impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// Records the `pending` outcomes and, with `claim_next`, claims the next batch in
     /// one transaction, recording first: [`record::record_and_claim`] says why that order.
-    /// The claim starts at the relay's [`Frontier`](crate::relay::frontier::Frontier), or
-    /// sweeps, and continues the runs that end at the rows `after` (the last event of
-    /// each key in the batch in flight).
+    /// The claim starts at the relay's [`Frontier`], or sweeps, and continues the runs of
+    /// the batch `in_flight`. On a keyed table, where the outcomes recorded finish a key
+    /// that has nothing in flight, the claim starts no later than where the key's next
+    /// event may wait ([`Frontier::behind`]), and so does the frontier afterwards,
+    /// unless the claim took the key's next event.
     pub(super) async fn record_and_claim(
         &self,
         conn: &mut Connection<'_>,
         pending: &Pending,
         claim_next: bool,
-        after: &[Owned],
+        in_flight: &[Claim<T>],
     ) -> Result<Batch<T>, OutboxError> {
-        let next = if claim_next {
+        let flying: HashSet<&str> = in_flight.iter().filter_map(Claim::key).collect();
+        let mut finished: Vec<_> = pending
+            .finished
+            .iter()
+            .filter(|finished| !flying.contains(finished.key.as_str()))
+            .collect();
+        let mut next = if claim_next {
             Some(self.frontier.next().await)
         } else {
             None
         };
+        if let Some(next) = &mut next {
+            next.look_back_to(Frontier::behind(finished.iter().map(|f| f.enqueued)));
+        }
         let (scope, limit) = next
             .as_ref()
             .map_or((Scope::All, 0), |next| (next.scope, self.relay.batch_size));
         let claiming = next.is_some().then(|| self.wakeups.claiming());
         let limit_time = crate::table::claiming::transaction_limit(T::SPEC.lease);
+        let tails = key_runs::tails(in_flight);
         let runs = Runs::After {
-            tails: after,
+            tails: &tails,
             length: self.relay.longest_run(),
         };
         let transaction = async {
@@ -70,13 +86,27 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             self.wakeups.retry_at(tokio::time::Instant::now() + delay);
         }
         let more = claimed.full && !key_runs::took_runs(&claimed.claims);
+        // The keys finished whose next event may wait behind the frontier: not taken by
+        // the claim, and recorded (not stale).
+        let taken: HashSet<&str> = claimed.claims.iter().filter_map(Claim::key).collect();
+        finished.retain(|finished| {
+            !taken.contains(finished.key.as_str())
+                && matches!(
+                    recorded.status(finished.id),
+                    Some(Status::Sent | Status::Dead)
+                )
+        });
+        let behind = Frontier::behind(finished.iter().map(|f| f.enqueued));
         if let Some(next) = next {
             // A claim statement ran and found nothing due.
             if claimed.claims.is_empty() && !claimed.full {
                 metrics::counter!(metric::IDLE_CLAIMS, self.relay.labels.iter()).increment(1);
             }
-            next.done(claimed.took);
-            self.frontier.advance(claimed.reached);
+            next.settle(claimed.took, claimed.reached, behind);
+        } else if let Some(behind) = behind {
+            // No claim looked there: another worker will.
+            self.frontier.retreat(behind);
+            self.wakeups.more();
         }
         if let Some(claiming) = claiming {
             claiming.answered(more);
