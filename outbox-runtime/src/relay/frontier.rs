@@ -89,6 +89,9 @@ struct State {
     due: Instant,
     /// A sweep has ended (or failed).
     swept: bool,
+    /// The first sweep saw every due row and left nothing for another worker: the
+    /// claims that waited for it have nothing to look for.
+    first_sweep_saw_all: bool,
 }
 
 /// How a worker claims next: its scope, and the sweep it runs, if it is one.
@@ -115,12 +118,20 @@ impl NextClaim<'_> {
     /// next one after its own cost), and got as far as `reached` (microseconds since the
     /// Unix epoch): the frontier retreats to `behind` ([`Frontier::retreat`], for the
     /// events recorded in its transaction), then moves up to [`MARGIN`] before `reached`,
-    /// unless another worker retreated since the claim began.
-    pub(super) fn settle(mut self, took: Duration, reached: Option<i64>, behind: Option<i64>) {
+    /// unless another worker retreated since the claim began. `more`: the claim may have
+    /// left due rows for another worker.
+    pub(super) fn settle(
+        mut self,
+        took: Duration,
+        reached: Option<i64>,
+        behind: Option<i64>,
+        more: bool,
+    ) {
+        let mut state = self.frontier.lock();
         if let Some(sweep) = &mut self.sweep {
             sweep.took = Some(took);
+            state.first_sweep_saw_all |= !state.swept && !more;
         }
-        let mut state = self.frontier.lock();
         let untouched = state.retreats == self.retreats;
         if let Some(behind) = behind {
             state.retreat(behind);
@@ -199,6 +210,7 @@ impl Frontier {
                 running: false,
                 due: Instant::now(),
                 swept: false,
+                first_sweep_saw_all: false,
             }),
             swept: Notify::new(),
         }
@@ -225,14 +237,22 @@ impl Frontier {
 
     /// The next claim: a sweep when one is due and no other worker runs one; otherwise
     /// a claim from the frontier (the start of the index before any claim found one),
-    /// once a keyed table's first sweep has ended.
-    pub(super) async fn next(&self) -> NextClaim<'_> {
+    /// once a keyed table's first sweep has ended. `None` when the claim waited for that
+    /// sweep, which began after it and saw every due row, leaving nothing for another
+    /// worker (one hot key's backlog, taken by its runs): looking again, from
+    /// [`MARGIN`] behind that sweep, would step over what it stepped over, once per
+    /// waiting worker, beside the run's first batches. (A wake-up that came after the
+    /// sweep began is kept for the worker, which then claims.)
+    pub(super) async fn next(&self) -> Option<NextClaim<'_>> {
+        let mut waited = false;
         loop {
             // Made before the sweeps are looked at: it hears a sweep that ends after.
             let swept = self.swept.notified();
             if let Some(next) = self.try_next() {
-                return next;
+                let answered = waited && next.sweep.is_none() && self.lock().first_sweep_saw_all;
+                return (!answered).then_some(next);
             }
+            waited = true;
             swept.await;
         }
     }
@@ -277,7 +297,13 @@ mod tests {
     impl Frontier {
         /// A claim from the frontier that got as far as `reached`.
         async fn advance(&self, reached: Option<i64>) {
-            self.next().await.settle(Duration::ZERO, reached, None);
+            self.claim()
+                .await
+                .settle(Duration::ZERO, reached, None, true);
+        }
+
+        async fn claim(&self) -> NextClaim<'_> {
+            self.next().await.expect("a claim")
         }
 
         fn from(&self) -> i64 {
@@ -288,27 +314,27 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_first_claim_sweeps_and_the_next_ones_claim_from_the_frontier() {
         let frontier = Frontier::new();
-        let first = frontier.next().await;
+        let first = frontier.claim().await;
         assert_eq!(first.scope, Scope::All);
         // While it sweeps, another worker without a frontier claims from the start of
         // the index.
-        let second = frontier.next().await;
+        let second = frontier.claim().await;
         assert_eq!(second.scope, Scope::ReadyFrom(0));
         assert!(second.sweep.is_none());
         frontier.advance(Some(10_000_000)).await;
-        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(9_500_000));
-        first.settle(Duration::from_millis(1), None, None);
-        second.settle(Duration::from_millis(1), None, None);
-        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(9_500_000));
+        assert_eq!(frontier.claim().await.scope, Scope::ReadyFrom(9_500_000));
+        first.settle(Duration::from_millis(1), None, None, true);
+        second.settle(Duration::from_millis(1), None, None, true);
+        assert_eq!(frontier.claim().await.scope, Scope::ReadyFrom(9_500_000));
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_frontier_trails_the_latest_row_claimed_and_a_claim_never_moves_it_back() {
         let frontier = Frontier::new();
         frontier
-            .next()
+            .claim()
             .await
-            .settle(Duration::from_secs(1), None, None);
+            .settle(Duration::from_secs(1), None, None, true);
         frontier.advance(Some(5_000_000)).await;
         frontier.advance(Some(2_000_000)).await;
         frontier.advance(None).await;
@@ -318,7 +344,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_keyed_tables_claims_wait_for_its_first_sweep_then_move_on() {
         let frontier = Frontier::keyed();
-        let sweep = frontier.next().await;
+        let sweep = frontier.claim().await;
         assert_eq!(sweep.scope, Scope::All, "the first claim sweeps");
         assert!(
             tokio::time::timeout(Duration::from_secs(1), frontier.next())
@@ -326,44 +352,62 @@ mod tests {
                 .is_err(),
             "the others wait for it"
         );
-        sweep.settle(Duration::from_millis(2), Some(10_000_000), None);
-        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(9_500_000));
+        sweep.settle(Duration::from_millis(2), Some(10_000_000), None, true);
+        assert_eq!(frontier.claim().await.scope, Scope::ReadyFrom(9_500_000));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_claim_waiting_for_a_keyed_tables_first_sweep_goes_once_it_ends() {
         let frontier = std::sync::Arc::new(Frontier::keyed());
-        let sweep = frontier.next().await;
+        let sweep = frontier.claim().await;
         let waiting = tokio::spawn({
             let frontier = std::sync::Arc::clone(&frontier);
-            async move { frontier.next().await.scope }
+            async move { frontier.claim().await.scope }
         });
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!waiting.is_finished(), "it waits while the sweep runs");
-        sweep.settle(Duration::from_millis(2), None, None);
+        sweep.settle(Duration::from_millis(2), None, None, true);
         assert_eq!(waiting.await.unwrap(), Scope::ReadyFrom(0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_claims_that_waited_for_a_first_sweep_that_saw_everything_have_nothing_to_do() {
+        let frontier = std::sync::Arc::new(Frontier::keyed());
+        let sweep = frontier.claim().await;
+        let waiting = tokio::spawn({
+            let frontier = std::sync::Arc::clone(&frontier);
+            async move { frontier.next().await.map(|next| next.scope) }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        sweep.settle(Duration::from_millis(2), Some(10_000_000), None, false);
+        assert_eq!(waiting.await.unwrap(), None, "answered by the sweep");
+        assert_eq!(
+            frontier.claim().await.scope,
+            Scope::ReadyFrom(9_500_000),
+            "a claim that did not wait for it goes"
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_keyed_tables_first_sweep_that_failed_is_waited_for_no_longer() {
         let frontier = Frontier::keyed();
-        drop(frontier.next().await);
-        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(0));
+        drop(frontier.claim().await);
+        assert_eq!(frontier.claim().await.scope, Scope::ReadyFrom(0));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_claim_that_began_before_a_retreat_does_not_move_the_frontier_past_it() {
         let frontier = Frontier::keyed();
         frontier
-            .next()
+            .claim()
             .await
-            .settle(Duration::from_secs(1), Some(10_000_000), None);
+            .settle(Duration::from_secs(1), Some(10_000_000), None, true);
         // A claim begins; meanwhile another worker records a key's last event, whose
         // next may wait at 2 s: the claim's snapshot may not have seen it let go.
-        let before = frontier.next().await;
+        let before = frontier.claim().await;
         assert_eq!(before.scope, Scope::ReadyFrom(9_500_000));
         frontier.retreat(2_000_000);
-        before.settle(Duration::ZERO, Some(20_000_000), None);
+        before.settle(Duration::ZERO, Some(20_000_000), None, true);
         assert_eq!(frontier.from(), 2_000_000, "the retreat holds");
         // A claim that began after it moves on.
         frontier.advance(Some(20_000_000)).await;
@@ -374,67 +418,67 @@ mod tests {
     async fn a_claim_that_records_a_keys_last_event_starts_behind_it_and_moves_on_past_it() {
         let frontier = Frontier::keyed();
         frontier
-            .next()
+            .claim()
             .await
-            .settle(Duration::from_secs(1), Some(10_000_000), None);
+            .settle(Duration::from_secs(1), Some(10_000_000), None, true);
         let behind = Frontier::behind([3_000_000, 4_000_000]);
         assert_eq!(
             behind,
             Some(2_500_000),
             "MARGIN before the earliest enqueue"
         );
-        let mut claim = frontier.next().await;
+        let mut claim = frontier.claim().await;
         claim.look_back_to(behind);
         assert_eq!(claim.scope, Scope::ReadyFrom(2_500_000));
         // Its own retreat does not stop it: it ran after its own recording.
-        claim.settle(Duration::ZERO, Some(12_000_000), behind);
+        claim.settle(Duration::ZERO, Some(12_000_000), behind, true);
         assert_eq!(frontier.from(), 11_500_000);
         // One that another worker's retreat overtook does not move on, and keeps that
         // worker's retreat.
-        let overtaken = frontier.next().await;
+        let overtaken = frontier.claim().await;
         frontier.retreat(1_000_000);
-        overtaken.settle(Duration::ZERO, Some(13_000_000), Some(5_000_000));
+        overtaken.settle(Duration::ZERO, Some(13_000_000), Some(5_000_000), true);
         assert_eq!(frontier.from(), 1_000_000);
     }
 
     #[tokio::test(start_paused = true)]
     async fn sweeps_are_spaced_by_their_own_cost_a_failed_one_as_well() {
         let frontier = Frontier::new();
-        let sweep = frontier.next().await;
+        let sweep = frontier.claim().await;
         assert_eq!(sweep.scope, Scope::All);
-        sweep.settle(Duration::from_millis(10), Some(1_000_000), None);
+        sweep.settle(Duration::from_millis(10), Some(1_000_000), None, true);
         // Due again after 100 × 10 ms.
         tokio::time::advance(Duration::from_millis(999)).await;
-        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(500_000));
+        assert_eq!(frontier.claim().await.scope, Scope::ReadyFrom(500_000));
         tokio::time::advance(Duration::from_millis(1)).await;
-        let failed = frontier.next().await;
+        let failed = frontier.claim().await;
         assert_eq!(failed.scope, Scope::All);
         tokio::time::advance(Duration::from_millis(30)).await;
         drop(failed);
         // A failure after 30 ms: due again after 100 × 30 ms.
         tokio::time::advance(Duration::from_millis(2999)).await;
-        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(500_000));
+        assert_eq!(frontier.claim().await.scope, Scope::ReadyFrom(500_000));
         tokio::time::advance(Duration::from_millis(1)).await;
-        let quick = frontier.next().await;
+        let quick = frontier.claim().await;
         assert_eq!(quick.scope, Scope::All);
         drop(quick);
         // One that failed at once: after a second.
         tokio::time::advance(Duration::from_millis(999)).await;
-        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(500_000));
+        assert_eq!(frontier.claim().await.scope, Scope::ReadyFrom(500_000));
         tokio::time::advance(Duration::from_millis(1)).await;
-        assert_eq!(frontier.next().await.scope, Scope::All);
+        assert_eq!(frontier.claim().await.scope, Scope::All);
     }
 
     #[tokio::test(start_paused = true)]
     async fn however_long_a_sweep_took_the_next_is_due_within_a_minute() {
         let frontier = Frontier::new();
         frontier
-            .next()
+            .claim()
             .await
-            .settle(Duration::from_secs(20), Some(1_000_000), None);
+            .settle(Duration::from_secs(20), Some(1_000_000), None, true);
         tokio::time::advance(Duration::from_secs(59)).await;
-        assert_eq!(frontier.next().await.scope, Scope::ReadyFrom(500_000));
+        assert_eq!(frontier.claim().await.scope, Scope::ReadyFrom(500_000));
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(frontier.next().await.scope, Scope::All);
+        assert_eq!(frontier.claim().await.scope, Scope::All);
     }
 }

@@ -40,7 +40,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             .filter(|finished| !flying.contains(finished.key.as_str()))
             .collect();
         let mut next = if claim_next {
-            Some(self.frontier.next().await)
+            self.frontier.next().await
         } else {
             None
         };
@@ -102,7 +102,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             if claimed.claims.is_empty() && !claimed.full {
                 metrics::counter!(metric::IDLE_CLAIMS, self.relay.labels.iter()).increment(1);
             }
-            next.settle(claimed.took, claimed.reached, behind);
+            next.settle(claimed.took, claimed.reached, behind, more);
         } else if let Some(behind) = behind {
             // No claim looked there: another worker will.
             self.frontier.retreat(behind);
