@@ -51,7 +51,7 @@ impl Bench {
              sending*: the events recorded after the first batch, over the time from its \
              recording to the last one's (a `SENT` row's `next_attempt_at` says when it was \
              recorded): the rate without the relay's first claim, which on a keyed table \
-             sets aside the backlog held behind each key's first event, once.\n",
+             steps over the backlog held behind each key's first event, once.\n",
             args.runs
         ));
         self.line(
@@ -191,8 +191,8 @@ impl Bench {
              starts. The quiet events sent after {} (median; the last at {}), the hot \
              backlog after {}. Each claim takes every key's first event before any run, so \
              once the quiet events are found the hot key takes only the room they leave; \
-             finding them, the first claim walks the hot backlog once (and sets it aside), \
-             in time proportional to its length.",
+             finding them, the first claim walks the hot backlog once (and leaves it in \
+             place: the hot key's runs take it), in time proportional to its length.",
             args.runs,
             p50.show(" ms"),
             max.show(" ms"),
@@ -565,10 +565,11 @@ impl Bench {
             "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
             BenchOrderedEvent::SPEC.sql().claim_limited(BATCH, true)
         );
-        // The relay's claim, with no run in flight to continue.
+        // The relay's claim, with no run in flight to continue, runs as long as a batch.
         let lines: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
             .bind(Vec::<i64>::new())
             .bind(Vec::<i64>::new())
+            .bind(i64::from(BATCH))
             .fetch_all(&mut *tx)
             .await?;
         tx.rollback().await?;
