@@ -31,15 +31,16 @@
 //! the key in flight or just claimed) moves the frontier *back* to where the next one
 //! can be ([`NextClaim::settle`], [`Frontier::retreat`]): no earlier than [`MARGIN`]
 //! before that event's enqueue. A claim that began before such a retreat may not have
-//! seen what it was for (its snapshot can predate the recording), so it does not move the
-//! frontier on: each retreat is counted, and a claim advances only if none happened
-//! since it began, other than its own worker's. Until its first sweep, a keyed table's
+//! seen what it was for (its snapshot can predate the recording), so it moves the
+//! frontier no further than there: the frontier remembers its latest retreats, and a
+//! claim older than all of them does not move it. Until its first sweep, a keyed table's
 //! claims wait ([`Frontier::next`] returns once it ended, or failed): from the start,
 //! each would walk the backlog held behind its keys' first events, one probe per event,
 //! beside the sweep that walks it once. (Measured beside one hot key's backlog of
 //! 100,000 events: three workers' claims of 2 s each, twice, beside the sweep, slowing
 //! it from about 3 s to 5.5 s.)
 
+use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -63,6 +64,10 @@ const MAX_SPACING: Duration = Duration::from_mins(1);
 /// The shortest wait for the next sweep after one failed.
 const AFTER_A_FAILED_SWEEP: Duration = Duration::from_secs(1);
 
+/// How many of the latest retreats the frontier remembers: a claim that began before
+/// the oldest of them does not move the frontier on.
+const RECENT_RETREATS: usize = 64;
+
 /// No frontier yet: the relay's first claim sweeps, and the claims beside it start at
 /// the beginning of the `READY` index.
 const NONE: i64 = i64::MIN;
@@ -81,8 +86,11 @@ pub(super) struct Frontier {
 struct State {
     /// Microseconds since the Unix epoch, or [`NONE`].
     from: i64,
-    /// Retreats so far: a claim that began before one does not advance.
+    /// Retreats so far.
     retreats: u64,
+    /// The latest retreats: each one's number and where it moved the frontier back to.
+    /// A claim that began before one moves the frontier no further than there.
+    recent: VecDeque<(u64, i64)>,
     /// A worker is sweeping: the others claim from the frontier.
     running: bool,
     /// When the next sweep is due.
@@ -118,8 +126,9 @@ impl NextClaim<'_> {
     /// next one after its own cost), and got as far as `reached` (microseconds since the
     /// Unix epoch): the frontier retreats to `behind` ([`Frontier::retreat`], for the
     /// events recorded in its transaction), then moves up to [`MARGIN`] before `reached`,
-    /// unless another worker retreated since the claim began. `more`: the claim may have
-    /// left due rows for another worker.
+    /// and no further than where other workers retreated to since the claim began (its
+    /// snapshot may predate their recordings). `more`: the claim may have left due rows
+    /// for another worker.
     pub(super) fn settle(
         mut self,
         took: Duration,
@@ -132,20 +141,45 @@ impl NextClaim<'_> {
             sweep.took = Some(took);
             state.first_sweep_saw_all |= !state.swept && !more;
         }
-        let untouched = state.retreats == self.retreats;
+        let ceiling = state.retreated_to_since(self.retreats);
         if let Some(behind) = behind {
             state.retreat(behind);
         }
-        if let Some(reached) = reached.filter(|_| untouched) {
-            state.from = state.from.max(reached.saturating_sub(margin()));
+        if let (Some(reached), Some(ceiling)) = (reached, ceiling) {
+            state.from = state
+                .from
+                .max(reached.saturating_sub(margin()).min(ceiling));
         }
     }
 }
 
 impl State {
     fn retreat(&mut self, to: i64) {
-        self.from = self.from.min(to.max(0));
+        let to = to.max(0);
+        self.from = self.from.min(to);
         self.retreats += 1;
+        if self.recent.len() == RECENT_RETREATS {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((self.retreats, to));
+    }
+
+    /// The earliest place the frontier retreated to after retreat number `seen`
+    /// (`i64::MAX` if it did not), or `None` if the frontier no longer remembers them
+    /// all.
+    fn retreated_to_since(&self, seen: u64) -> Option<i64> {
+        if self.retreats == seen {
+            return Some(i64::MAX);
+        }
+        let remembered = self.recent.front().is_some_and(|(n, _)| *n <= seen + 1);
+        remembered.then(|| {
+            self.recent
+                .iter()
+                .filter(|(n, _)| *n > seen)
+                .map(|(_, to)| *to)
+                .min()
+                .unwrap_or(i64::MAX)
+        })
     }
 }
 
@@ -207,6 +241,7 @@ impl Frontier {
             state: Mutex::new(State {
                 from: NONE,
                 retreats: 0,
+                recent: VecDeque::new(),
                 running: false,
                 due: Instant::now(),
                 swept: false,
@@ -412,6 +447,27 @@ mod tests {
         // A claim that began after it moves on.
         frontier.advance(Some(20_000_000)).await;
         assert_eq!(frontier.from(), 19_500_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_overtaken_by_retreats_moves_the_frontier_up_to_the_earliest_of_them() {
+        let frontier = Frontier::keyed();
+        frontier
+            .claim()
+            .await
+            .settle(Duration::from_secs(1), None, None, true);
+        let overtaken = frontier.claim().await;
+        frontier.retreat(8_000_000);
+        frontier.retreat(6_000_000);
+        overtaken.settle(Duration::ZERO, Some(20_000_000), None, true);
+        assert_eq!(frontier.from(), 6_000_000, "on, but not past 6 s");
+        // One that began before more retreats than the frontier remembers stays put.
+        let forgotten = frontier.claim().await;
+        for _ in 0..=RECENT_RETREATS {
+            frontier.retreat(30_000_000);
+        }
+        forgotten.settle(Duration::ZERO, Some(40_000_000), None, true);
+        assert_eq!(frontier.from(), 6_000_000);
     }
 
     #[tokio::test(start_paused = true)]
