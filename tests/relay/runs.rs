@@ -579,6 +579,18 @@ fn hot_key() -> Vec<OrderStep> {
     (1..=30).map(|n| step(&format!("h{n}"), 1)).collect()
 }
 
+/// Enqueues [`hot_key`] and publishes it through a relay of batches of 10 and `sink`.
+async fn drain_the_hot_key<S: Sink<OrderStep>>(pool: &sqlx::PgPool, sink: S) -> TestResult {
+    OrderStep::enqueue_all(&hot_key(), pool).await?;
+    let running = start(relay::<OrderStep, _>(pool, sink, 10));
+    wait_until("every event is SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 30
+    })
+    .await;
+    running.stop().await?;
+    Ok(())
+}
+
 /// Publishes [`hot_key`] through a relay of batches of 10 whose sink answers as
 /// `scripted` says, and checks that h11 was claimed while h10 was out: the batch after
 /// h1..h10 continued that run, claimed beside its send instead of after its recording.
@@ -586,14 +598,8 @@ async fn publish_the_hot_key(
     pool: &sqlx::PgPool,
     scripted: Scripted,
 ) -> TestResult<WaitsForTheClaimAhead> {
-    OrderStep::enqueue_all(&hot_key(), pool).await?;
     let sink = WaitsForTheClaimAhead::new(scripted, pool, "h10", "h11");
-    let running = start(relay::<OrderStep, _>(pool, sink.clone(), 10));
-    wait_until("every event is SENT", Duration::from_secs(30), async || {
-        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 30
-    })
-    .await;
-    running.stop().await?;
+    drain_the_hot_key(pool, sink.clone()).await?;
     assert_eq!(
         sink.claimed_ahead(),
         Some(true),
@@ -800,18 +806,12 @@ impl Sink<OrderStep> for NotesSetAside {
 async fn the_backlog_of_a_key_the_relay_takes_stays_in_place_while_its_runs_go_out() -> TestResult {
     let db = schema_with(&[OrderStep::migrations()]).await?;
     let pool = db.pool();
-    OrderStep::enqueue_all(&hot_key(), pool).await?;
     let sink = NotesSetAside {
         scripted: Scripted::default(),
         pool: pool.clone(),
         set_aside: Arc::default(),
     };
-    let running = start(relay::<OrderStep, _>(pool, sink.clone(), 10));
-    wait_until("every event is SENT", Duration::from_secs(30), async || {
-        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 30
-    })
-    .await;
-    running.stop().await?;
+    drain_the_hot_key(pool, sink.clone()).await?;
 
     // The first claim took h1..h10 and stepped over h11..h30, held behind them: it left
     // them where they were (a claim by hand sets them aside, a write each), and the

@@ -341,6 +341,13 @@ mod tests {
             self.next().await.expect("a claim")
         }
 
+        /// The first claim, a sweep of 1 s that got as far as `reached`.
+        async fn sweep_once(&self, reached: Option<i64>) {
+            let sweep = self.claim().await;
+            assert_eq!(sweep.scope, Scope::All);
+            sweep.settle(Duration::from_secs(1), reached, None, true);
+        }
+
         fn from(&self) -> i64 {
             self.lock().from
         }
@@ -366,10 +373,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_frontier_trails_the_latest_row_claimed_and_a_claim_never_moves_it_back() {
         let frontier = Frontier::new();
-        frontier
-            .claim()
-            .await
-            .settle(Duration::from_secs(1), None, None, true);
+        frontier.sweep_once(None).await;
         frontier.advance(Some(5_000_000)).await;
         frontier.advance(Some(2_000_000)).await;
         frontier.advance(None).await;
@@ -433,10 +437,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_claim_that_began_before_a_retreat_does_not_move_the_frontier_past_it() {
         let frontier = Frontier::keyed();
-        frontier
-            .claim()
-            .await
-            .settle(Duration::from_secs(1), Some(10_000_000), None, true);
+        frontier.sweep_once(Some(10_000_000)).await;
         // A claim begins; meanwhile another worker records a key's last event, whose
         // next may wait at 2 s: the claim's snapshot may not have seen it let go.
         let before = frontier.claim().await;
@@ -452,10 +453,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_claim_overtaken_by_retreats_moves_the_frontier_up_to_the_earliest_of_them() {
         let frontier = Frontier::keyed();
-        frontier
-            .claim()
-            .await
-            .settle(Duration::from_secs(1), None, None, true);
+        frontier.sweep_once(None).await;
         let overtaken = frontier.claim().await;
         frontier.retreat(8_000_000);
         frontier.retreat(6_000_000);
@@ -473,10 +471,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_claim_that_records_a_keys_last_event_starts_behind_it_and_moves_on_past_it() {
         let frontier = Frontier::keyed();
-        frontier
-            .claim()
-            .await
-            .settle(Duration::from_secs(1), Some(10_000_000), None, true);
+        frontier.sweep_once(Some(10_000_000)).await;
         let behind = Frontier::behind([3_000_000, 4_000_000]);
         assert_eq!(
             behind,
