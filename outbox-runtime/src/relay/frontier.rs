@@ -276,8 +276,9 @@ impl Frontier {
     /// sweep, which began after it and saw every due row, leaving nothing for another
     /// worker (one hot key's backlog, taken by its runs): looking again, from
     /// [`MARGIN`] behind that sweep, would step over what it stepped over, once per
-    /// waiting worker, beside the run's first batches. (A wake-up that came after the
-    /// sweep began is kept for the worker, which then claims.)
+    /// waiting worker, beside the run's first batches. (A worker woken for a signal that
+    /// came after the sweep began claims all the same:
+    /// [`Wakeups::stand_down`](super::wakeups::Wakeups::stand_down).)
     pub(super) async fn next(&self) -> Option<NextClaim<'_>> {
         let mut waited = false;
         loop {

@@ -107,6 +107,20 @@ impl Wakeups {
         self.retries.notify_waiters();
     }
 
+    /// A worker about to claim learned that the claim would find nothing (another one
+    /// saw every due row since the worker set out): it goes back to waiting instead, if
+    /// no signal is unanswered, and says so. Were one unanswered (it may be what woke the
+    /// worker), it must claim: no other worker is woken for it.
+    pub(super) fn stand_down(&self) -> bool {
+        let mut state = self.lock();
+        if state.unanswered.is_some() {
+            return false;
+        }
+        // The next signal wakes a worker, this one or another.
+        state.waking = false;
+        true
+    }
+
     /// A claim starts.
     pub(super) fn claiming(&self) -> Claiming<'_> {
         let mut state = self.lock();
@@ -344,6 +358,27 @@ mod tests {
             "and later notifications wake workers"
         );
         watcher.abort();
+    }
+
+    #[tokio::test]
+    async fn a_worker_stands_down_only_when_no_signal_waits_for_an_answer() {
+        let wakeups = Wakeups::default();
+        // A long claim (a first sweep) runs; a notification comes after it began.
+        let sweep = wakeups.claiming();
+        wakeups.notified();
+        sweep.answered(false);
+        assert!(wakes(&wakeups).await, "a worker is woken for it");
+        assert!(
+            !wakeups.stand_down(),
+            "and must claim: the sweep began before it"
+        );
+        wakeups.claiming().answered(false);
+        assert!(wakeups.stand_down(), "nothing unanswered: it may go back");
+        wakeups.notified();
+        assert!(
+            wakes(&wakeups).await,
+            "the next notification wakes a worker"
+        );
     }
 
     #[tokio::test]

@@ -40,7 +40,12 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             .filter(|finished| !flying.contains(finished.key.as_str()))
             .collect();
         let mut next = if claim_next {
-            self.frontier.next().await
+            match self.frontier.next().await {
+                // The first sweep saw every due row: nothing to claim, unless for a
+                // signal that came after it began.
+                None if !self.wakeups.stand_down() => self.frontier.next().await,
+                next => next,
+            }
         } else {
             None
         };
