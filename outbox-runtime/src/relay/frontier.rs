@@ -29,8 +29,8 @@
 //! so are left behind: those of a key the relay has in flight come in its runs, claimed
 //! by key; for the others, a worker that records a key's last event it had (nothing of
 //! the key in flight or just claimed) moves the frontier *back* to where the next one
-//! can be ([`NextClaim::settle`], [`Frontier::retreat`]): no earlier than [`MARGIN`]
-//! before that event's enqueue. A claim that began before such a retreat may not have
+//! can be ([`NextClaim::settle`], [`Frontier::retreat`]): [`MARGIN`] before that
+//! event's enqueue ([`Frontier::behind`]). A claim that began before such a retreat may not have
 //! seen what it was for (its snapshot can predate the recording), so it moves the
 //! frontier no further than there: the frontier remembers its latest retreats, and a
 //! claim older than all of them does not move it. Until its first sweep, a keyed table's
