@@ -188,7 +188,7 @@ fn margin() -> i64 {
     i64::try_from(MARGIN.as_micros()).unwrap_or(i64::MAX)
 }
 
-/// A sweep in progress. Dropped without [`NextClaim::done`] (its claim failed), the
+/// A sweep in progress. Dropped without [`NextClaim::settle`] (its claim failed), the
 /// next sweep is spaced by the time this one took to fail, and at least
 /// [`AFTER_A_FAILED_SWEEP`]: a sweep that fails every time (one the server cancels
 /// after its `statement_timeout`, with the horizon held back) must leave the claims
