@@ -1032,11 +1032,16 @@ fn runs(table: &Table<'_>, heads: &str, room: &str, length: &str) -> String {
 /// doubles their age, so they are rechecked a logarithmic number of times.
 ///
 /// In the relay's claims (`runs`), the events of a key this claim takes are left where
-/// they are: the claimer continues its run with them, batch after batch (claims of a
+/// they are if they are older than the relay's frontier margin
+/// ([`outbox_internals::FRONTIER_MARGIN`]): the claimer continues its run with them,
+/// batch after batch, and the relay's frontier moves past them at once (claims of a
 /// keyed table move on from what they stepped over, and a relay that records a key's
 /// last event taken looks behind its frontier again). Set aside, a hot key's backlog
 /// costs one more write per event: the relay's first claim beside 100,000 events of one
-/// key took about 3 s setting them aside, and takes 0.6 s stepping over them.
+/// key took about 3 s setting them aside, and takes 0.6 s stepping over them. Those
+/// within the margin are set aside all the same: the frontier stays behind them for
+/// that long, and every claim meanwhile (a run's worker claims every few milliseconds)
+/// would step over them again.
 ///
 /// Only the range the `ready` scan walked is looked at, by `(next_attempt_at, id)` (one
 /// batch enqueued in one statement shares its `next_attempt_at`): up to its last row,
@@ -1088,8 +1093,10 @@ fn parking(table: &Table<'_>, limit: &str, runs: bool) -> String {
         },
         running = if runs {
             format!(
-                "\n\x20           AND c.{k} <> ALL(ARRAY(SELECT {k} FROM expired \
-                 UNION ALL SELECT {k} FROM ready UNION ALL SELECT {k} FROM continued))"
+                "\n\x20           AND (c.next_attempt_at > statement_timestamp() - {margin}\n\
+                 \x20               OR c.{k} <> ALL(ARRAY(SELECT {k} FROM expired \
+                 UNION ALL SELECT {k} FROM ready UNION ALL SELECT {k} FROM continued)))",
+                margin = interval(outbox_internals::FRONTIER_MARGIN),
             )
         } else {
             String::new()

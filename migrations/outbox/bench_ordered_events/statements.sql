@@ -83,7 +83,8 @@ WITH expired AS (
         WHERE c.status = 'READY' AND c.next_attempt_at <= statement_timestamp()
             AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
             AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
-            AND c."key" <> ALL(ARRAY(SELECT "key" FROM expired UNION ALL SELECT "key" FROM ready UNION ALL SELECT "key" FROM continued))
+            AND (c.next_attempt_at > statement_timestamp() - interval '500000 microseconds'
+                OR c."key" <> ALL(ARRAY(SELECT "key" FROM expired UNION ALL SELECT "key" FROM ready UNION ALL SELECT "key" FROM continued)))
             AND EXISTS (SELECT FROM "bench_ordered_events" AS p
                 WHERE (p."key", p.id) < (c."key", c.id) AND (p."key", p.id) >= (c."key", -9223372036854775808) AND p.status <> 'SENT' AND p.status IN ('READY', 'DEAD')
                     AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))

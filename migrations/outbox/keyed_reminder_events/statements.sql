@@ -84,7 +84,8 @@ WITH expired AS (
         WHERE c.status = 'READY' AND c.next_attempt_at <= statement_timestamp()
             AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
             AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
-            AND c."account" <> ALL(ARRAY(SELECT "account" FROM expired UNION ALL SELECT "account" FROM ready UNION ALL SELECT "account" FROM continued))
+            AND (c.next_attempt_at > statement_timestamp() - interval '500000 microseconds'
+                OR c."account" <> ALL(ARRAY(SELECT "account" FROM expired UNION ALL SELECT "account" FROM ready UNION ALL SELECT "account" FROM continued)))
             AND EXISTS (SELECT FROM "keyed_reminder_events" AS p
                 WHERE (p."account", p.id) < (c."account", c.id) AND (p."account", p.id) >= (c."account", -9223372036854775808) AND p.status <> 'SENT' AND p.status IN ('READY', 'DEAD')
                     AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))

@@ -84,7 +84,8 @@ WITH expired AS (
         WHERE c.status = 'READY' AND c.next_attempt_at <= statement_timestamp()
             AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
             AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
-            AND c."order_id" <> ALL(ARRAY(SELECT "order_id" FROM expired UNION ALL SELECT "order_id" FROM ready UNION ALL SELECT "order_id" FROM continued))
+            AND (c.next_attempt_at > statement_timestamp() - interval '500000 microseconds'
+                OR c."order_id" <> ALL(ARRAY(SELECT "order_id" FROM expired UNION ALL SELECT "order_id" FROM ready UNION ALL SELECT "order_id" FROM continued)))
             AND EXISTS (SELECT FROM "lenient_order_events" AS p
                 WHERE (p."order_id", p.id) < (c."order_id", c.id) AND (p."order_id", p.id) >= (c."order_id", -9223372036854775808) AND p.status <> 'SENT' AND p.status IN ('READY')
                     AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))

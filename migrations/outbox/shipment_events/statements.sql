@@ -84,7 +84,8 @@ WITH expired AS (
         WHERE c.status = 'READY' AND c.next_attempt_at <= statement_timestamp()
             AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
             AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
-            AND c."parcel" <> ALL(ARRAY(SELECT "parcel" FROM expired UNION ALL SELECT "parcel" FROM ready UNION ALL SELECT "parcel" FROM continued))
+            AND (c.next_attempt_at > statement_timestamp() - interval '500000 microseconds'
+                OR c."parcel" <> ALL(ARRAY(SELECT "parcel" FROM expired UNION ALL SELECT "parcel" FROM ready UNION ALL SELECT "parcel" FROM continued)))
             AND EXISTS (SELECT FROM "shipment_events" AS p
                 WHERE (p."parcel", p.id) < (c."parcel", c.id) AND (p."parcel", p.id) >= (c."parcel", -9223372036854775808) AND p.status <> 'SENT' AND p.status IN ('READY', 'DEAD')
                     AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))

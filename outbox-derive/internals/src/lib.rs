@@ -371,6 +371,12 @@ pub const MAX_IDENTIFIER: usize = 63;
 /// a valid `timestamptz` (which starts in 4713 BC) and fits an `interval`.
 pub const MAX_INTERVAL: std::time::Duration = std::time::Duration::from_hours(1_000 * 8_766);
 
+/// How long an enqueuing transaction may take from its `INSERT` to its commit and still
+/// be found by a relay's claims between its sweeps: the relay's frontier in the `READY`
+/// index trails the rows its claims reached by this much. A keyed table's claims set
+/// aside the events they step over within it (a frontier cannot pass them sooner).
+pub const FRONTIER_MARGIN: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// A plain lowercase SQL identifier: nothing to quote, nothing to inject. (Its length
 /// is a separate rule: at most [`MAX_IDENTIFIER`] bytes.)
 pub fn is_plain_identifier(name: &str) -> bool {

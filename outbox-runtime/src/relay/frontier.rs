@@ -52,7 +52,7 @@ use crate::table::claiming::Scope;
 /// How long an enqueuing transaction may take from its `INSERT` to its commit and still
 /// be found by the claims between sweeps: their frontier trails the rows they claimed
 /// by this much. (A later commit is found by the next sweep.)
-const MARGIN: Duration = Duration::from_millis(500);
+const MARGIN: Duration = outbox_internals::FRONTIER_MARGIN;
 
 /// A sweep whose claim took `d` is followed by the next one `SWEEP_SPACING × d` later.
 const SWEEP_SPACING: u32 = 100;
