@@ -909,14 +909,19 @@ fn follow_columns(table: &Table<'_>, q: &str) -> String {
     )
 }
 
-/// For a keyed table, the relay's claim's `continued` CTE: where the claimer has a run of
-/// a key in flight (its last event bound in `$tails` (ids) and `$tails + 1`
-/// (generations), both `bigint[]`, still its own: in flight in that generation, its lease
-/// live), the event right after it in its key, if it may follow ([`may_follow`]), is a
-/// head of this claim, up to `room` of them: the claimer publishes it after the run
-/// before it, and only if that run was published whole (else hands it back). So a hot
-/// key's events go out batch after batch from one relay worker, where each batch would
-/// otherwise wait for the one before to be recorded, and the claim that follows.
+/// For a keyed table, the relay's claim's `continued` CTE: after each tail bound in
+/// `$tails` (ids) and `$tails + 1` (generations), both `bigint[]`, the event right after
+/// it in its key, if it may follow ([`may_follow`]), is a head of this claim, up to
+/// `room` of them. A tail is either
+/// - the last event of a run the claimer has in flight, still its own (in flight in that
+///   generation, its lease live): the claimer publishes its successor after that run,
+///   and only if the run was published whole (else hands it back). So a hot key's events
+///   go out batch after batch from one relay worker, where each batch would otherwise
+///   wait for the one before to be recorded, and the claim that follows;
+/// - or the last event of a key recorded `SENT` in that generation (by the claimer, in
+///   this transaction or before): its successor goes at once. So a key goes on from
+///   a run just recorded, or is handed from one worker to another, without a scan of
+///   the `READY` index to find its next event.
 ///
 /// The next event is found as [`wake`] finds it, whatever its place in the `READY`
 /// index: a key's backlog is set aside ([`parking`]) while an event before it waits.
@@ -934,7 +939,8 @@ fn continued(table: &Table<'_>, room: &str, tails: usize) -> String {
          \x20   WHERE ctid = ANY(ARRAY(\n\
          \x20       SELECT n.ctid FROM unnest(${tails}::bigint[], ${generations}::bigint[]) AS tail(id, generation)\n\
          \x20       JOIN {t} AS p ON p.id = tail.id AND p.generation = tail.generation\n\
-         \x20           AND p.status || '' = '{in_progress}' AND p.lease_until > statement_timestamp()\n\
+         \x20           AND (p.status || '' = '{in_progress}' AND p.lease_until > statement_timestamp()\n\
+         \x20               OR p.status || '' = '{sent}')\n\
          \x20       CROSS JOIN LATERAL (\n\
          \x20           SELECT {} FROM {t} AS n\n\
          \x20           WHERE (n.{k}, n.id) > (p.{k}, p.id)\n\

@@ -840,3 +840,75 @@ async fn the_backlog_of_a_key_the_relay_takes_stays_in_place_while_its_runs_go_o
     db.drop_schema().await?;
     Ok(())
 }
+
+/// A sink that takes its time over each call, and counts the calls in progress at once.
+#[derive(Clone, Default)]
+struct Overlapping {
+    scripted: Scripted,
+    now: Arc<Mutex<(usize, usize)>>,
+}
+
+impl Overlapping {
+    /// The most calls that were in progress at once.
+    fn most_at_once(&self) -> usize {
+        self.now.lock().unwrap_or_else(PoisonError::into_inner).1
+    }
+}
+
+impl Sink<OrderStep> for Overlapping {
+    async fn publish(&self, batch: &[Delivery<'_, OrderStep>]) -> Vec<Result<(), SinkError>> {
+        {
+            let mut now = self.now.lock().unwrap_or_else(PoisonError::into_inner);
+            now.0 += 1;
+            now.1 = now.1.max(now.0);
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let results = self.scripted.publish(batch).await;
+        self.now.lock().unwrap_or_else(PoisonError::into_inner).0 -= 1;
+        results
+    }
+}
+
+#[tokio::test]
+async fn a_relays_workers_share_its_hot_keys_and_each_key_goes_out_in_order() -> TestResult {
+    let db = schema_with(&[OrderStep::migrations()]).await?;
+    let pool = db.pool();
+    // Four hot keys (a, b, c, d), 30 events each, enqueued in turn.
+    let keys = ["a", "b", "c", "d"];
+    let events: Vec<OrderStep> = (1..=30)
+        .flat_map(|n| {
+            (1..)
+                .zip(keys)
+                .map(move |(key, name)| step(&format!("{name}{n}"), key))
+        })
+        .collect();
+    OrderStep::enqueue_all(&events, pool).await?;
+    let sink = Overlapping::default();
+
+    let running = start(relay::<OrderStep, _>(pool, sink.clone(), 10).concurrency(4));
+    wait_until("every event is SENT", Duration::from_secs(30), async || {
+        outbox::stats::<OrderStep>(pool).await.unwrap().sent == 120
+    })
+    .await;
+    running.stop().await?;
+
+    // The first claim took every key; its worker went on with one (its share of four keys
+    // over four workers) and handed the others over, each to a worker of its own.
+    assert!(
+        sink.most_at_once() >= 2,
+        "the keys went out from one worker at a time"
+    );
+    let deliveries = sink.scripted.deliveries();
+    for key in keys {
+        let of_key: Vec<&String> = deliveries.iter().filter(|d| d.starts_with(key)).collect();
+        let expected: Vec<String> = (1..=30).map(|n| format!("{key}{n}")).collect();
+        assert_eq!(
+            of_key,
+            expected.iter().collect::<Vec<_>>(),
+            "{key}: once each, in order"
+        );
+    }
+    one_per_key_per_call(&sink.scripted.calls());
+    db.drop_schema().await?;
+    Ok(())
+}

@@ -34,7 +34,8 @@ WITH expired AS (
     WHERE ctid = ANY(ARRAY(
         SELECT n.ctid FROM unnest($1::bigint[], $2::bigint[]) AS tail(id, generation)
         JOIN "bench_ordered_events" AS p ON p.id = tail.id AND p.generation = tail.generation
-            AND p.status || '' = 'INPROGRESS' AND p.lease_until > statement_timestamp()
+            AND (p.status || '' = 'INPROGRESS' AND p.lease_until > statement_timestamp()
+                OR p.status || '' = 'SENT')
         CROSS JOIN LATERAL (
             SELECT n.ctid, n.id, n.status, n.attempts, n.next_attempt_at, n.lease_until FROM "bench_ordered_events" AS n
             WHERE (n."key", n.id) > (p."key", p.id)
@@ -168,7 +169,8 @@ WITH ready AS (
     WHERE ctid = ANY(ARRAY(
         SELECT n.ctid FROM unnest($2::bigint[], $3::bigint[]) AS tail(id, generation)
         JOIN "bench_ordered_events" AS p ON p.id = tail.id AND p.generation = tail.generation
-            AND p.status || '' = 'INPROGRESS' AND p.lease_until > statement_timestamp()
+            AND (p.status || '' = 'INPROGRESS' AND p.lease_until > statement_timestamp()
+                OR p.status || '' = 'SENT')
         CROSS JOIN LATERAL (
             SELECT n.ctid, n.id, n.status, n.attempts, n.next_attempt_at, n.lease_until FROM "bench_ordered_events" AS n
             WHERE (n."key", n.id) > (p."key", p.id)

@@ -113,22 +113,14 @@ pub(super) struct NextClaim<'f> {
 }
 
 impl NextClaim<'_> {
-    /// Starts the claim no later than `at` in the index (microseconds since the Unix
-    /// epoch): the transaction records events after which the next of their key may
-    /// wait there ([`Frontier::behind`]).
-    pub(super) fn look_back_to(&mut self, at: Option<i64>) {
-        if let (Scope::ReadyFrom(from), Some(at)) = (&mut self.scope, at) {
-            *from = (*from).min(at.max(0));
-        }
-    }
-
     /// The claim succeeded, its statements having taken `took` (a sweep schedules the
     /// next one after its own cost), and got as far as `reached` (microseconds since the
     /// Unix epoch): the frontier retreats to `behind` ([`Frontier::retreat`], for the
-    /// events recorded in its transaction), then moves up to [`MARGIN`] before `reached`,
-    /// and no further than where other workers retreated to since the claim began (its
-    /// snapshot may predate their recordings). `more`: the claim may have left due rows
-    /// for another worker.
+    /// keys whose last event its transaction recorded and that it did not go on with),
+    /// then moves up to [`MARGIN`] before `reached`, and no further than `behind` (the
+    /// claim did not look there) or where other workers retreated to since the claim
+    /// began (its snapshot may predate their recordings). `more`: the claim may have
+    /// left due rows for another worker.
     pub(super) fn settle(
         mut self,
         took: Duration,
@@ -142,6 +134,8 @@ impl NextClaim<'_> {
             state.first_sweep_saw_all |= !state.swept && !more;
         }
         let ceiling = state.retreated_to_since(self.retreats);
+        // Its own retreat: the claim did not look there.
+        let ceiling = ceiling.map(|ceiling| behind.map_or(ceiling, |behind| ceiling.min(behind)));
         if let Some(behind) = behind {
             state.retreat(behind);
         }
@@ -470,7 +464,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_claim_that_records_a_keys_last_event_starts_behind_it_and_moves_on_past_it() {
+    async fn a_claim_that_records_a_keys_last_event_leaves_the_frontier_behind_it() {
         let frontier = Frontier::keyed();
         frontier.sweep_once(Some(10_000_000)).await;
         let behind = Frontier::behind([3_000_000, 4_000_000]);
@@ -479,11 +473,15 @@ mod tests {
             Some(2_500_000),
             "MARGIN before the earliest enqueue"
         );
-        let mut claim = frontier.claim().await;
-        claim.look_back_to(behind);
-        assert_eq!(claim.scope, Scope::ReadyFrom(2_500_000));
-        // Its own retreat does not stop it: it ran after its own recording.
+        let claim = frontier.claim().await;
+        assert_eq!(claim.scope, Scope::ReadyFrom(9_500_000));
+        // It did not look behind its own recording: the next claim does.
         claim.settle(Duration::ZERO, Some(12_000_000), behind, true);
+        assert_eq!(frontier.from(), 2_500_000);
+        frontier
+            .claim()
+            .await
+            .settle(Duration::ZERO, Some(12_000_000), None, true);
         assert_eq!(frontier.from(), 11_500_000);
         // One that another worker's retreat overtook does not move on, and keeps that
         // worker's retreat.

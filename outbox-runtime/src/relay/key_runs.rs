@@ -100,14 +100,17 @@ pub(super) fn took_runs<T: Outbox>(claims: &[Claim<T>]) -> bool {
 /// claim ahead may continue its key's run ([`Runs::After`]).
 ///
 /// [`Runs::After`]: crate::table::claiming::Runs::After
+/// In id order: the oldest runs first.
 pub(super) fn tails<T: Outbox>(claims: &[Claim<T>]) -> Vec<Owned> {
     if T::SPEC.key().is_none() {
         return Vec::new();
     }
-    last_of_each_key(claims)
+    let mut tails: Vec<Owned> = last_of_each_key(claims)
         .into_values()
         .map(Owned::of)
-        .collect()
+        .collect();
+    tails.sort_unstable_by_key(|tail| tail.id);
+    tails
 }
 
 /// The last event (the largest id) of each key in `claims`.
@@ -127,10 +130,10 @@ fn last_of_each_key<T: Outbox>(claims: &[Claim<T>]) -> HashMap<&str, &Claim<T>> 
 /// A key whose last event in a batch was published, or died: once that is recorded, the
 /// key's next event, if any, may go, and may wait behind the relay's frontier, which the
 /// claims moved on past it while it was held back.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Finished {
-    /// The event's row id.
-    pub(crate) id: i64,
+    /// The event's row, in the generation it was claimed in.
+    pub(crate) row: Owned,
     pub(crate) key: String,
     /// When it was enqueued, in microseconds since the Unix epoch.
     pub(crate) enqueued: i64,
@@ -156,7 +159,7 @@ pub(super) fn finished<T: Outbox>(
         .into_iter()
         .filter(|(_, claim)| finishes.get(&claim.id()) == Some(&true))
         .map(|(key, claim)| Finished {
-            id: claim.id(),
+            row: Owned::of(claim),
             key: key.to_owned(),
             enqueued: claim.enqueued_micros(),
         })

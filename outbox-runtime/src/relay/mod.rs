@@ -15,6 +15,7 @@ mod failure_log;
 mod frontier;
 mod in_flight;
 mod key_runs;
+mod key_share;
 mod listen;
 mod outage;
 mod pending;

@@ -9,6 +9,7 @@ use tokio::time::sleep;
 
 use super::backoff::Backoff;
 use super::frontier::Frontier;
+use super::key_share::KeyShare;
 use super::listen::listen;
 use super::outage::Outage;
 use super::wakeups::Wakeups;
@@ -60,9 +61,12 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             stop.clone(),
         ));
 
+        let key_share = Arc::new(KeyShare::new(relay.concurrency));
         let mut workers = JoinSet::new();
-        for _ in 0..relay.concurrency {
+        for index in 0..relay.concurrency {
             let worker = Worker {
+                index,
+                key_share: Arc::clone(&key_share),
                 relay: Arc::clone(&relay),
                 wakeups: Arc::clone(&wakeups),
                 frontier: Arc::clone(&frontier),

@@ -27,6 +27,7 @@ use super::Relay;
 use super::backoff::Backoff;
 use super::connection::Connection;
 use super::frontier::Frontier;
+use super::key_share::KeyShare;
 use super::outage::Outage;
 use super::pending::Pending;
 use super::renewal::{self, Needed};
@@ -37,6 +38,9 @@ use crate::spec::Outbox;
 use crate::table::claim::Claim;
 
 pub(crate) struct Worker<T, S> {
+    /// Which of the relay's workers this is, from 0.
+    pub(crate) index: usize,
+    pub(crate) key_share: Arc<KeyShare>,
     pub(crate) relay: Arc<Relay<T, S>>,
     pub(crate) wakeups: Arc<Wakeups>,
     pub(crate) frontier: Arc<Frontier>,

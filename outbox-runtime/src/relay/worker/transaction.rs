@@ -3,8 +3,8 @@
 use std::collections::HashSet;
 
 use super::super::connection::Connection;
-use super::super::frontier::Frontier;
 use super::super::key_runs;
+use super::super::key_share::KeyPlan;
 use super::super::pending::Pending;
 use super::super::record;
 use super::{Batch, Worker};
@@ -21,11 +21,16 @@ use outbox_internals::Status;
 impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// Records the `pending` outcomes and, with `claim_next`, claims the next batch in
     /// one transaction, recording first: [`record::record_and_claim`] says why that order.
-    /// The claim starts at the relay's [`Frontier`], or sweeps, and continues the runs of
-    /// the batch `in_flight`. On a keyed table, where the outcomes recorded finish a key
-    /// that has nothing in flight, the claim starts no later than where the key's next
-    /// event may wait ([`Frontier::behind`]), and so does the frontier afterwards,
-    /// unless the claim took the key's next event.
+    /// The claim starts at the relay's [`Frontier`], or sweeps.
+    ///
+    /// On a keyed table it goes on with the worker's share of keys ([`KeyShare`]): the
+    /// runs of the batch `in_flight`, the keys whose last event `pending` records, then
+    /// keys another worker handed over, each from its last event. A key the worker
+    /// lets go (beyond its share) is handed over once its last event is recorded
+    /// `SENT`; one whose next event the claim did not take (none due yet, or held) may
+    /// wait behind the frontier, which moves back to it ([`Frontier::behind`]).
+    ///
+    /// [`KeyShare`]: super::super::key_share::KeyShare
     pub(super) async fn record_and_claim(
         &self,
         conn: &mut Connection<'_>,
@@ -34,12 +39,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         in_flight: &[Claim<T>],
     ) -> Result<Batch<T>, OutboxError> {
         let flying: HashSet<&str> = in_flight.iter().filter_map(Claim::key).collect();
-        let mut finished: Vec<_> = pending
+        let finished = pending
             .finished
             .iter()
-            .filter(|finished| !flying.contains(finished.key.as_str()))
-            .collect();
-        let mut next = if claim_next {
+            .filter(|finished| !flying.contains(finished.key.as_str()));
+        let next = if claim_next {
             match self.frontier.next().await {
                 // The first sweep saw every due row: nothing to claim, unless for a
                 // signal that came after it began.
@@ -49,15 +53,20 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         } else {
             None
         };
-        if let Some(next) = &mut next {
-            next.look_back_to(Frontier::behind(finished.iter().map(|f| f.enqueued)));
+        let mut keys = KeyPlan::new(
+            key_runs::tails(in_flight),
+            finished,
+            next.is_some().then(|| self.key_share.share()),
+        );
+        if let Some(room) = keys.room() {
+            keys.handed = self.key_share.take(room);
         }
+        let tails = keys.tails();
         let (scope, limit) = next
             .as_ref()
             .map_or((Scope::All, 0), |next| (next.scope, self.relay.batch_size));
         let claiming = next.is_some().then(|| self.wakeups.claiming());
         let limit_time = crate::table::claiming::transaction_limit(T::SPEC.lease);
-        let tails = key_runs::tails(in_flight);
         let runs = Runs::After {
             tails: &tails,
             length: self.relay.longest_run(),
@@ -91,17 +100,18 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             self.wakeups.retry_at(tokio::time::Instant::now() + delay);
         }
         let more = claimed.full && !key_runs::took_runs(&claimed.claims);
-        // The keys finished whose next event may wait behind the frontier: not taken by
-        // the claim, and recorded (not stale).
         let taken: HashSet<&str> = claimed.claims.iter().filter_map(Claim::key).collect();
-        finished.retain(|finished| {
-            !taken.contains(finished.key.as_str())
-                && matches!(
-                    recorded.status(finished.id),
-                    Some(Status::Sent | Status::Dead)
-                )
-        });
-        let behind = Frontier::behind(finished.iter().map(|f| f.enqueued));
+        let (over, behind) = keys.let_go(&taken, &recorded);
+        if T::SPEC.key().is_some() {
+            let carried: HashSet<&str> = flying.union(&taken).copied().collect();
+            self.key_share.carry(self.index, carried.len());
+        }
+        if !over.is_empty() {
+            self.key_share.hand_over(over);
+        }
+        if self.key_share.waiting() {
+            self.wakeups.more();
+        }
         if let Some(next) = next {
             // A claim statement ran and found nothing due.
             if claimed.claims.is_empty() && !claimed.full {

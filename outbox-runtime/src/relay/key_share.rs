@@ -1,0 +1,280 @@
+//! How a relay's workers share the keys of a keyed table.
+//!
+//! A worker goes on with the keys it has: the claim it makes while a batch is out
+//! continues that batch's runs ([`key_runs::tails`]). Left at that, the first claim of a
+//! few hot keys takes them all, and one worker carries every one of them while the
+//! others find nothing to claim: ten keys drained at the pace of one worker's round
+//! trips. So each worker goes on with no more than its share of the keys the relay's
+//! workers carry, `ceil(keys / workers)`, and hands the others over: once the last event
+//! it had of such a key is recorded `SENT`, that event goes to a queue here, another
+//! worker is woken, and its claim continues the key from it, finding the key's next
+//! event by the key's index ([`Runs::After`]) rather than by walking the backlog.
+//!
+//! [`key_runs::tails`]: super::key_runs::tails
+//! [`Runs::After`]: crate::table::claiming::Runs::After
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use super::frontier::Frontier;
+use super::key_runs::Finished;
+use crate::table::batch::Recorded;
+use crate::table::row::Owned;
+use outbox_internals::Status;
+
+/// The keys a relay's workers carry, and those handed over, waiting for a worker.
+pub(crate) struct KeyShare {
+    workers: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// How many keys each worker carries: in flight, claimed ahead, or finished and
+    /// not yet let go.
+    carried: Vec<usize>,
+    /// The last event of each key handed over, recorded `SENT`, oldest first.
+    handed: VecDeque<Finished>,
+}
+
+impl State {
+    fn keys(&self) -> usize {
+        self.carried.iter().sum::<usize>() + self.handed.len()
+    }
+}
+
+impl KeyShare {
+    pub(crate) fn new(workers: usize) -> Self {
+        Self {
+            workers: workers.max(1),
+            state: Mutex::new(State {
+                carried: vec![0; workers.max(1)],
+                handed: VecDeque::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Counts only: a panic elsewhere leaves them usable.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many keys a worker goes on with: the keys carried and handed over, spread
+    /// over the workers, and at least one.
+    pub(crate) fn share(&self) -> usize {
+        self.lock().keys().div_ceil(self.workers).max(1)
+    }
+
+    /// Takes up to `room` keys handed over, for a worker's claim to continue.
+    pub(crate) fn take(&self, room: usize) -> Vec<Finished> {
+        if room == 0 {
+            return Vec::new();
+        }
+        let mut state = self.lock();
+        let taken = room.min(state.handed.len());
+        state.handed.drain(..taken).collect()
+    }
+
+    /// Whether keys wait for a worker.
+    pub(crate) fn waiting(&self) -> bool {
+        !self.lock().handed.is_empty()
+    }
+
+    /// Hands keys over to the other workers.
+    pub(crate) fn hand_over(&self, keys: impl IntoIterator<Item = Finished>) {
+        self.lock().handed.extend(keys);
+    }
+
+    /// Notes how many keys `worker` carries now.
+    pub(crate) fn carry(&self, worker: usize, keys: usize) {
+        if let Some(carried) = self.lock().carried.get_mut(worker) {
+            *carried = keys;
+        }
+    }
+}
+
+/// The keys one claim goes on with, up to the worker's share, and those it lets go.
+pub(crate) struct KeyPlan<'p> {
+    /// The last event of each run in flight it continues, the oldest runs first.
+    flying: Vec<Owned>,
+    /// The keys whose last event the outcomes recorded with it finish, that it goes on
+    /// with.
+    own: Vec<&'p Finished>,
+    /// Those it lets go: beyond the share, or all of them when nothing is claimed.
+    over: Vec<&'p Finished>,
+    /// The keys handed over by other workers, that it goes on with.
+    pub(crate) handed: Vec<Finished>,
+    /// The worker's share, when a claim runs.
+    share: Option<usize>,
+}
+
+impl<'p> KeyPlan<'p> {
+    /// The plan of a claim after the runs `flying` (their last events, the oldest
+    /// first) and the keys `finished` (not in flight), up to `share` keys; `None` when
+    /// no claim runs.
+    pub(crate) fn new(
+        mut flying: Vec<Owned>,
+        finished: impl IntoIterator<Item = &'p Finished>,
+        share: Option<usize>,
+    ) -> Self {
+        let mut finished: Vec<&Finished> = finished.into_iter().collect();
+        let own = if let Some(share) = share {
+            flying.truncate(share);
+            let room = share - flying.len();
+            finished.drain(..room.min(finished.len())).collect()
+        } else {
+            flying.clear();
+            Vec::new()
+        };
+        Self {
+            flying,
+            own,
+            over: finished,
+            handed: Vec::new(),
+            share,
+        }
+    }
+
+    /// How many keys handed over the claim may take on.
+    pub(crate) fn room(&self) -> Option<usize> {
+        self.share
+            .map(|share| share.saturating_sub(self.flying.len() + self.own.len()))
+    }
+
+    /// The last event of each key the claim goes on from ([`Runs::After`]).
+    ///
+    /// [`Runs::After`]: crate::table::claiming::Runs::After
+    pub(crate) fn tails(&self) -> Vec<Owned> {
+        let finished = self.own.iter().copied().chain(&self.handed);
+        self.flying
+            .iter()
+            .copied()
+            .chain(finished.map(|finished| finished.row))
+            .collect()
+    }
+
+    /// After the transaction committed, with the keys of the rows it `claimed` and what it
+    /// `recorded`: the keys let go to hand over (their last event recorded `SENT`), and
+    /// where the frontier must move back to ([`Frontier::behind`]) for the keys nobody
+    /// goes on with whose next event may wait there (not taken, last event `SENT` or
+    /// `DEAD`).
+    pub(crate) fn let_go(
+        self,
+        claimed: &HashSet<&str>,
+        recorded: &Recorded,
+    ) -> (Vec<Finished>, Option<i64>) {
+        let free = |finished: &Finished| !claimed.contains(finished.key.as_str());
+        let status = |finished: &Finished| recorded.status(finished.row.id);
+        let mut behind: Vec<i64> = self
+            .own
+            .iter()
+            .copied()
+            .filter(|finished| free(finished))
+            .filter(|finished| matches!(status(finished), Some(Status::Sent | Status::Dead)))
+            .chain(self.handed.iter().filter(|finished| free(finished)))
+            .map(|finished| finished.enqueued)
+            .collect();
+        let mut over = Vec::new();
+        for finished in self.over.into_iter().filter(|finished| free(finished)) {
+            match status(finished) {
+                Some(Status::Sent) => over.push(finished.clone()),
+                Some(Status::Dead) => behind.push(finished.enqueued),
+                _ => {}
+            }
+        }
+        (over, Frontier::behind(behind))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+
+    use super::{KeyPlan, KeyShare};
+    use crate::relay::key_runs::Finished;
+    use crate::table::batch::Recorded;
+    use crate::table::row::Owned;
+    use outbox_internals::Status;
+
+    fn finished(id: i64) -> Finished {
+        Finished {
+            row: Owned { id, generation: 1 },
+            key: format!("k{id}"),
+            enqueued: 0,
+        }
+    }
+
+    #[test]
+    fn ten_keys_spread_over_four_workers_three_at_most_each() {
+        let share = KeyShare::new(4);
+        assert_eq!(share.share(), 1, "no keys yet: a worker goes on with one");
+        share.carry(0, 10);
+        assert_eq!(share.share(), 3);
+        // The first worker lets seven go once their last events are recorded.
+        share.carry(0, 3);
+        share.hand_over((0..7).map(finished));
+        assert_eq!(share.share(), 3, "handed-over keys still count");
+        let taken = share.take(share.share());
+        assert_eq!(taken.len(), 3);
+        share.carry(1, 3);
+        assert_eq!(share.take(3).len(), 3);
+        share.carry(2, 3);
+        assert_eq!(share.take(3).len(), 1);
+        share.carry(3, 1);
+        assert!(!share.waiting());
+        assert_eq!(share.share(), 3);
+    }
+
+    #[test]
+    fn a_claim_goes_on_with_its_share_and_hands_over_the_keys_recorded_sent_beyond_it() {
+        let (a, b, c, d) = (finished(1), finished(2), finished(3), finished(4));
+        // One run in flight, four keys finished, a share of two: one finished key is
+        // continued, three are let go.
+        let flying = vec![Owned {
+            id: 9,
+            generation: 1,
+        }];
+        let plan = KeyPlan::new(flying, [&a, &b, &c, &d], Some(2));
+        assert_eq!(plan.room(), Some(0));
+        let tails: Vec<i64> = plan.tails().iter().map(|tail| tail.id).collect();
+        assert_eq!(tails, [9, 1]);
+        // `b` was recorded SENT, `c` DEAD, `d` stale; the claim took `a`'s next event.
+        let recorded = Recorded::Statuses(HashMap::from([
+            (1, Status::Sent),
+            (2, Status::Sent),
+            (3, Status::Dead),
+        ]));
+        let (over, behind) = plan.let_go(&HashSet::from(["k1"]), &recorded);
+        let over: Vec<i64> = over.iter().map(|finished| finished.row.id).collect();
+        assert_eq!(over, [2], "handed over: the key recorded SENT");
+        assert!(
+            behind.is_some(),
+            "the DEAD one's next may wait behind the frontier"
+        );
+    }
+
+    #[test]
+    fn without_a_claim_every_key_finished_is_let_go() {
+        let a = finished(1);
+        let plan = KeyPlan::new(
+            vec![Owned {
+                id: 9,
+                generation: 1,
+            }],
+            [&a],
+            None,
+        );
+        assert!(plan.tails().is_empty());
+        let recorded = Recorded::Sent(HashSet::from([1]));
+        let (over, behind) = plan.let_go(&HashSet::new(), &recorded);
+        assert_eq!(over.len(), 1);
+        assert_eq!(behind, None);
+    }
+
+    #[test]
+    fn one_worker_keeps_every_key() {
+        let share = KeyShare::new(1);
+        share.carry(0, 10);
+        assert_eq!(share.share(), 10);
+    }
+}
