@@ -103,42 +103,46 @@ pub(crate) struct KeyPlan<'p> {
     /// Those it lets go: beyond the share, or all of them when nothing is claimed.
     over: Vec<&'p Finished>,
     /// The keys handed over by other workers, that it goes on with.
-    pub(crate) handed: Vec<Finished>,
-    /// The worker's share, when a claim runs.
-    share: Option<usize>,
+    handed: Vec<Finished>,
 }
 
 impl<'p> KeyPlan<'p> {
     /// The plan of a claim after the runs `flying` (their last events, the oldest
-    /// first) and the keys `finished` (not in flight), up to `share` keys; `None` when
-    /// no claim runs.
+    /// first) and the keys `finished` (not in flight), up to the worker's share of the
+    /// relay's `keys`, taking keys handed over into the room left. Without `keys` (no
+    /// claim runs, or the table has no key), every key finished is let go.
     pub(crate) fn new(
         mut flying: Vec<Owned>,
         finished: impl IntoIterator<Item = &'p Finished>,
-        share: Option<usize>,
+        keys: Option<&KeyShare>,
     ) -> Self {
         let mut finished: Vec<&Finished> = finished.into_iter().collect();
-        let own = if let Some(share) = share {
-            flying.truncate(share);
-            let room = share - flying.len();
-            finished.drain(..room.min(finished.len())).collect()
-        } else {
+        let Some(keys) = keys else {
             flying.clear();
-            Vec::new()
+            return Self {
+                flying,
+                own: Vec::new(),
+                over: finished,
+                handed: Vec::new(),
+            };
         };
+        let share = keys.share();
+        flying.truncate(share);
+        let own: Vec<&Finished> = finished
+            .drain(..(share - flying.len()).min(finished.len()))
+            .collect();
+        let handed = keys.take(share - flying.len() - own.len());
         Self {
             flying,
             own,
             over: finished,
-            handed: Vec::new(),
-            share,
+            handed,
         }
     }
 
-    /// How many keys handed over the claim may take on.
-    pub(crate) fn room(&self) -> Option<usize> {
-        self.share
-            .map(|share| share.saturating_sub(self.flying.len() + self.own.len()))
+    /// The claim failed: the keys handed over to it go back, for another.
+    pub(crate) fn give_back(self, keys: &KeyShare) {
+        keys.hand_over(self.handed);
     }
 
     /// The last event of each key the claim goes on from ([`Runs::After`]).
@@ -214,8 +218,7 @@ mod tests {
         share.carry(0, 3);
         share.hand_over((0..7).map(finished));
         assert_eq!(share.share(), 3, "handed-over keys still count");
-        let taken = share.take(share.share());
-        assert_eq!(taken.len(), 3);
+        assert_eq!(share.take(3).len(), 3);
         share.carry(1, 3);
         assert_eq!(share.take(3).len(), 3);
         share.carry(2, 3);
@@ -228,42 +231,54 @@ mod tests {
     #[test]
     fn a_claim_goes_on_with_its_share_and_hands_over_the_keys_recorded_sent_beyond_it() {
         let (a, b, c, d) = (finished(1), finished(2), finished(3), finished(4));
-        // One run in flight, four keys finished, a share of two: one finished key is
-        // continued, three are let go.
+        let keys = KeyShare::new(2);
+        keys.carry(0, 5);
+        keys.hand_over([finished(5)]);
+        // A share of three: one run in flight, two of the four keys finished go on, the
+        // other two are let go, and the key handed over waits for another worker.
         let flying = vec![Owned {
             id: 9,
             generation: 1,
         }];
-        let plan = KeyPlan::new(flying, [&a, &b, &c, &d], Some(2));
-        assert_eq!(plan.room(), Some(0));
+        let plan = KeyPlan::new(flying, [&a, &b, &c, &d], Some(&keys));
         let tails: Vec<i64> = plan.tails().iter().map(|tail| tail.id).collect();
-        assert_eq!(tails, [9, 1]);
-        // `b` was recorded SENT, `c` DEAD, `d` stale; the claim took `a`'s next event.
+        assert_eq!(tails, [9, 1, 2]);
+        assert!(keys.waiting(), "no room for the key handed over");
+        // `c` was recorded SENT, `d` DEAD; the claim took `a`'s next event, not `b`'s.
         let recorded = Recorded::Statuses(HashMap::from([
             (1, Status::Sent),
             (2, Status::Sent),
-            (3, Status::Dead),
+            (3, Status::Sent),
+            (4, Status::Dead),
         ]));
         let (over, behind) = plan.let_go(&HashSet::from(["k1"]), &recorded);
         let over: Vec<i64> = over.iter().map(|finished| finished.row.id).collect();
-        assert_eq!(over, [2], "handed over: the key recorded SENT");
+        assert_eq!(over, [3], "handed over: the key let go recorded SENT");
         assert!(
             behind.is_some(),
-            "the DEAD one's next may wait behind the frontier"
+            "b's and d's next events may wait behind the frontier"
         );
+    }
+
+    #[test]
+    fn a_failed_claim_gives_the_keys_handed_to_it_back() {
+        let keys = KeyShare::new(2);
+        keys.hand_over([finished(1)]);
+        let plan = KeyPlan::new(Vec::new(), [], Some(&keys));
+        assert_eq!(plan.tails().len(), 1);
+        assert!(!keys.waiting());
+        plan.give_back(&keys);
+        assert!(keys.waiting());
     }
 
     #[test]
     fn without_a_claim_every_key_finished_is_let_go() {
         let a = finished(1);
-        let plan = KeyPlan::new(
-            vec![Owned {
-                id: 9,
-                generation: 1,
-            }],
-            [&a],
-            None,
-        );
+        let flying = vec![Owned {
+            id: 9,
+            generation: 1,
+        }];
+        let plan = KeyPlan::new(flying, [&a], None);
         assert!(plan.tails().is_empty());
         let recorded = Recorded::Sent(HashSet::from([1]));
         let (over, behind) = plan.let_go(&HashSet::new(), &recorded);

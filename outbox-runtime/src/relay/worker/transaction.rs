@@ -53,14 +53,12 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         } else {
             None
         };
-        let mut keys = KeyPlan::new(
+        let keyed = T::SPEC.key().is_some();
+        let keys = KeyPlan::new(
             key_runs::tails(in_flight),
             finished,
-            next.is_some().then(|| self.key_share.share()),
+            (keyed && next.is_some()).then_some(&*self.key_share),
         );
-        if let Some(room) = keys.room() {
-            keys.handed = self.key_share.take(room);
-        }
         let tails = keys.tails();
         let (scope, limit) = next
             .as_ref()
@@ -75,18 +73,28 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, scope, limit, runs)
                 .await
         };
-        let Ok(done) = tokio::time::timeout(limit_time, transaction).await else {
-            conn.discard();
-            let silent = std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no answer from the database in {limit_time:?}; the connection is closed"),
-            );
-            return Err(OutboxError::Database {
-                table: T::SPEC.table,
-                source: sqlx::Error::Io(silent),
-            });
+        let done = tokio::time::timeout(limit_time, transaction).await;
+        let (claimed, recorded) = match done {
+            Ok(Ok(done)) => done,
+            failed => {
+                // Rolled back: the keys handed over to it wait for another claim.
+                keys.give_back(&self.key_share);
+                let Ok(Err(error)) = failed else {
+                    conn.discard();
+                    let silent = std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "no answer from the database in {limit_time:?}; the connection is closed"
+                        ),
+                    );
+                    return Err(OutboxError::Database {
+                        table: T::SPEC.table,
+                        source: sqlx::Error::Io(silent),
+                    });
+                };
+                return Err(error);
+            }
         };
-        let (claimed, recorded) = done?;
         account::<T>(&self.relay.labels, &pending.outcomes, &recorded);
         // Committed: each retry's `next_attempt_at` is at most its delay from now.
         let soonest = pending
@@ -102,15 +110,13 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let more = claimed.full && !key_runs::took_runs(&claimed.claims);
         let taken: HashSet<&str> = claimed.claims.iter().filter_map(Claim::key).collect();
         let (over, behind) = keys.let_go(&taken, &recorded);
-        if T::SPEC.key().is_some() {
+        if keyed {
             let carried: HashSet<&str> = flying.union(&taken).copied().collect();
             self.key_share.carry(self.index, carried.len());
-        }
-        if !over.is_empty() {
             self.key_share.hand_over(over);
-        }
-        if self.key_share.waiting() {
-            self.wakeups.more();
+            if self.key_share.waiting() {
+                self.wakeups.more();
+            }
         }
         if let Some(next) = next {
             // A claim statement ran and found nothing due.
