@@ -97,10 +97,10 @@ pub(super) fn took_runs<T: Outbox>(claims: &[Claim<T>]) -> bool {
 }
 
 /// The last event of each key in `claims` (a batch about to be published): where the
-/// claim ahead may continue its key's run ([`Runs::After`]).
+/// claim ahead may continue its key's run ([`Runs::After`]), in id order: the oldest
+/// runs first.
 ///
 /// [`Runs::After`]: crate::table::claiming::Runs::After
-/// In id order: the oldest runs first.
 pub(super) fn tails<T: Outbox>(claims: &[Claim<T>]) -> Vec<Owned> {
     if T::SPEC.key().is_none() {
         return Vec::new();
