@@ -109,12 +109,14 @@ pub(crate) struct KeyPlan<'p> {
 impl<'p> KeyPlan<'p> {
     /// The plan of a claim after the runs `flying` (their last events, the oldest
     /// first) and the keys `finished` (not in flight), up to the worker's share of the
-    /// relay's `keys`, taking keys handed over into the room left. Without `keys` (no
-    /// claim runs, or the table has no key), every key finished is let go.
+    /// relay's `keys` (or all of them: `keep`), taking keys handed over into the room
+    /// left. Without `keys` (no claim runs, or the table has no key), every key finished
+    /// is let go.
     pub(crate) fn new(
         mut flying: Vec<Owned>,
         finished: impl IntoIterator<Item = &'p Finished>,
         keys: Option<&KeyShare>,
+        keep: bool,
     ) -> Self {
         let mut finished: Vec<&Finished> = finished.into_iter().collect();
         let Some(keys) = keys else {
@@ -127,11 +129,12 @@ impl<'p> KeyPlan<'p> {
             };
         };
         let share = keys.share();
-        flying.truncate(share);
+        let most = if keep { usize::MAX } else { share };
+        flying.truncate(most);
         let own: Vec<&Finished> = finished
-            .drain(..(share - flying.len()).min(finished.len()))
+            .drain(..(most - flying.len()).min(finished.len()))
             .collect();
-        let handed = keys.take(share - flying.len() - own.len());
+        let handed = keys.take(share.saturating_sub(flying.len() + own.len()));
         Self {
             flying,
             own,
@@ -240,7 +243,7 @@ mod tests {
             id: 9,
             generation: 1,
         }];
-        let plan = KeyPlan::new(flying, [&a, &b, &c, &d], Some(&keys));
+        let plan = KeyPlan::new(flying, [&a, &b, &c, &d], Some(&keys), false);
         let tails: Vec<i64> = plan.tails().iter().map(|tail| tail.id).collect();
         assert_eq!(tails, [9, 1, 2]);
         assert!(keys.waiting(), "no room for the key handed over");
@@ -261,10 +264,30 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_the_sink_sets_the_pace_of_keeps_every_key_it_has() {
+        let (a, b) = (finished(1), finished(2));
+        let keys = KeyShare::new(4);
+        keys.carry(0, 4);
+        keys.hand_over([finished(3)]);
+        let flying = vec![Owned {
+            id: 9,
+            generation: 1,
+        }];
+        let plan = KeyPlan::new(flying, [&a, &b], Some(&keys), true);
+        let tails: Vec<i64> = plan.tails().iter().map(|tail| tail.id).collect();
+        assert_eq!(
+            tails,
+            [9, 1, 2],
+            "beyond its share of two, none handed to it"
+        );
+        assert!(keys.waiting());
+    }
+
+    #[test]
     fn a_failed_claim_gives_the_keys_handed_to_it_back() {
         let keys = KeyShare::new(2);
         keys.hand_over([finished(1)]);
-        let plan = KeyPlan::new(Vec::new(), [], Some(&keys));
+        let plan = KeyPlan::new(Vec::new(), [], Some(&keys), false);
         assert_eq!(plan.tails().len(), 1);
         assert!(!keys.waiting());
         plan.give_back(&keys);
@@ -278,7 +301,7 @@ mod tests {
             id: 9,
             generation: 1,
         }];
-        let plan = KeyPlan::new(flying, [&a], None);
+        let plan = KeyPlan::new(flying, [&a], None, false);
         assert!(plan.tails().is_empty());
         let recorded = Recorded::Sent(HashSet::from([1]));
         let (over, behind) = plan.let_go(&HashSet::new(), &recorded);

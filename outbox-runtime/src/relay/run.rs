@@ -2,6 +2,7 @@
 //! until shutdown or a fatal error.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use sqlx::PgPool;
 use tokio::task::JoinSet;
@@ -67,6 +68,9 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
             let worker = Worker {
                 index,
                 key_share: Arc::clone(&key_share),
+                // Until a send says otherwise: keeping keys is how a relay without
+                // sharing behaves.
+                sink_bound: AtomicBool::new(true),
                 relay: Arc::clone(&relay),
                 wakeups: Arc::clone(&wakeups),
                 frontier: Arc::clone(&frontier),

@@ -17,6 +17,7 @@ mod send;
 mod transaction;
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -41,6 +42,12 @@ pub(crate) struct Worker<T, S> {
     /// Which of the relay's workers this is, from 0.
     pub(crate) index: usize,
     pub(crate) key_share: Arc<KeyShare>,
+    /// Whether the worker's last send outlasted the batch transaction beside it: the
+    /// sink, not the database, sets the worker's pace. Such a worker keeps the keys it
+    /// has ([`KeyShare`]): another worker would send them no sooner (a key's events go
+    /// one acknowledgement at a time either way), and each layer it sends carries fewer
+    /// events.
+    pub(crate) sink_bound: AtomicBool,
     pub(crate) relay: Arc<Relay<T, S>>,
     pub(crate) wakeups: Arc<Wakeups>,
     pub(crate) frontier: Arc<Frontier>,

@@ -2,6 +2,7 @@
 //! batch transaction runs beside it on the worker's connection.
 
 use std::pin::pin;
+use std::sync::atomic::Ordering;
 
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
@@ -44,7 +45,9 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// order, [`key_runs`]), renewing the leases of their `rows` meanwhile, and
     /// runs `beside` (a transaction that has taken the worker's connection, and gives it
     /// back) to its end. Returns what the sink answered, when the earliest lease of the
-    /// rows still owned ends, and what `beside` returned.
+    /// rows still owned ends, and what `beside` returned. Notes whether the worker waited
+    /// for the sink (the transaction beside ended first) or for the database
+    /// ([`Worker::sink_bound`]).
     ///
     /// When the shutdown grace runs out first, the sink is asked to take the batch back
     /// ([`Sink::withdraw`]): a sink that can is awaited for what became of each event,
@@ -129,6 +132,9 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         #[allow(clippy::cast_precision_loss)]
         metrics::histogram!(metric::PUBLISH_SECONDS, relay.labels.iter())
             .record(started.elapsed().as_secs_f64());
+        if busy {
+            self.sink_bound.store(!db_busy, Ordering::Relaxed);
+        }
         if db_busy && let Some((held, done)) = beside.await {
             conn.held = held;
             ahead = Some(done);

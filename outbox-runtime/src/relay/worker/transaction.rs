@@ -1,6 +1,7 @@
 //! The batch transaction: the outcomes of the batches published, and the next claim.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 
 use super::super::connection::Connection;
 use super::super::key_runs;
@@ -23,10 +24,11 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// one transaction, recording first: [`record::record_and_claim`] says why that order.
     /// The claim starts at the relay's [`Frontier`], or sweeps.
     ///
-    /// On a keyed table it goes on with the worker's share of keys ([`KeyShare`]): the
-    /// runs of the batch `in_flight`, the keys whose last event `pending` records, then
-    /// keys another worker handed over, each from its last event. A key the worker
-    /// lets go (beyond its share) is handed over once its last event is recorded
+    /// On a keyed table it goes on with the worker's share of keys ([`KeyShare`]), or
+    /// all it has when the sink sets its pace ([`Worker::sink_bound`]): the runs of the
+    /// batch `in_flight`, the keys whose last event `pending` records, then keys another
+    /// worker handed over, each from its last event. A key the worker lets go (beyond
+    /// its share) is handed over once its last event is recorded
     /// `SENT`; one whose next event the claim did not take (none due yet, or held) may
     /// wait behind the frontier, which moves back to it ([`Frontier::behind`]).
     ///
@@ -58,6 +60,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             key_runs::tails(in_flight),
             finished,
             (keyed && next.is_some()).then_some(&*self.key_share),
+            self.sink_bound.load(Ordering::Relaxed),
         );
         let tails = keys.tails();
         let (scope, limit) = next
