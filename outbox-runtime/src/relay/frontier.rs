@@ -27,13 +27,15 @@
 //! held back behind their key's first one, and reports how far it saw every due row (its
 //! reach: the statement's time when it found fewer rows than it looked for). Events held
 //! so are left behind: those of a key the relay has in flight come in its runs, claimed
-//! by key; for the others, a worker that records a key's last event it had (nothing of
-//! the key in flight or just claimed) moves the frontier *back* to where the next one
-//! can be ([`NextClaim::settle`], [`Frontier::retreat`]): [`MARGIN`] before that
-//! event's enqueue ([`Frontier::behind`]). A claim that began before such a retreat may not have
-//! seen what it was for (its snapshot can predate the recording), so it moves the
-//! frontier no further than there: the frontier remembers its latest retreats, and a
-//! claim older than all of them does not move it. Until its first sweep, a keyed table's
+//! by key, and so does the next event of a key whose last event a worker records (its
+//! claim, or another worker's it hands the key to, goes on from that event). Where no
+//! claim took that next event (none was due yet, or it waits behind a retry), the
+//! frontier moves *back* to where it can be ([`NextClaim::settle`],
+//! [`Frontier::retreat`]): [`MARGIN`] before the last event's enqueue
+//! ([`Frontier::behind`]). A claim that began before such a retreat may not have seen
+//! what it was for (its snapshot can predate the recording), so it moves the frontier
+//! no further than there: the frontier remembers its latest retreats, and a claim older
+//! than all of them does not move it. Until its first sweep, a keyed table's
 //! claims wait ([`Frontier::next`] returns once it ended, or failed): from the start,
 //! each would walk the backlog held behind its keys' first events, one probe per event,
 //! beside the sweep that walks it once. (Measured beside one hot key's backlog of

@@ -70,7 +70,7 @@ impl<T: Outbox, S: Sink<T>> Relay<T, S> {
                 key_share: Arc::clone(&key_share),
                 // Until a send says otherwise: keeping keys is how a relay without
                 // sharing behaves.
-                sink_bound: AtomicBool::new(true),
+                keeps_keys: AtomicBool::new(true),
                 relay: Arc::clone(&relay),
                 wakeups: Arc::clone(&wakeups),
                 frontier: Arc::clone(&frontier),

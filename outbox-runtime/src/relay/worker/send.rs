@@ -3,6 +3,7 @@
 
 use std::pin::pin;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
@@ -45,9 +46,8 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// order, [`key_runs`]), renewing the leases of their `rows` meanwhile, and
     /// runs `beside` (a transaction that has taken the worker's connection, and gives it
     /// back) to its end. Returns what the sink answered, when the earliest lease of the
-    /// rows still owned ends, and what `beside` returned. Notes whether the worker waited
-    /// for the sink (the transaction beside ended first) or for the database
-    /// ([`Worker::sink_bound`]).
+    /// rows still owned ends, and what `beside` returned. Notes from the two's times
+    /// whether the worker keeps its keys ([`Worker::keeps_keys`]).
     ///
     /// When the shutdown grace runs out first, the sink is asked to take the batch back
     /// ([`Sink::withdraw`]): a sink that can is awaited for what became of each event,
@@ -84,6 +84,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         // pool, or wait for it when there is none.
         let mut db_busy = busy;
         let mut renewal_waits = false;
+        let mut send_took = Duration::MAX;
 
         let answer = loop {
             tokio::select! {
@@ -95,6 +96,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     renewal_waits = false;
                 }
                 sent = &mut sending => {
+                    send_took = started.elapsed();
                     break if withdrawn {
                         Answer::Withdrawn(sent.unwrap_or_else(|_| in_doubt(rows.len())))
                     } else {
@@ -132,12 +134,14 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         #[allow(clippy::cast_precision_loss)]
         metrics::histogram!(metric::PUBLISH_SECONDS, relay.labels.iter())
             .record(started.elapsed().as_secs_f64());
-        if busy {
-            self.sink_bound.store(!db_busy, Ordering::Relaxed);
-        }
         if db_busy && let Some((held, done)) = beside.await {
             conn.held = held;
             ahead = Some(done);
+            let workers = u32::try_from(relay.concurrency).unwrap_or(u32::MAX);
+            let spread = send_took.saturating_mul(workers) < started.elapsed();
+            self.keeps_keys.store(!spread, Ordering::Relaxed);
+        } else if busy {
+            self.keeps_keys.store(true, Ordering::Relaxed);
         }
         (answer, renewal.lease_deadline(), ahead)
     }

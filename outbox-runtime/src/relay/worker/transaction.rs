@@ -25,7 +25,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// The claim starts at the relay's [`Frontier`], or sweeps.
     ///
     /// On a keyed table it goes on with the worker's share of keys ([`KeyShare`]), or
-    /// all it has when the sink sets its pace ([`Worker::sink_bound`]): the runs of the
+    /// all it has where the sink sets its pace ([`Worker::keeps_keys`]): the runs of the
     /// batch `in_flight`, the keys whose last event `pending` records, then keys another
     /// worker handed over, each from its last event. A key the worker lets go (beyond
     /// its share) is handed over once its last event is recorded
@@ -60,7 +60,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
             key_runs::tails(in_flight),
             finished,
             (keyed && next.is_some()).then_some(&*self.key_share),
-            self.sink_bound.load(Ordering::Relaxed),
+            self.keeps_keys.load(Ordering::Relaxed),
         );
         let tails = keys.tails();
         let (scope, limit) = next
