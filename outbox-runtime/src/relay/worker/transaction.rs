@@ -33,6 +33,8 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// wait behind the frontier, which moves back to it ([`Frontier::behind`]).
     ///
     /// [`KeyShare`]: super::super::key_share::KeyShare
+    /// [`Frontier`]: super::super::frontier::Frontier
+    /// [`Frontier::behind`]: super::super::frontier::Frontier::behind
     pub(super) async fn record_and_claim(
         &self,
         conn: &mut Connection<'_>,
