@@ -211,6 +211,18 @@ mod tests {
         }
     }
 
+    /// The last event of one run in flight: row 9.
+    fn run_in_flight() -> Vec<Owned> {
+        vec![Owned {
+            id: 9,
+            generation: 1,
+        }]
+    }
+
+    fn tail_ids(plan: &KeyPlan<'_>) -> Vec<i64> {
+        plan.tails().iter().map(|tail| tail.id).collect()
+    }
+
     #[test]
     fn ten_keys_spread_over_four_workers_three_at_most_each() {
         let share = KeyShare::new(4);
@@ -239,12 +251,8 @@ mod tests {
         keys.hand_over([finished(5)]);
         // A share of three: one run in flight, two of the four keys finished go on, the
         // other two are let go, and the key handed over waits for another worker.
-        let flying = vec![Owned {
-            id: 9,
-            generation: 1,
-        }];
-        let plan = KeyPlan::new(flying, [&a, &b, &c, &d], Some(&keys), false);
-        let tails: Vec<i64> = plan.tails().iter().map(|tail| tail.id).collect();
+        let plan = KeyPlan::new(run_in_flight(), [&a, &b, &c, &d], Some(&keys), false);
+        let tails = tail_ids(&plan);
         assert_eq!(tails, [9, 1, 2]);
         assert!(keys.waiting(), "no room for the key handed over");
         // `c` was recorded SENT, `d` DEAD; the claim took `a`'s next event, not `b`'s.
@@ -269,12 +277,8 @@ mod tests {
         let keys = KeyShare::new(4);
         keys.carry(0, 4);
         keys.hand_over([finished(3)]);
-        let flying = vec![Owned {
-            id: 9,
-            generation: 1,
-        }];
-        let plan = KeyPlan::new(flying, [&a, &b], Some(&keys), true);
-        let tails: Vec<i64> = plan.tails().iter().map(|tail| tail.id).collect();
+        let plan = KeyPlan::new(run_in_flight(), [&a, &b], Some(&keys), true);
+        let tails = tail_ids(&plan);
         assert_eq!(
             tails,
             [9, 1, 2],
@@ -297,11 +301,7 @@ mod tests {
     #[test]
     fn without_a_claim_every_key_finished_is_let_go() {
         let a = finished(1);
-        let flying = vec![Owned {
-            id: 9,
-            generation: 1,
-        }];
-        let plan = KeyPlan::new(flying, [&a], None, false);
+        let plan = KeyPlan::new(run_in_flight(), [&a], None, false);
         assert!(plan.tails().is_empty());
         let recorded = Recorded::Sent(HashSet::from([1]));
         let (over, behind) = plan.let_go(&HashSet::new(), &recorded);
