@@ -28,9 +28,9 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// all it has where the sink sets its pace ([`Worker::keeps_keys`]): the runs of the
     /// batch `in_flight`, the keys whose last event `pending` records, then keys another
     /// worker handed over, each from its last event. A key the worker lets go (beyond
-    /// its share) is handed over once its last event is recorded
-    /// `SENT`; one whose next event the claim did not take (none due yet, or held) may
-    /// wait behind the frontier, which moves back to it ([`Frontier::behind`]).
+    /// its share) is handed over once its last event is recorded `SENT`; one whose next
+    /// event the claim did not take (none due yet, or held) may wait behind the
+    /// frontier, which moves back to it ([`Frontier::behind`]).
     ///
     /// [`KeyShare`]: super::super::key_share::KeyShare
     /// [`Frontier`]: super::super::frontier::Frontier
