@@ -80,6 +80,12 @@ impl KeyShare {
         !self.lock().handed.is_empty()
     }
 
+    /// The keys waiting for a worker, as text.
+    fn waiting_keys(&self) -> Vec<String> {
+        let state = self.lock();
+        state.handed.iter().map(|key| key.key.clone()).collect()
+    }
+
     /// Hands keys over to the other workers.
     pub(crate) fn hand_over(&self, keys: impl IntoIterator<Item = Finished>) {
         self.lock().handed.extend(keys);
@@ -104,6 +110,12 @@ pub(crate) struct KeyPlan<'p> {
     over: Vec<&'p Finished>,
     /// The keys handed over by other workers, that it goes on with.
     handed: Vec<Finished>,
+    /// The keys the claim must not take again as the first event still to go of their
+    /// key ([`Runs::After`]'s `skip`): those it lets go and those waiting for a worker.
+    /// (Their next event may be within the claim's reach.)
+    ///
+    /// [`Runs::After`]: crate::table::claiming::Runs::After
+    pub(crate) skip: Vec<String>,
 }
 
 impl<'p> KeyPlan<'p> {
@@ -126,6 +138,7 @@ impl<'p> KeyPlan<'p> {
                 own: Vec::new(),
                 over: finished,
                 handed: Vec::new(),
+                skip: Vec::new(),
             };
         };
         let share = keys.share();
@@ -135,11 +148,14 @@ impl<'p> KeyPlan<'p> {
             .drain(..(most - flying.len()).min(finished.len()))
             .collect();
         let handed = keys.take(share.saturating_sub(flying.len() + own.len()));
+        let mut skip = keys.waiting_keys();
+        skip.extend(finished.iter().map(|finished| finished.key.clone()));
         Self {
             flying,
             own,
             over: finished,
             handed,
+            skip,
         }
     }
 
@@ -255,6 +271,11 @@ mod tests {
         let tails = tail_ids(&plan);
         assert_eq!(tails, [9, 1, 2]);
         assert!(keys.waiting(), "no room for the key handed over");
+        assert_eq!(
+            plan.skip,
+            ["k5", "k3", "k4"],
+            "its claim takes none of those again"
+        );
         // `c` was recorded SENT, `d` DEAD; the claim took `a`'s next event, not `b`'s.
         let recorded = Recorded::Statuses(HashMap::from([
             (1, Status::Sent),
