@@ -9,6 +9,10 @@
 //! it had of such a key is recorded `SENT`, that event goes to a queue here, another
 //! worker is woken, and its claim continues the key from it, finding the key's next
 //! event by the key's index ([`Runs::After`]) rather than by walking the backlog.
+//! Meanwhile the relay's claims skip the key (its next event may be in their reach).
+//!
+//! A worker whose sink sets its pace keeps its keys
+//! ([`Worker::keeps_keys`](super::worker::Worker::keeps_keys)).
 //!
 //! [`key_runs::tails`]: super::key_runs::tails
 //! [`Runs::After`]: crate::table::claiming::Runs::After
