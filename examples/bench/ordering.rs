@@ -570,7 +570,6 @@ impl Bench {
             .bind(Vec::<i64>::new())
             .bind(Vec::<i64>::new())
             .bind(i64::from(BATCH))
-            .bind(Vec::<String>::new())
             .fetch_all(&mut *tx)
             .await?;
         tx.rollback().await?;

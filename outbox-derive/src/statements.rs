@@ -195,7 +195,7 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
                 // The claim made by hand too: the same steps, without runs.
                 let each = claim(table, "1", false);
                 quote! {
-                    ::sqlx::query!(#sql, #ids, #ids, 1_i64, #texts).fetch_all(pool).await?;
+                    ::sqlx::query!(#sql, #ids, #ids, 1_i64).fetch_all(pool).await?;
                     ::sqlx::query!(#each).fetch_all(pool).await?;
                 }
             } else {
@@ -206,7 +206,7 @@ pub(crate) fn define(statement: Statement, table: &Table<'_>) -> Definition {
         Statement::ClaimFrom => {
             let sql = claim_from(table, "1");
             let checked = if table.model.key().is_some() {
-                quote!(::sqlx::query!(#sql, 0_i64, #ids, #ids, 1_i64, #texts).fetch_all(pool).await?;)
+                quote!(::sqlx::query!(#sql, 0_i64, #ids, #ids, 1_i64).fetch_all(pool).await?;)
             } else {
                 quote!(::sqlx::query!(#sql, 0_i64).fetch_all(pool).await?;)
             };
@@ -803,14 +803,11 @@ fn claim(table: &Table<'_>, limit: &str, runs: bool) -> String {
                     1,
                 )
             });
-            let parking = parking(table, limit, steps.as_ref().map(|steps| &*steps.skip));
+            let parking = parking(table, limit, steps.is_some());
             (head, ", next_attempt_at, id", steps, parking)
         }
         None => (String::new(), "", None, String::new()),
     };
-    let skipped = steps.as_ref().map_or_else(String::new, |steps| {
-        format!("\n\x20       AND {}", steps.skip)
-    });
     let (ctes, claimed, reclaimed) = steps.as_ref().map_or_else(Default::default, |steps| {
         (
             steps.ctes.as_str(),
@@ -825,7 +822,7 @@ fn claim(table: &Table<'_>, limit: &str, runs: bool) -> String {
          \x20   ORDER BY lease_until, id LIMIT {limit} FOR UPDATE SKIP LOCKED\n\
          ), ready AS (\n\
          \x20   SELECT ctid{reached}{head} FROM {t}{c}\n\
-         \x20   WHERE status = '{ready}' AND next_attempt_at <= statement_timestamp(){skipped}{in_turn}\n\
+         \x20   WHERE status = '{ready}' AND next_attempt_at <= statement_timestamp(){in_turn}\n\
          \x20   ORDER BY next_attempt_at, id LIMIT {limit} - (SELECT count(*) FROM expired) FOR UPDATE SKIP LOCKED\n\
          ){ctes}{parking}{}",
         take(
@@ -849,8 +846,6 @@ fn head_columns(key: &crate::fields::Field) -> String {
 /// the claimer's runs in flight (`continued`), and the runs of each head (`run_*`).
 struct RunSteps {
     ctes: String,
-    /// The `ready` scan's condition on its candidate `c` ([`skip`]).
-    skip: String,
 }
 
 impl RunSteps {
@@ -864,9 +859,8 @@ impl RunSteps {
     /// The steps after `heads` (a query of `id, ctid, key, attempts`: the first event
     /// still to go of each key, claimed by this statement), which left `room` rows of
     /// the batch; the claimer's runs in flight are bound from parameter `$tails` on
-    /// ([`continued`]), the most events of a key a run may have in the parameter
-    /// after them (`bigint`, at least 1), and the keys its `ready` scan skips in the
-    /// one after that ([`skip`]).
+    /// ([`continued`]), and the most events of a key a run may have in the parameter
+    /// after them (`bigint`, at least 1).
     fn after(table: &Table<'_>, heads: &str, room: &str, tails: usize) -> Self {
         let continued = continued(table, room, tails);
         let heads = format!(
@@ -877,21 +871,8 @@ impl RunSteps {
         let length = format!("${}::bigint", tails + 2);
         Self {
             ctes: format!("{continued}{}", runs(table, &heads, &room, &length)),
-            skip: skip(table, tails + 3),
         }
     }
-}
-
-/// For a keyed table, in the relay's claims, the `ready` scan's condition that its
-/// candidate `c`'s key is none of those bound in parameter `param` (`text[]`, the key as
-/// text): the keys the claimer lets go, to be handed to another worker that goes on
-/// with them, and those waiting for one. Their next event may be in the scan's reach
-/// (enqueued within the frontier's margin), and the claim would take it again, as the
-/// first event still to go of its key. Empty, it costs nothing.
-fn skip(table: &Table<'_>, param: usize) -> String {
-    table.model.key().map_or_else(String::new, |key| {
-        format!("c.{}::text <> ALL(${param}::text[])", quoted(&key.column))
-    })
 }
 
 /// For a keyed table, whether an event `q` may go right after the event before it in
@@ -1056,13 +1037,12 @@ fn runs(table: &Table<'_>, heads: &str, room: &str, length: &str) -> String {
 /// back for long (behind a `DEAD` event): each recheck that finds them still held back
 /// doubles their age, so they are rechecked a logarithmic number of times.
 ///
-/// In the relay's claims (with runs: `skip`, the condition of [`skip`]), the events of a
-/// key this claim takes, or skips (let go to another of the relay's workers), are left
-/// where they are if they are older than the relay's frontier margin
-/// ([`outbox_internals::FRONTIER_MARGIN`]): a worker continues the key's run with them,
+/// In the relay's claims (`runs`), the events of a key this claim takes are left where
+/// they are if they are older than the relay's frontier margin
+/// ([`outbox_internals::FRONTIER_MARGIN`]): the claimer continues its run with them,
 /// batch after batch, and the relay's frontier moves past them at once (claims of a
-/// keyed table move on from what they stepped over, and a relay goes on with a key
-/// from its last event recorded). Set aside, a hot key's backlog
+/// keyed table move on from what they stepped over, and a relay that records a key's
+/// last event taken looks behind its frontier again). Set aside, a hot key's backlog
 /// costs one more write per event: the relay's first claim beside 100,000 events of one
 /// key took about 3 s setting them aside, and takes 0.6 s stepping over them. Those
 /// within the margin are set aside all the same: the frontier stays behind them for
@@ -1074,7 +1054,7 @@ fn runs(table: &Table<'_>, heads: &str, room: &str, length: &str) -> String {
 /// every due row when it found fewer than it looked for, and none when expired claims
 /// filled the batch and it looked for nothing. The rows it claimed are passed over
 /// before any lookup.
-fn parking(table: &Table<'_>, limit: &str, skip: Option<&str>) -> String {
+fn parking(table: &Table<'_>, limit: &str, runs: bool) -> String {
     let Some(key) = table.model.key() else {
         return String::new();
     };
@@ -1112,19 +1092,21 @@ fn parking(table: &Table<'_>, limit: &str, skip: Option<&str>) -> String {
          \x20               ORDER BY p.{k} DESC, p.id DESC LIMIT 1 FOR SHARE SKIP LOCKED)\n\
          \x20       ORDER BY c.next_attempt_at, c.id FOR UPDATE OF c SKIP LOCKED) AS waiting)))",
         channel = table.model.table,
-        claimed = if skip.is_some() {
+        claimed = if runs {
             format!(" UNION ALL {}", RunSteps::CLAIMED)
         } else {
             String::new()
         },
-        running = skip.map_or_else(String::new, |skip| {
+        running = if runs {
             format!(
                 "\n\x20           AND (c.next_attempt_at > statement_timestamp() - {margin}\n\
                  \x20               OR c.{k} <> ALL(ARRAY(SELECT {k} FROM expired \
-                 UNION ALL SELECT {k} FROM ready UNION ALL SELECT {k} FROM continued)) AND {skip})",
+                 UNION ALL SELECT {k} FROM ready UNION ALL SELECT {k} FROM continued)))",
                 margin = interval(outbox_internals::FRONTIER_MARGIN),
             )
-        }),
+        } else {
+            String::new()
+        },
     )
 }
 
@@ -1189,27 +1171,23 @@ fn claim_from(table: &Table<'_>, limit: &str) -> String {
     let t = &table.name;
     let ready = Status::Ready.as_sql();
     let (c, in_turn) = (candidate(table), in_turn(table));
-    let (columns, steps, skipped, claimed, reclaimed) = match table.model.key() {
+    let (columns, steps, claimed, reclaimed) = match table.model.key() {
         // The run steps read the heads as `id, ctid, key, attempts`; the reach, the last
         // row's `next_attempt_at`.
-        Some(key) => {
-            let steps = RunSteps::after(
+        Some(key) => (
+            format!("id, ctid{}, next_attempt_at", head_columns(key)),
+            RunSteps::after(
                 table,
                 &format!("SELECT id, ctid{} FROM ready", head_columns(key)),
                 &format!("{limit} - (SELECT count(*) FROM ready)"),
                 2,
-            );
-            (
-                format!("id, ctid{}, next_attempt_at", head_columns(key)),
-                steps.ctes,
-                format!("\n\x20       AND {}", steps.skip),
-                format!(" UNION ALL {}", RunSteps::CLAIMED),
-                format!("o.id = ANY(ARRAY({}))", RunSteps::RECLAIMED),
             )
-        }
+            .ctes,
+            format!(" UNION ALL {}", RunSteps::CLAIMED),
+            format!("o.id = ANY(ARRAY({}))", RunSteps::RECLAIMED),
+        ),
         None => (
             "ctid".to_owned(),
-            String::new(),
             String::new(),
             String::new(),
             "false".to_owned(),
@@ -1220,7 +1198,7 @@ fn claim_from(table: &Table<'_>, limit: &str) -> String {
          \x20   SELECT {columns} FROM {t}{c}\n\
          \x20   WHERE status = '{ready}'\n\
          \x20       AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'\n\
-         \x20       AND next_attempt_at <= statement_timestamp(){skipped}{in_turn}\n\
+         \x20       AND next_attempt_at <= statement_timestamp(){in_turn}\n\
          \x20   ORDER BY next_attempt_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED\n\
          ){steps}{}",
         take(

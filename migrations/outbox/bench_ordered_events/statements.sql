@@ -25,7 +25,6 @@ WITH expired AS (
 ), ready AS (
     SELECT ctid, next_attempt_at, id, "key", attempts FROM "bench_ordered_events" AS c
     WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()
-        AND c."key"::text <> ALL($4::text[])
         AND (SELECT p.id FROM "bench_ordered_events" AS p
             WHERE (p."key", p.id) < (c."key", c.id) AND (p."key", p.id) >= (c."key", -9223372036854775808) AND p.status <> 'SENT'
             ORDER BY p."key" DESC, p.id DESC LIMIT 1) IS NULL
@@ -86,7 +85,7 @@ WITH expired AS (
             AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
             AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
             AND (c.next_attempt_at > statement_timestamp() - interval '500000 microseconds'
-                OR c."key" <> ALL(ARRAY(SELECT "key" FROM expired UNION ALL SELECT "key" FROM ready UNION ALL SELECT "key" FROM continued)) AND c."key"::text <> ALL($4::text[]))
+                OR c."key" <> ALL(ARRAY(SELECT "key" FROM expired UNION ALL SELECT "key" FROM ready UNION ALL SELECT "key" FROM continued)))
             AND EXISTS (SELECT FROM "bench_ordered_events" AS p
                 WHERE (p."key", p.id) < (c."key", c.id) AND (p."key", p.id) >= (c."key", -9223372036854775808) AND p.status <> 'SENT' AND p.status IN ('READY', 'DEAD')
                     AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
@@ -161,7 +160,6 @@ WITH ready AS (
     WHERE status = 'READY'
         AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'
         AND next_attempt_at <= statement_timestamp()
-        AND c."key"::text <> ALL($5::text[])
         AND (SELECT p.id FROM "bench_ordered_events" AS p
             WHERE (p."key", p.id) < (c."key", c.id) AND (p."key", p.id) >= (c."key", -9223372036854775808) AND p.status <> 'SENT'
             ORDER BY p."key" DESC, p.id DESC LIMIT 1) IS NULL

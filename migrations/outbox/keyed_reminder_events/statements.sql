@@ -26,7 +26,6 @@ WITH expired AS (
 ), ready AS (
     SELECT ctid, next_attempt_at, id, "account", attempts FROM "keyed_reminder_events" AS c
     WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()
-        AND c."account"::text <> ALL($4::text[])
         AND (SELECT p.id FROM "keyed_reminder_events" AS p
             WHERE (p."account", p.id) < (c."account", c.id) AND (p."account", p.id) >= (c."account", -9223372036854775808) AND p.status <> 'SENT'
             ORDER BY p."account" DESC, p.id DESC LIMIT 1) IS NULL
@@ -87,7 +86,7 @@ WITH expired AS (
             AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
             AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
             AND (c.next_attempt_at > statement_timestamp() - interval '500000 microseconds'
-                OR c."account" <> ALL(ARRAY(SELECT "account" FROM expired UNION ALL SELECT "account" FROM ready UNION ALL SELECT "account" FROM continued)) AND c."account"::text <> ALL($4::text[]))
+                OR c."account" <> ALL(ARRAY(SELECT "account" FROM expired UNION ALL SELECT "account" FROM ready UNION ALL SELECT "account" FROM continued)))
             AND EXISTS (SELECT FROM "keyed_reminder_events" AS p
                 WHERE (p."account", p.id) < (c."account", c.id) AND (p."account", p.id) >= (c."account", -9223372036854775808) AND p.status <> 'SENT' AND p.status IN ('READY', 'DEAD')
                     AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
@@ -162,7 +161,6 @@ WITH ready AS (
     WHERE status = 'READY'
         AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'
         AND next_attempt_at <= statement_timestamp()
-        AND c."account"::text <> ALL($5::text[])
         AND (SELECT p.id FROM "keyed_reminder_events" AS p
             WHERE (p."account", p.id) < (c."account", c.id) AND (p."account", p.id) >= (c."account", -9223372036854775808) AND p.status <> 'SENT'
             ORDER BY p."account" DESC, p.id DESC LIMIT 1) IS NULL

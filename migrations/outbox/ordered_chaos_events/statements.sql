@@ -26,7 +26,6 @@ WITH expired AS (
 ), ready AS (
     SELECT ctid, next_attempt_at, id, "order_id", attempts FROM "ordered_chaos_events" AS c
     WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()
-        AND c."order_id"::text <> ALL($4::text[])
         AND (SELECT p.id FROM "ordered_chaos_events" AS p
             WHERE (p."order_id", p.id) < (c."order_id", c.id) AND (p."order_id", p.id) >= (c."order_id", -9223372036854775808) AND p.status <> 'SENT'
             ORDER BY p."order_id" DESC, p.id DESC LIMIT 1) IS NULL
@@ -87,7 +86,7 @@ WITH expired AS (
             AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
             AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
             AND (c.next_attempt_at > statement_timestamp() - interval '500000 microseconds'
-                OR c."order_id" <> ALL(ARRAY(SELECT "order_id" FROM expired UNION ALL SELECT "order_id" FROM ready UNION ALL SELECT "order_id" FROM continued)) AND c."order_id"::text <> ALL($4::text[]))
+                OR c."order_id" <> ALL(ARRAY(SELECT "order_id" FROM expired UNION ALL SELECT "order_id" FROM ready UNION ALL SELECT "order_id" FROM continued)))
             AND EXISTS (SELECT FROM "ordered_chaos_events" AS p
                 WHERE (p."order_id", p.id) < (c."order_id", c.id) AND (p."order_id", p.id) >= (c."order_id", -9223372036854775808) AND p.status <> 'SENT' AND p.status IN ('READY', 'DEAD')
                     AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
@@ -162,7 +161,6 @@ WITH ready AS (
     WHERE status = 'READY'
         AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'
         AND next_attempt_at <= statement_timestamp()
-        AND c."order_id"::text <> ALL($5::text[])
         AND (SELECT p.id FROM "ordered_chaos_events" AS p
             WHERE (p."order_id", p.id) < (c."order_id", c.id) AND (p."order_id", p.id) >= (c."order_id", -9223372036854775808) AND p.status <> 'SENT'
             ORDER BY p."order_id" DESC, p.id DESC LIMIT 1) IS NULL

@@ -26,7 +26,6 @@ WITH expired AS (
 ), ready AS (
     SELECT ctid, next_attempt_at, id, "parcel", attempts FROM "shipment_events" AS c
     WHERE status = 'READY' AND next_attempt_at <= statement_timestamp()
-        AND c."parcel"::text <> ALL($4::text[])
         AND (SELECT p.id FROM "shipment_events" AS p
             WHERE (p."parcel", p.id) < (c."parcel", c.id) AND (p."parcel", p.id) >= (c."parcel", -9223372036854775808) AND p.status <> 'SENT'
             ORDER BY p."parcel" DESC, p.id DESC LIMIT 1) IS NULL
@@ -87,7 +86,7 @@ WITH expired AS (
             AND (c.next_attempt_at, c.id) <= ((SELECT at FROM reach), (SELECT id FROM reach))
             AND c.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
             AND (c.next_attempt_at > statement_timestamp() - interval '500000 microseconds'
-                OR c."parcel" <> ALL(ARRAY(SELECT "parcel" FROM expired UNION ALL SELECT "parcel" FROM ready UNION ALL SELECT "parcel" FROM continued)) AND c."parcel"::text <> ALL($4::text[]))
+                OR c."parcel" <> ALL(ARRAY(SELECT "parcel" FROM expired UNION ALL SELECT "parcel" FROM ready UNION ALL SELECT "parcel" FROM continued)))
             AND EXISTS (SELECT FROM "shipment_events" AS p
                 WHERE (p."parcel", p.id) < (c."parcel", c.id) AND (p."parcel", p.id) >= (c."parcel", -9223372036854775808) AND p.status <> 'SENT' AND p.status IN ('READY', 'DEAD')
                     AND p.ctid <> ALL(ARRAY(SELECT ctid FROM ready UNION ALL SELECT ctid FROM continued UNION ALL SELECT ctid FROM run_members))
@@ -162,7 +161,6 @@ WITH ready AS (
     WHERE status = 'READY'
         AND next_attempt_at >= timestamptz 'epoch' + $1::bigint * interval '1 microsecond'
         AND next_attempt_at <= statement_timestamp()
-        AND c."parcel"::text <> ALL($5::text[])
         AND (SELECT p.id FROM "shipment_events" AS p
             WHERE (p."parcel", p.id) < (c."parcel", c.id) AND (p."parcel", p.id) >= (c."parcel", -9223372036854775808) AND p.status <> 'SENT'
             ORDER BY p."parcel" DESC, p.id DESC LIMIT 1) IS NULL

@@ -9,8 +9,6 @@
 //! it had of such a key is recorded `SENT`, that event goes to a queue here, another
 //! worker is woken, and its claim continues the key from it, finding the key's next
 //! event by the key's index ([`Runs::After`]) rather than by walking the backlog.
-//! Meanwhile the relay's claims skip the key (its next event may be in their reach).
-//!
 //! A worker whose sink sets its pace keeps its keys
 //! ([`Worker::keeps_keys`](super::worker::Worker::keeps_keys)).
 //!
@@ -84,12 +82,6 @@ impl KeyShare {
         !self.lock().handed.is_empty()
     }
 
-    /// The keys waiting for a worker, as text.
-    fn waiting_keys(&self) -> Vec<String> {
-        let state = self.lock();
-        state.handed.iter().map(|key| key.key.clone()).collect()
-    }
-
     /// Hands keys over to the other workers.
     pub(crate) fn hand_over(&self, keys: impl IntoIterator<Item = Finished>) {
         self.lock().handed.extend(keys);
@@ -114,12 +106,6 @@ pub(crate) struct KeyPlan<'p> {
     over: Vec<&'p Finished>,
     /// The keys handed over by other workers, that it goes on with.
     handed: Vec<Finished>,
-    /// The keys the claim must not take again as the first event still to go of their
-    /// key ([`Runs::After`]'s `skip`): those it lets go and those waiting for a worker.
-    /// (Their next event may be within the claim's reach.)
-    ///
-    /// [`Runs::After`]: crate::table::claiming::Runs::After
-    pub(crate) skip: Vec<String>,
 }
 
 impl<'p> KeyPlan<'p> {
@@ -142,7 +128,6 @@ impl<'p> KeyPlan<'p> {
                 own: Vec::new(),
                 over: finished,
                 handed: Vec::new(),
-                skip: Vec::new(),
             };
         };
         let share = keys.share();
@@ -152,14 +137,11 @@ impl<'p> KeyPlan<'p> {
             .drain(..(most - flying.len()).min(finished.len()))
             .collect();
         let handed = keys.take(share.saturating_sub(flying.len() + own.len()));
-        let mut skip = keys.waiting_keys();
-        skip.extend(finished.iter().map(|finished| finished.key.clone()));
         Self {
             flying,
             own,
             over: finished,
             handed,
-            skip,
         }
     }
 
@@ -275,11 +257,6 @@ mod tests {
         let tails = tail_ids(&plan);
         assert_eq!(tails, [9, 1, 2]);
         assert!(keys.waiting(), "no room for the key handed over");
-        assert_eq!(
-            plan.skip,
-            ["k5", "k3", "k4"],
-            "its claim takes none of those again"
-        );
         // `c` was recorded SENT, `d` DEAD; the claim took `a`'s next event, not `b`'s.
         let recorded = Recorded::Statuses(HashMap::from([
             (1, Status::Sent),

@@ -37,15 +37,10 @@ pub(crate) enum Runs<'a> {
     /// One event per key.
     No,
     /// Runs of up to `length` events of a key (at least 1), and after each of the
-    /// `tails` (the last event of each run the claimer has in flight, still its own, or
-    /// of a key recorded `SENT`), the next event of its key as a head: the claimer sends
-    /// it after that run, and only if the run went whole. No event of the keys in
-    /// `skip` (as text) is taken as the first still to go of its key.
-    After {
-        tails: &'a [Owned],
-        length: u32,
-        skip: &'a [String],
-    },
+    /// `tails` (the last event of each run the claimer has in flight, still its own),
+    /// the next event of its key as a head: the claimer sends it after that run, and
+    /// only if the run went whole.
+    After { tails: &'a [Owned], length: u32 },
 }
 
 impl Runs<'_> {

@@ -138,25 +138,20 @@ pub(crate) async fn claim_from<'e, T: Outbox>(
         .on_table(spec.table)
 }
 
-/// A keyed claim with runs binds the claimer's runs in flight, as two arrays, the most
-/// events of a key it takes, and the keys it skips.
+/// A keyed claim with runs binds the claimer's runs in flight, as two arrays, and the
+/// most events of a key it takes.
 fn bind_runs<'q, T: Outbox>(
     query: Query<'q, Postgres, PgArguments>,
     runs: Runs<'_>,
 ) -> Query<'q, Postgres, PgArguments> {
     match runs {
-        Runs::After {
-            tails,
-            length,
-            skip,
-        } if T::SPEC.key().is_some() => {
+        Runs::After { tails, length } if T::SPEC.key().is_some() => {
             let (ids, generations): (Vec<i64>, Vec<i64>) =
                 tails.iter().map(|row| (row.id, row.generation)).unzip();
             query
                 .bind(ids)
                 .bind(generations)
                 .bind(i64::from(length.max(1)))
-                .bind(skip.to_vec())
         }
         _ => query,
     }

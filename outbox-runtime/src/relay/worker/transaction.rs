@@ -73,7 +73,6 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let runs = Runs::After {
             tails: &tails,
             length: self.relay.longest_run(),
-            skip: &keys.skip,
         };
         let transaction = async {
             record::record_and_claim::<T>(conn.get().await?, &pending.outcomes, scope, limit, runs)
