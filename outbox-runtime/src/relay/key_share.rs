@@ -30,10 +30,8 @@ pub(crate) struct KeyShare {
     state: Mutex<State>,
 }
 
-#[derive(Default)]
 struct State {
-    /// How many keys each worker carries: in flight, claimed ahead, or finished and
-    /// not yet let go.
+    /// How many keys each worker carries: in flight, or claimed ahead.
     carried: Vec<usize>,
     /// The last event of each key handed over, recorded `SENT`, oldest first.
     handed: VecDeque<Finished>,
@@ -78,7 +76,8 @@ impl KeyShare {
     }
 
     /// Whether keys wait for a worker.
-    pub(crate) fn waiting(&self) -> bool {
+    #[cfg(test)]
+    fn waiting(&self) -> bool {
         !self.lock().handed.is_empty()
     }
 
@@ -87,11 +86,15 @@ impl KeyShare {
         self.lock().handed.extend(keys);
     }
 
-    /// Notes how many keys `worker` carries now.
-    pub(crate) fn carry(&self, worker: usize, keys: usize) {
-        if let Some(carried) = self.lock().carried.get_mut(worker) {
+    /// Notes how many keys `worker` carries now, after a transaction that let the keys
+    /// `over` go; whether keys wait for a worker.
+    pub(crate) fn settle(&self, worker: usize, keys: usize, over: Vec<Finished>) -> bool {
+        let mut state = self.lock();
+        if let Some(carried) = state.carried.get_mut(worker) {
             *carried = keys;
         }
+        state.handed.extend(over);
+        !state.handed.is_empty()
     }
 }
 
@@ -229,18 +232,18 @@ mod tests {
     fn ten_keys_spread_over_four_workers_three_at_most_each() {
         let share = KeyShare::new(4);
         assert_eq!(share.share(), 1, "no keys yet: a worker goes on with one");
-        share.carry(0, 10);
+        share.settle(0, 10, Vec::new());
         assert_eq!(share.share(), 3);
         // The first worker lets seven go once their last events are recorded.
-        share.carry(0, 3);
+        share.settle(0, 3, Vec::new());
         share.hand_over((0..7).map(finished));
         assert_eq!(share.share(), 3, "handed-over keys still count");
         assert_eq!(share.take(3).len(), 3);
-        share.carry(1, 3);
+        share.settle(1, 3, Vec::new());
         assert_eq!(share.take(3).len(), 3);
-        share.carry(2, 3);
+        share.settle(2, 3, Vec::new());
         assert_eq!(share.take(3).len(), 1);
-        share.carry(3, 1);
+        share.settle(3, 1, Vec::new());
         assert!(!share.waiting());
         assert_eq!(share.share(), 3);
     }
@@ -249,7 +252,7 @@ mod tests {
     fn a_claim_goes_on_with_its_share_and_hands_over_the_keys_recorded_sent_beyond_it() {
         let (a, b, c, d) = (finished(1), finished(2), finished(3), finished(4));
         let keys = KeyShare::new(2);
-        keys.carry(0, 5);
+        keys.settle(0, 5, Vec::new());
         keys.hand_over([finished(5)]);
         // A share of three: one run in flight, two of the four keys finished go on, the
         // other two are let go, and the key handed over waits for another worker.
@@ -277,7 +280,7 @@ mod tests {
     fn a_worker_the_sink_sets_the_pace_of_keeps_every_key_it_has() {
         let (a, b) = (finished(1), finished(2));
         let keys = KeyShare::new(4);
-        keys.carry(0, 4);
+        keys.settle(0, 4, Vec::new());
         keys.hand_over([finished(3)]);
         let plan = KeyPlan::new(run_in_flight(), [&a, &b], Some(&keys), true);
         let tails = tail_ids(&plan);
@@ -314,7 +317,7 @@ mod tests {
     #[test]
     fn one_worker_keeps_every_key() {
         let share = KeyShare::new(1);
-        share.carry(0, 10);
+        share.settle(0, 10, Vec::new());
         assert_eq!(share.share(), 10);
     }
 }

@@ -117,9 +117,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let (over, behind) = keys.let_go(&taken, &recorded);
         if keyed {
             let carried: HashSet<&str> = flying.union(&taken).copied().collect();
-            self.key_share.carry(self.index, carried.len());
-            self.key_share.hand_over(over);
-            if self.key_share.waiting() {
+            if self.key_share.settle(self.index, carried.len(), over) {
                 self.wakeups.more();
             }
         }
