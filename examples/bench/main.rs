@@ -378,9 +378,11 @@ impl Bench {
             .batch_size(batch)
             .concurrency(workers);
         let cpu = Cpu::now(postmaster);
+        cpu::marks::begins(T::SPEC.traced());
         let started = Instant::now();
         relay.run(stop).await?;
         let elapsed = started.elapsed();
+        cpu::marks::ends();
         let cpu = Cpu::now(postmaster).work_seconds(&cpu);
         pool.close().await;
         match self.pending::<T>().await? {

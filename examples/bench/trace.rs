@@ -5,7 +5,7 @@
 //! cargo run --release --features otel --example bench -- --only trace
 //! ```
 //!
-//! The process's `tracing` subscriber is an OpenTelemetry layer, and OpenTelemetry's
+//! The process's `tracing` subscriber is an OpenTelemetry layer at level INFO, and OpenTelemetry's
 //! global tracer provider (the relay's `send` spans) the same provider: a batch span
 //! processor whose exporter drops every batch: what an application pays to make, fill
 //! and hand over its spans, without a collector's network cost. Both sides run under
@@ -104,7 +104,7 @@ mod with_otel {
     use tracing::Instrument as _;
     use tracing_subscriber::layer::SubscriberExt as _;
 
-    use super::super::cpu::Work;
+    use super::super::cpu::{Work, marks};
     use super::super::{Args, Bench, BenchEvent, Figure, Result, payload};
 
     /// An exporter that drops every batch.
@@ -126,7 +126,9 @@ mod with_otel {
             ))))
             .with_batch_exporter(Dropped)
             .build();
+        // At INFO, as a service runs: the relay's DEBUG events are not made at all.
         let subscriber = tracing_subscriber::registry()
+            .with(tracing_subscriber::filter::LevelFilter::INFO)
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("bench")));
         tracing::subscriber::set_global_default(subscriber)?;
         // The relay's `send` spans come from the global provider.
@@ -143,6 +145,7 @@ mod with_otel {
         /// Events/s of enqueueing `events`, one per transaction, in a request span.
         async fn enqueue_each<T: Outbox>(&self, events: &[T]) -> Result<f64> {
             self.reset_tables(T::SPEC.table()).await?;
+            marks::begins(T::SPEC.traced());
             let started = Instant::now();
             in_a_request(async {
                 for event in events {
@@ -153,7 +156,9 @@ mod with_otel {
                 Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
             })
             .await?;
-            Ok(events.len() as f64 / started.elapsed().as_secs_f64())
+            let rate = events.len() as f64 / started.elapsed().as_secs_f64();
+            marks::ends();
+            Ok(rate)
         }
 
         pub(super) async fn trace_enqueue(&self, args: &Args) -> Result {

@@ -63,15 +63,15 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
                     (db.held, ahead)
                 }
             });
-            let (answer, lease_deadline, mut ahead) =
-                self.send(&rows, &deliveries, &layers, conn, beside).await;
+            let (answer, lease_deadline, mut ahead) = self
+                .send(&rows, &deliveries, &layers, sends, conn, beside)
+                .await;
             let unavailable = self.note_destination(&answer);
             // The claim ahead found nothing: it is as fresh as a short batch's.
             // (Not one whose rows were all dropped since: the claim was full.)
             let found_nothing =
                 claim_next && matches!(&ahead, Some(Ok(next)) if next.is_empty() && !next.full);
             let results = answer.results();
-            sends.end(results.as_deref());
             let continued_broken = match &mut ahead {
                 Some(Ok(next)) => {
                     key_runs::take_broken_continuations(&mut next.claims, &rows, results.as_deref())

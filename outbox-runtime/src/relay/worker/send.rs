@@ -18,6 +18,7 @@ use super::{Ahead, Worker};
 use crate::sink::{Delivery, Sink, SinkError};
 use crate::spec::Outbox;
 use crate::table::metric;
+use crate::trace::SendSpans;
 
 /// What the sink answered for a batch.
 pub(super) enum Answer {
@@ -39,15 +40,24 @@ impl Answer {
             Self::Abandoned => None,
         }
     }
+
+    /// [`Answer::results`], borrowed.
+    fn results_ref(&self) -> Option<&[Result<(), SinkError>]> {
+        match self {
+            Self::Returned(results) | Self::Withdrawn(results) => Some(results),
+            Self::Abandoned => None,
+        }
+    }
 }
 
 impl<T: Outbox, S: Sink<T>> Worker<T, S> {
     /// Runs the sink on `deliveries`, arranged in `layers` (a key's run goes out in
     /// order, [`key_runs`]), renewing the leases of their `rows` meanwhile, and
     /// runs `beside` (a transaction that has taken the worker's connection, and gives it
-    /// back) to its end. Returns what the sink answered, when the earliest lease of the
-    /// rows still owned ends, and what `beside` returned. Notes from the two's times
-    /// whether the worker keeps its keys ([`Worker::keeps_keys`]).
+    /// back) to its end. The `sends` spans end with the sink's answer, while `beside` may
+    /// still run. Returns what the sink answered, when the earliest lease of the rows
+    /// still owned ends, and what `beside` returned. Notes from the two's times whether
+    /// the worker keeps its keys ([`Worker::keeps_keys`]).
     ///
     /// When the shutdown grace runs out first, the sink is asked to take the batch back
     /// ([`Sink::withdraw`]): a sink that can is awaited for what became of each event,
@@ -58,6 +68,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         rows: &[InFlight<'_, T>],
         deliveries: &[Delivery<'_, T>],
         layers: &Layers,
+        sends: SendSpans,
         conn: &mut Connection<'_>,
         beside: Option<B>,
     ) -> (Answer, Instant, Option<Ahead<T>>)
@@ -134,6 +145,8 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         #[allow(clippy::cast_precision_loss)]
         metrics::histogram!(metric::PUBLISH_SECONDS, relay.labels.iter())
             .record(started.elapsed().as_secs_f64());
+        // Their time is the send's, and their work is done while the database works.
+        sends.end(answer.results_ref());
         if db_busy && let Some((held, done)) = beside.await {
             conn.held = held;
             ahead = Some(done);
