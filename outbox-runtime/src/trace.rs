@@ -41,6 +41,14 @@ const MAX_BAGGAGE: usize = 8192;
 pub struct TraceContext {
     parent: String,
     ids: Ids,
+    /// Its `tracestate` and `baggage`, where it has either (boxed: most have neither, and
+    /// every claim of a traced type holds a context).
+    lists: Option<Box<Lists>>,
+}
+
+/// A [`TraceContext`]'s `tracestate` and `baggage`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Lists {
     state: Option<String>,
     baggage: Option<String>,
 }
@@ -54,12 +62,22 @@ impl TraceContext {
             tracing::debug!(traceparent, "not a W3C traceparent (version 00): left out");
             return None;
         };
-        Some(Self {
-            parent: traceparent.to_owned(),
+        let state = tracestate.and_then(|state| bounded_list(state, MAX_STATE, "tracestate"));
+        Some(Self::of(traceparent.to_owned(), ids, state))
+    }
+
+    /// The context of a valid `traceparent` and its `ids`, with `state`.
+    fn of(traceparent: String, ids: Ids, state: Option<String>) -> Self {
+        Self {
+            parent: traceparent,
             ids,
-            state: tracestate.and_then(|state| bounded_list(state, MAX_STATE, "tracestate")),
-            baggage: None,
-        })
+            lists: state.map(|state| {
+                Box::new(Lists {
+                    state: Some(state),
+                    baggage: None,
+                })
+            }),
+        }
     }
 
     /// With `baggage`, a W3C `baggage` header (`key=value;property,...`): cut at its last
@@ -67,10 +85,17 @@ impl TraceContext {
     /// one is none.
     #[must_use]
     pub fn with_baggage(self, baggage: Option<&str>) -> Self {
-        Self {
-            baggage: baggage.and_then(|baggage| bounded_list(baggage, MAX_BAGGAGE, "baggage")),
-            ..self
-        }
+        self.with_baggage_kept(
+            baggage.and_then(|baggage| bounded_list(baggage, MAX_BAGGAGE, "baggage")),
+        )
+    }
+
+    /// With `baggage`, already bounded.
+    fn with_baggage_kept(mut self, baggage: Option<String>) -> Self {
+        let state = self.lists.take().and_then(|lists| lists.state);
+        self.lists =
+            (state.is_some() || baggage.is_some()).then(|| Box::new(Lists { state, baggage }));
+        self
     }
 
     /// The `traceparent` header: `00-<trace id>-<parent id>-<flags>`.
@@ -80,12 +105,14 @@ impl TraceContext {
 
     /// The `tracestate` header, if any.
     pub fn tracestate(&self) -> Option<&str> {
-        self.state.as_deref()
+        self.lists.as_ref().and_then(|lists| lists.state.as_deref())
     }
 
     /// The `baggage` header, if any.
     pub fn baggage(&self) -> Option<&str> {
-        self.baggage.as_deref()
+        self.lists
+            .as_ref()
+            .and_then(|lists| lists.baggage.as_deref())
     }
 
     /// The trace id: 32 lowercase hex digits.
@@ -327,16 +354,12 @@ pub(crate) mod otel {
             parent: span_context.span_id().to_bytes(),
             flags: span_context.trace_flags().to_u8(),
         };
-        Some(TraceContext {
-            parent: ids.traceparent(),
-            ids,
-            state: super::bounded_list(
-                &span_context.trace_state().header(),
-                super::MAX_STATE,
-                "tracestate",
-            ),
-            baggage: None,
-        })
+        let state = super::bounded_list(
+            &span_context.trace_state().header(),
+            super::MAX_STATE,
+            "tracestate",
+        );
+        Some(TraceContext::of(ids.traceparent(), ids, state))
     }
 
     /// The instrumentation scope of the relay's spans.
@@ -439,7 +462,8 @@ pub(crate) mod otel {
                     && let Some(mut own) = of(span.span_context())
                 {
                     // The request's baggage goes on with its trace.
-                    own.baggage = delivery.trace().and_then(|t| t.baggage.clone());
+                    let baggage = delivery.trace().and_then(TraceContext::baggage);
+                    own = own.with_baggage_kept(baggage.map(str::to_owned));
                     delivery.trace = Some(std::borrow::Cow::Owned(own));
                 }
                 Some(span)

@@ -40,9 +40,8 @@ pub struct Claim<T: Outbox> {
     reclaimed: bool,
     /// The ordering key as text, for a type with `#[outbox(key)]` (NULL keys are `None`).
     key: Option<String>,
-    /// The trace context it was enqueued in, for a type with `#[outbox(traced)]`. (Boxed:
-    /// the claims of a type that is not traced stay small.)
-    trace: Option<Box<TraceContext>>,
+    /// The trace context it was enqueued in, for a type with `#[outbox(traced)]`.
+    trace: Option<TraceContext>,
     event: T,
 }
 
@@ -117,7 +116,7 @@ impl<T: Outbox> Claim<T> {
     /// with the event (`traceparent`, `tracestate`) so its consumer joins that trace.
     /// `None` for a type that is not traced, or an event enqueued outside a trace.
     pub fn trace(&self) -> Option<&TraceContext> {
-        self.trace.as_deref()
+        self.trace.as_ref()
     }
 
     /// The event.
@@ -296,9 +295,8 @@ pub(crate) fn decode_claim<T: Outbox>(
         let parent: Option<&str> = row.try_get(TRACE_PARENT.name)?;
         let state: Option<&str> = row.try_get(TRACE_STATE.name)?;
         let baggage: Option<&str> = row.try_get(TRACE_BAGGAGE.name)?;
-        parent.and_then(|parent| {
-            TraceContext::parse(parent, state).map(|t| Box::new(t.with_baggage(baggage)))
-        })
+        parent
+            .and_then(|parent| TraceContext::parse(parent, state).map(|t| t.with_baggage(baggage)))
     } else {
         None
     };
