@@ -185,12 +185,13 @@ impl Ids {
             (53, &[self.flags][..]),
         ];
         for (at, bytes) in fields {
-            for (i, byte) in bytes.iter().enumerate() {
-                text[at + 2 * i] = DIGITS[usize::from(byte >> 4)];
-                text[at + 2 * i + 1] = DIGITS[usize::from(byte & 0xf)];
+            for (pair, byte) in text[at..].chunks_exact_mut(2).zip(bytes) {
+                pair[0] = DIGITS[usize::from(byte >> 4)];
+                pair[1] = DIGITS[usize::from(byte & 0xf)];
             }
         }
-        String::from_utf8_lossy(&text).into_owned()
+        // Hex digits and dashes: ASCII, always UTF-8.
+        String::from_utf8(text.to_vec()).unwrap_or_default()
     }
 }
 
