@@ -267,15 +267,16 @@ impl SendTracer {
         }
     }
 
-    /// The relay's spans for publishing `deliveries` through `sink` (feature `otel`, a
-    /// traced type): one per event, a child of the context it was enqueued in (else of
-    /// the current span), whose own context each delivery then carries. Ended by
-    /// [`SendSpans::end`] with the sink's results.
+    /// The relay's spans for publishing `deliveries` through `sink`, in its `batch` span:
+    /// (feature `otel`, a traced type) one per event, a child of the context it was
+    /// enqueued in (else of `batch`), whose own context each delivery then carries. Ended
+    /// by [`SendSpans::end`] with the sink's results.
     #[cfg_attr(not(feature = "otel"), expect(clippy::unused_self))]
     pub(crate) fn open<T: crate::Outbox, S: crate::sink::Sink<T>>(
         &self,
         sink: &S,
         deliveries: &mut [crate::sink::Delivery<'_, T>],
+        batch: tracing::Span,
     ) -> SendSpans {
         #[cfg(feature = "otel")]
         if T::SPEC.traced {
@@ -287,24 +288,33 @@ impl SendTracer {
                 global = opentelemetry::global::tracer_with_scope(otel::scope());
                 &global
             };
-            return SendSpans {
-                spans: otel::send_spans(tracer, sink, deliveries),
-            };
+            let spans = otel::send_spans(tracer, sink, deliveries, &batch);
+            return SendSpans { batch, spans };
         }
         let _ = (sink, deliveries);
-        SendSpans::default()
+        SendSpans {
+            batch,
+            #[cfg(feature = "otel")]
+            spans: Vec::new(),
+        }
     }
 }
 
-/// The relay's `send` spans of one batch, in the order of its deliveries.
-#[derive(Default)]
+/// The relay's spans of one batch's send: the batch's own (`outbox.batch`), and its
+/// events' `send` spans, in the order of its deliveries.
 #[must_use = "the spans end with the sink's results"]
 pub(crate) struct SendSpans {
+    batch: tracing::Span,
     #[cfg(feature = "otel")]
     spans: Vec<Option<opentelemetry::global::BoxedSpan>>,
 }
 
 impl SendSpans {
+    /// The batch's span, where the sink's send runs.
+    pub(crate) fn batch(&self) -> &tracing::Span {
+        &self.batch
+    }
+
     /// Ends each span with its event's result: an error's status and reason, or none for
     /// a batch the sink never answered.
     #[cfg_attr(not(feature = "otel"), expect(clippy::unused_self))]
@@ -423,7 +433,7 @@ pub(crate) mod otel {
 
     /// The relay's spans for publishing `deliveries` through `sink`: OpenTelemetry's
     /// messaging conventions for a send, one per event, each a child of the context the
-    /// event was enqueued in, or else of the current span (the relay's batch). Made with
+    /// event was enqueued in, or else of the relay's `batch` span. Made with
     /// the OpenTelemetry API directly: a `tracing` span per event costs about three times
     /// as much. A delivery then carries its span's context, where the span records.
     ///
@@ -436,10 +446,11 @@ pub(crate) mod otel {
         tracer: &BoxedTracer,
         sink: &S,
         deliveries: &mut [crate::sink::Delivery<'_, T>],
+        batch: &tracing::Span,
     ) -> Vec<Option<BoxedSpan>> {
         let table = T::SPEC.table;
         // The relay's batch span: the parent of an event enqueued outside a trace.
-        let mut batch = None;
+        let mut batch_context = None;
         let name = send_span_name(table);
         deliveries
             .iter_mut()
@@ -456,7 +467,7 @@ pub(crate) mod otel {
                         tracer,
                         match &enqueued_in {
                             Some(parent) => parent,
-                            None => batch.get_or_insert_with(|| tracing::Span::current().context()),
+                            None => batch_context.get_or_insert_with(|| batch.context()),
                         },
                     );
                 if span.is_recording()

@@ -9,6 +9,7 @@ use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use super::super::connection::{Connection, spare_connection};
 use super::super::in_flight::InFlight;
@@ -87,6 +88,7 @@ impl<T: Outbox, S: Sink<T>> Worker<T, S> {
         let mut sending = pin!(tokio::time::timeout(
             relay.send_timeout,
             key_runs::publish::<T, S>(&relay.sink, deliveries, layers, &withdrawal)
+                .instrument(sends.batch().clone())
         ));
         let busy = beside.is_some();
         let mut beside = pin!(futures_util::future::OptionFuture::from(beside));
