@@ -212,6 +212,34 @@ async fn two_members_share_the_targets_and_a_stopping_member_hands_its_own_over(
 }
 
 #[tokio::test]
+async fn a_target_no_longer_discovered_whose_member_died_is_forgotten_after_its_lease() -> TestResult
+{
+    let tenants = Tenants::new(2).await?;
+    let home = tenants.home.pool();
+    let a = Member::start("a", home, tenants.targets());
+    wait_until("a serves both", Duration::from_secs(30), async || {
+        tenants.served_by("a").await == 2
+    })
+    .await;
+    // Dropped mid-run: its leases are never released.
+    a.task.abort();
+    // Tenant 0 has left the fleet's view: once a's lease on it has run out, nobody
+    // serves it, and the next discovery forgets it.
+    let only_one = vec![tenants.target(1)];
+    let b = Member::start_with("b", home, move |fleet| {
+        fleet.targets(only_one).discovery_interval(Duration::ZERO)
+    });
+    wait_until(
+        "only tenant 1 is known",
+        Duration::from_secs(30),
+        async || tenants.owners().await.keys().collect::<Vec<_>>() == ["tenant-1"],
+    )
+    .await;
+    b.stop().await?;
+    tenants.drop_all().await
+}
+
+#[tokio::test]
 async fn the_targets_of_a_member_that_died_are_taken_over_after_their_lease() -> TestResult {
     let tenants = Tenants::new(4).await?;
     let home = tenants.home.pool();

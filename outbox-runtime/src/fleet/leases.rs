@@ -239,11 +239,14 @@ impl Leases<'_> {
     }
 
     /// Forgets the targets nobody discovers any more: those not in `targets` whose lease
-    /// is free (a member with another view may still serve one; it stays until released).
+    /// is free, released or run out (a member with another view may still serve one; it
+    /// stays while that member renews it; one whose member died unreleased goes once its
+    /// lease ends).
     pub(super) async fn forget_others(&self, targets: &[&str]) -> Result<(), OutboxError> {
         sqlx::query(
             "DELETE FROM outbox_fleet
-             WHERE fleet = $1 AND target <> ALL($2::text[]) AND owner IS NULL",
+             WHERE fleet = $1 AND target <> ALL($2::text[])
+               AND (owner IS NULL OR lease_until <= statement_timestamp())",
         )
         .bind(self.fleet)
         .bind(targets)
